@@ -1,0 +1,53 @@
+"""Reading prompt datasets and writing results. Knows nothing of torch or models.
+
+Input: `open_input` returns an `InputSource` that streams `InputRow`s from Parquet (a file or
+a directory of files) or JSON Lines (optionally gzipped). Output: `ParquetRowWriter` and
+`write_table_atomic` write Parquet atomically with the schemas in `schemas`;
+`OpenAIBatchWriter` writes OpenAI Batch API output lines.
+"""
+
+from __future__ import annotations
+
+from astrai_batch.io.atomic import AtomicFile
+from astrai_batch.io.input_formats import INPUT_FORMATS, detect_format, open_input
+from astrai_batch.io.input_source import InputSource
+from astrai_batch.io.jsonl_input import JsonlSource
+from astrai_batch.io.openai_jsonl import OpenAIBatchWriter, openai_response_body
+from astrai_batch.io.parquet_input import ParquetSource
+from astrai_batch.io.parquet_writer import (
+    ParquetRowWriter,
+    read_parquet_metadata,
+    read_parquet_rows,
+    write_table_atomic,
+)
+from astrai_batch.io.rows import OVERRIDE_FIELDS, SHAPES, InputRow, RowPlan
+from astrai_batch.io.schemas import (
+    FINISH_REASONS,
+    RESULT_SCHEMA,
+    STATS_SCHEMA,
+    result_schema,
+)
+
+__all__ = [
+    "FINISH_REASONS",
+    "INPUT_FORMATS",
+    "OVERRIDE_FIELDS",
+    "RESULT_SCHEMA",
+    "SHAPES",
+    "STATS_SCHEMA",
+    "AtomicFile",
+    "InputRow",
+    "InputSource",
+    "JsonlSource",
+    "OpenAIBatchWriter",
+    "ParquetRowWriter",
+    "ParquetSource",
+    "RowPlan",
+    "detect_format",
+    "open_input",
+    "openai_response_body",
+    "read_parquet_metadata",
+    "read_parquet_rows",
+    "result_schema",
+    "write_table_atomic",
+]

@@ -1,0 +1,69 @@
+"""The interface every input format offers the job runner."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from astrai_batch.io.fingerprint import files_fingerprint
+from astrai_batch.io.rows import InputRow, RowPlan
+
+
+class InputSource(ABC):
+    """A readable input: its row shape, its rows (streamed), and an identity for resume.
+
+    `path` is the path the user gave (a file, or a directory of Parquet files); `files` the
+    files actually read, in reading order.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        input_format: str,
+        plan: RowPlan,
+        columns: Sequence[str],
+        files: Sequence[Path],
+    ) -> None:
+        self.path = path
+        self.format = input_format
+        self.plan = plan
+        self.files = tuple(files)
+        self._columns = tuple(columns)
+
+    @property
+    def shape(self) -> str:
+        """'prompt' | 'messages' | 'prompt_token_ids' | 'openai'."""
+        return self.plan.shape
+
+    def columns(self) -> list[str]:
+        """Column names of the (first) file; for JSONL, the keys of the first object line."""
+        return list(self._columns)
+
+    def fingerprint(self) -> dict[str, Any]:
+        """Identifies the input for resume checks: format and, per file, resolved path, size,
+        mtime_ns and a sha256 of its first and last MiB."""
+        return files_fingerprint(self.format, list(self.files))
+
+    @abstractmethod
+    def count_rows(self) -> int:
+        """Number of rows `iter_rows()` yields (bad rows included)."""
+
+    @abstractmethod
+    def iter_rows(self, start: int = 0) -> Iterator[InputRow]:
+        """Rows from index `start` on, streamed; the rows before `start` are skipped cheaply."""
+
+    @abstractmethod
+    def kept_schema(self) -> pa.Schema:
+        """The Arrow types of the keep columns, as the result file must store them."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({str(self.path)!r}, shape={self.shape!r})"
+
+
+def check_start(start: int) -> None:
+    if start < 0:
+        raise ValueError(f"start must be >= 0, got {start}")

@@ -1,0 +1,231 @@
+"""Parquet input: one file, or a directory of files read in name order as one input.
+
+Rows are streamed by record batches, reading only the columns the plan needs; `start` skips
+whole files and row groups using the footer metadata, so resuming deep into a large input
+does not decode what it skips.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from astrai_batch.errors import InputError
+from astrai_batch.io.input_source import InputSource, check_start
+from astrai_batch.io.row_parsing import parse_record
+from astrai_batch.io.rows import InputRow, RowPlan
+from astrai_batch.io.shape_detection import plan_for_columns
+
+BATCH_ROWS = 1024
+
+STRING_EXPECTATION = "a string"
+MESSAGES_EXPECTATION = "a list of {role, content} structs"
+TOKEN_IDS_EXPECTATION = "a list of integers"
+BODY_EXPECTATION = "a struct or a JSON string"
+
+
+@dataclass(frozen=True)
+class ParquetPart:
+    """One file of the input, with what its footer says about row layout."""
+
+    path: Path
+    schema: pa.Schema
+    row_group_rows: tuple[int, ...]
+
+    @property
+    def num_rows(self) -> int:
+        return sum(self.row_group_rows)
+
+
+class ParquetSource(InputSource):
+    def __init__(self, path: Path, plan: RowPlan, parts: Sequence[ParquetPart]) -> None:
+        super().__init__(path, "parquet", plan, parts[0].schema.names, [p.path for p in parts])
+        self.parts = tuple(parts)
+
+    def count_rows(self) -> int:
+        return sum(part.num_rows for part in self.parts)
+
+    def kept_schema(self) -> pa.Schema:
+        first = self.parts[0].schema
+        return pa.schema([first.field(name) for name in self.plan.keep_columns])
+
+    def iter_rows(self, start: int = 0) -> Iterator[InputRow]:
+        check_start(start)
+        return self._rows_from(start)
+
+    def _rows_from(self, start: int) -> Iterator[InputRow]:
+        part_first_index = 0
+        for part in self.parts:
+            if part_first_index + part.num_rows <= start:
+                part_first_index += part.num_rows
+                continue
+            groups, index = [], part_first_index
+            for group, rows in enumerate(part.row_group_rows):
+                if index + rows > start:
+                    groups.append(group)
+                else:
+                    index += rows
+            yield from self._part_rows(part, groups, index, skip=max(0, start - index))
+            part_first_index += part.num_rows
+
+    def _part_rows(
+        self, part: ParquetPart, groups: list[int], index: int, skip: int
+    ) -> Iterator[InputRow]:
+        """Rows of `groups` in `part`; `index` is the first group's first row, `skip` how many
+        of its leading rows to drop."""
+        if not groups:
+            return
+        columns = self.plan.source_columns(part.schema.names)
+        try:
+            with pq.ParquetFile(part.path) as parquet_file:
+                batches = parquet_file.iter_batches(
+                    batch_size=BATCH_ROWS, row_groups=groups, columns=columns
+                )
+                for batch in batches:
+                    if skip >= batch.num_rows:
+                        skip -= batch.num_rows
+                        index += batch.num_rows
+                        continue
+                    if skip:
+                        batch = batch.slice(skip)
+                        index += skip
+                        skip = 0
+                    for record in batch.to_pylist():
+                        yield parse_record(record, index, self.plan)
+                        index += 1
+        except (OSError, pa.ArrowException) as exc:
+            raise InputError(f"cannot read Parquet file {part.path.name}: {exc}") from exc
+
+
+def open_parquet(
+    path: Path,
+    *,
+    prompt_column: str | None,
+    id_column: str | None,
+    keep_columns: Sequence[str],
+) -> ParquetSource:
+    parts = [_read_footer(file) for file in _parquet_files(path)]
+    first = parts[0]
+    plan = plan_for_columns(
+        first.schema.names,
+        first.path.name,
+        prompt_column=prompt_column,
+        shape_of_column=lambda name: _shape_of_type(first.schema.field(name).type, name, first),
+        id_column=id_column,
+        keep_columns=keep_columns,
+        kept_as_json_text=False,
+    )
+    for part in parts:
+        _check_part(part, first, plan)
+    return ParquetSource(path, plan, parts)
+
+
+def _parquet_files(path: Path) -> list[Path]:
+    if not path.is_dir():
+        return [path]
+    # Hidden and underscore files are Spark / Hadoop markers (_SUCCESS, _metadata), not data.
+    files = sorted(
+        entry
+        for entry in path.iterdir()
+        if entry.is_file() and entry.suffix == ".parquet" and not entry.name.startswith((".", "_"))
+    )
+    if not files:
+        raise InputError(f"no .parquet files in directory {path}")
+    return files
+
+
+def _read_footer(path: Path) -> ParquetPart:
+    try:
+        with pq.ParquetFile(path) as parquet_file:
+            metadata = parquet_file.metadata
+            return ParquetPart(
+                path=path,
+                schema=parquet_file.schema_arrow,
+                row_group_rows=tuple(
+                    metadata.row_group(group).num_rows for group in range(metadata.num_row_groups)
+                ),
+            )
+    except (OSError, pa.ArrowException) as exc:
+        raise InputError(f"cannot read Parquet file {path.name}: {exc}") from exc
+
+
+def _shape_of_type(arrow_type: pa.DataType, column: str, part: ParquetPart) -> str:
+    """The shape an explicitly named prompt column has, judged by its Arrow type."""
+    if _is_string(arrow_type) or pa.types.is_null(arrow_type):
+        return "prompt"
+    if _is_list(arrow_type) and pa.types.is_integer(arrow_type.value_type):
+        return "prompt_token_ids"
+    if _is_list(arrow_type) and pa.types.is_struct(arrow_type.value_type):
+        return "messages"
+    raise InputError(
+        f"prompt column {column!r} in {part.path.name} has type {arrow_type}; expected "
+        f"{STRING_EXPECTATION}, {TOKEN_IDS_EXPECTATION}, or {MESSAGES_EXPECTATION}"
+    )
+
+
+def _check_part(part: ParquetPart, first: ParquetPart, plan: RowPlan) -> None:
+    """Every file must carry the plan's columns, with types the plan can read."""
+    required = ["custom_id", "body"] if plan.shape == "openai" else [plan.prompt_field]
+    if plan.id_field is not None:
+        required.append(plan.id_field)
+    required += plan.keep_columns
+    for name in dict.fromkeys(required):
+        if part.schema.get_field_index(name) < 0:
+            raise InputError(
+                f"{part.path.name} has no column {name!r}, which the first file "
+                f"{first.path.name} has"
+            )
+    content_field = "body" if plan.shape == "openai" else plan.prompt_field
+    arrow_type = part.schema.field(content_field).type
+    expectation = _type_problem(plan.shape, arrow_type)
+    if expectation is not None:
+        raise InputError(
+            f"column {content_field!r} in {part.path.name} has type {arrow_type}; "
+            f"expected {expectation}"
+        )
+    for name in plan.keep_columns:
+        mine, theirs = part.schema.field(name).type, first.schema.field(name).type
+        if mine != theirs:
+            raise InputError(
+                f"keep column {name!r} has type {mine} in {part.path.name} "
+                f"but {theirs} in {first.path.name}"
+            )
+
+
+def _type_problem(shape: str, arrow_type: pa.DataType) -> str | None:
+    """What the content column should be, when `arrow_type` cannot hold it; else None."""
+    if pa.types.is_null(arrow_type):
+        return None  # an all-null column: every row reports the missing prompt itself
+    if shape == "prompt":
+        return None if _is_string(arrow_type) else STRING_EXPECTATION
+    if shape == "prompt_token_ids":
+        fits = _is_list(arrow_type) and pa.types.is_integer(arrow_type.value_type)
+        return None if fits else TOKEN_IDS_EXPECTATION
+    if shape == "messages":
+        fits = (
+            _is_list(arrow_type)
+            and pa.types.is_struct(arrow_type.value_type)
+            and {"role", "content"} <= {field.name for field in arrow_type.value_type}
+        )
+        return None if fits else MESSAGES_EXPECTATION
+    fits = pa.types.is_struct(arrow_type) or _is_string(arrow_type)
+    return None if fits else BODY_EXPECTATION
+
+
+def _is_string(arrow_type: pa.DataType) -> bool:
+    # pandas categoricals arrive dictionary-encoded; their values read back as plain strings.
+    if pa.types.is_dictionary(arrow_type):
+        arrow_type = arrow_type.value_type
+    return pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type)
+
+
+def _is_list(arrow_type: pa.DataType) -> bool:
+    return (
+        pa.types.is_list(arrow_type)
+        or pa.types.is_large_list(arrow_type)
+        or pa.types.is_fixed_size_list(arrow_type)
+    )

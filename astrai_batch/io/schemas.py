@@ -1,0 +1,67 @@
+"""The Arrow schemas of every file a job writes, spelled out so their layout is a contract.
+
+Result files hold one row per (input row, sample). A failed input row gets a single row with
+``sample_index`` 0, ``finish_reason`` "error", ``error`` set and null completion.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from astrai_batch.errors import ConfigError
+
+FINISH_REASONS = ("stop", "length", "error")
+
+RESULT_SCHEMA = pa.schema(
+    [
+        pa.field("id", pa.string(), nullable=False),
+        pa.field("sample_index", pa.int32(), nullable=False),
+        pa.field("completion", pa.string()),
+        pa.field("finish_reason", pa.string(), nullable=False),
+        pa.field("prompt_tokens", pa.int32()),
+        pa.field("cached_tokens", pa.int32()),
+        pa.field("completion_tokens", pa.int32()),
+        pa.field("prefix_group", pa.int64()),
+        pa.field("error", pa.string()),
+    ]
+)
+
+TOKEN_IDS_FIELD = pa.field("completion_token_ids", pa.list_(pa.int32()))
+LOGPROBS_FIELD = pa.field("logprobs", pa.list_(pa.float32()))
+
+# One row per stats window plus one total row (window null, is_total true).
+STATS_SCHEMA = pa.schema(
+    [
+        pa.field("window", pa.int32()),
+        pa.field("is_total", pa.bool_(), nullable=False),
+        pa.field("rows", pa.int64()),
+        pa.field("prompt_tokens", pa.int64()),
+        pa.field("cached_tokens", pa.int64()),
+        pa.field("hit_rate", pa.float64()),
+        pa.field("prefill_tokens_computed", pa.int64()),
+        pa.field("decode_tokens", pa.int64()),
+        pa.field("evicted_pages", pa.int64()),
+        pa.field("preemptions", pa.int64()),
+        pa.field("peak_kv_pages", pa.int64()),
+        pa.field("wall_seconds", pa.float64()),
+        pa.field("tokens_per_second", pa.float64()),
+    ]
+)
+
+
+def result_schema(save_tokens: bool, logprobs: bool, kept: pa.Schema | None) -> pa.Schema:
+    """RESULT_SCHEMA plus, in this order, token ids, logprobs, and the kept input columns
+    (with their input types, nullable because a failed row may lack them)."""
+    fields = list(RESULT_SCHEMA)
+    if save_tokens:
+        fields.append(TOKEN_IDS_FIELD)
+    if logprobs:
+        fields.append(LOGPROBS_FIELD)
+    for kept_field in kept or pa.schema([]):
+        if kept_field.name in {field.name for field in fields}:
+            raise ConfigError(
+                f"keep column {kept_field.name!r} has the name of a result column; "
+                "rename it in the input or leave it out of keep_columns"
+            )
+        fields.append(kept_field.with_nullable(True))
+    return pa.schema(fields)

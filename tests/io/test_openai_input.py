@@ -1,0 +1,190 @@
+"""OpenAI Batch API request lines as input."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from astrai_batch.io import InputRow, open_input
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+HELLO = [{"role": "user", "content": "Hello"}]
+
+
+def request(custom_id: Any = "r", url: Any = CHAT, **body: Any) -> dict[str, Any]:
+    line: dict[str, Any] = {"custom_id": custom_id, "method": "POST", "url": url}
+    line["body"] = body if body else {"model": "gpt-4o-mini", "messages": HELLO}
+    return line
+
+
+def only_row(write_jsonl, line: dict[str, Any] | str) -> InputRow:
+    # The first line fixes the shape; the line under test comes second.
+    source = open_input(write_jsonl("batch.jsonl", [request("first"), line]))
+    assert source.shape == "openai"
+    return list(source.iter_rows())[1]
+
+
+def test_chat_and_completion_requests(write_jsonl) -> None:
+    lines = [
+        request("chat-1", CHAT, model="m", messages=HELLO, temperature=0.2, user="u-1"),
+        request("text-1", COMPLETIONS, model="m", prompt="Once upon", max_tokens=9),
+        {"custom_id": "bare", "body": {"prompt": "No url"}},
+    ]
+    source = open_input(write_jsonl("batch.jsonl", lines))
+    assert source.shape == "openai"
+    rows = list(source.iter_rows())
+    assert rows == [
+        InputRow(
+            index=0,
+            id="chat-1",
+            messages=({"role": "user", "content": "Hello"},),
+            overrides={"temperature": 0.2},
+            custom_id="chat-1",
+        ),
+        InputRow(
+            index=1,
+            id="text-1",
+            prompt="Once upon",
+            overrides={"max_tokens": 9},
+            custom_id="text-1",
+        ),
+        InputRow(index=2, id="bare", prompt="No url", custom_id="bare"),
+    ]
+    assert [row.kind for row in rows] == ["chat", "completion", "completion"]
+
+
+def test_every_body_sampling_field_becomes_an_override(write_jsonl) -> None:
+    body = {
+        "messages": HELLO,
+        "max_tokens": 5,
+        "temperature": 0.7,
+        "top_p": 0.8,
+        "seed": 42,
+        "stop": ["\n"],
+        "n": 2,
+        "presence_penalty": 0.1,
+        "frequency_penalty": 0.2,
+        "logprobs": True,
+        "top_k": 20,
+        "min_p": 0.1,
+        "min_tokens": 1,
+        "repetition_penalty": 1.1,
+        "temperature_unused": None,
+    }
+    row = only_row(write_jsonl, request("x", **body))
+    assert row.error is None
+    assert row.overrides == {
+        "max_tokens": 5,
+        "temperature": 0.7,
+        "top_p": 0.8,
+        "seed": 42,
+        "stop": ["\n"],
+        "n": 2,
+        "presence_penalty": 0.1,
+        "frequency_penalty": 0.2,
+        "logprobs": True,
+        "top_k": 20,
+        "min_p": 0.1,
+        "min_tokens": 1,
+        "repetition_penalty": 1.1,
+    }
+
+
+def test_max_completion_tokens_is_max_tokens_and_wins(write_jsonl) -> None:
+    row = only_row(write_jsonl, request(messages=HELLO, max_completion_tokens=7))
+    assert row.overrides == {"max_tokens": 7}
+    row = only_row(write_jsonl, request(messages=HELLO, max_tokens=3, max_completion_tokens=7))
+    assert row.overrides == {"max_tokens": 7}
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"model": "gpt-4o", "user": "me", "store": True, "metadata": {"k": "v"}},
+        {"stream": False, "stream_options": {"include_usage": True}},
+        {"tools": [], "tool_choice": "none", "parallel_tool_calls": False},
+        {"response_format": {"type": "text"}, "logit_bias": {}, "top_logprobs": 0},
+        {"modalities": ["text"], "service_tier": "auto"},
+        {"tools": None, "response_format": None, "stream": None},
+    ],
+)
+def test_fields_that_change_nothing_are_accepted(write_jsonl, fields: dict[str, Any]) -> None:
+    row = only_row(write_jsonl, request(messages=HELLO, **fields))
+    assert row.error is None
+    assert row.messages == ({"role": "user", "content": "Hello"},)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"tools": [{"type": "function"}]}, "unsupported body field 'tools'"),
+        ({"tool_choice": "auto"}, "unsupported body field 'tool_choice'"),
+        ({"response_format": {"type": "json_object"}}, "unsupported body field 'response_format'"),
+        ({"stream": True}, "unsupported body field 'stream'"),
+        ({"stream": 0}, "unsupported body field 'stream'"),
+        ({"logit_bias": {"50256": -100}}, "unsupported body field 'logit_bias'"),
+        ({"top_logprobs": 5}, "unsupported body field 'top_logprobs'"),
+        ({"audio": {"voice": "x"}}, "unsupported body field 'audio'"),
+        ({"made_up_option": 1}, "unsupported body field 'made_up_option'"),
+        ({"prompt": "also a prompt"}, "unsupported body field 'prompt'"),
+    ],
+)
+def test_fields_that_change_meaning_are_row_errors(
+    write_jsonl, fields: dict[str, Any], message: str
+) -> None:
+    row = only_row(write_jsonl, request("bad", messages=HELLO, **fields))
+    assert row == InputRow(index=1, id="bad", error=message, custom_id="bad")
+
+
+def test_completion_only_fields_are_rejected_unless_neutral(write_jsonl) -> None:
+    neutral = request(url=COMPLETIONS, prompt="p", echo=False, best_of=1, suffix="")
+    assert only_row(write_jsonl, neutral).error is None
+    echo = request(url=COMPLETIONS, prompt="p", echo=True)
+    assert only_row(write_jsonl, echo).error == "unsupported body field 'echo'"
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ({"body": {"messages": HELLO}}, "custom_id is missing"),
+        (request(custom_id=None), "custom_id is missing"),
+        (request(custom_id=12), "custom_id must be a string, got int"),
+        ({**request(), "method": "GET"}, "method must be POST, got 'GET'"),
+        (
+            request(url="/v1/embeddings", input="x"),
+            "url must be /v1/chat/completions or /v1/completions, got '/v1/embeddings'",
+        ),
+        ({"custom_id": "r", "body": None}, "body is missing"),
+        ({"custom_id": "r", "body": ["x"]}, "body must be an object, got list"),
+        (
+            {"custom_id": "r", "body": "{nope"},
+            "body is not valid JSON: Expecting property name enclosed in double quotes at column 2",
+        ),
+        ({"custom_id": "r", "body": {"model": "m"}}, "body has neither messages nor prompt"),
+        (request(url=CHAT, prompt="p"), "body.messages is missing"),
+        (request(url=CHAT, messages=[]), "body.messages is empty"),
+        (
+            request(url=CHAT, messages=[{"role": "user"}]),
+            "body.messages must be a list of {role, content} objects: item 0 has no string content",
+        ),
+        (request(url=COMPLETIONS, messages=HELLO), "body.prompt is missing"),
+        (request(url=COMPLETIONS, prompt=""), "body.prompt is empty"),
+        (request(url=COMPLETIONS, prompt=[1, 2]), "body.prompt must be a string, got list"),
+    ],
+)
+def test_bad_request_messages(write_jsonl, line: dict[str, Any], message: str) -> None:
+    row = only_row(write_jsonl, line)
+    assert row.error == message
+    assert row.overrides == {}
+    custom_id = line.get("custom_id")
+    assert row.custom_id == (custom_id if isinstance(custom_id, str) else None)
+    assert row.id == ("1" if custom_id is None else str(custom_id))
+
+
+def test_id_column_overrides_custom_id_but_custom_id_is_kept(write_jsonl) -> None:
+    line = {**request("cid"), "row_key": "k-1"}
+    path = write_jsonl("batch.jsonl", [line])
+    [row] = open_input(path, id_column="row_key").iter_rows()
+    assert (row.id, row.custom_id) == ("k-1", "cid")

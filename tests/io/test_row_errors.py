@@ -1,0 +1,137 @@
+"""Every documented row-level error message; bad rows never stop iteration."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from astrai_batch.io import InputRow, open_input
+
+PROMPT_CASES = [
+    ('{"prompt": null}', "prompt is missing"),
+    ('{"other": 1}', "prompt is missing"),
+    ('{"prompt": ""}', "prompt is empty"),
+    ('{"prompt": 5}', "prompt must be a string, got int"),
+    ('{"prompt": ["a"]}', "prompt must be a string, got list"),
+    ('{"prompt": {"text": "a"}}', "prompt must be a string, got dict"),
+    ("nope", "line 2: invalid JSON: Expecting value at column 1"),
+    ('{"prompt" "a"}', "line 2: invalid JSON: Expecting ':' delimiter at column 11"),
+    ("[1, 2]", "line 2: expected a JSON object, got array"),
+    ('"text"', "line 2: expected a JSON object, got string"),
+    ("3", "line 2: expected a JSON object, got number"),
+    ("null", "line 2: expected a JSON object, got null"),
+    ("true", "line 2: expected a JSON object, got boolean"),
+]
+
+MESSAGE_CASES = [
+    ('{"messages": null}', "messages is missing"),
+    ('{"messages": []}', "messages is empty"),
+    ('{"messages": "hi"}', "messages must be a list of {role, content} objects, got str"),
+    ('{"messages": ["hi"]}', "messages must be a list of {role, content} objects: item 0 is str"),
+    (
+        '{"messages": [{"role": "user", "content": "a"}, {"content": "b"}]}',
+        "messages must be a list of {role, content} objects: item 1 has no role",
+    ),
+    (
+        '{"messages": [{"role": "user"}]}',
+        "messages must be a list of {role, content} objects: item 0 has no string content",
+    ),
+    (
+        '{"messages": [{"role": "user", "content": 3}]}',
+        "messages must be a list of {role, content} objects: item 0 has no string content",
+    ),
+    (
+        '{"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}',
+        "messages must be a list of {role, content} objects: item 0 has a image_url content "
+        "part; only text is supported",
+    ),
+    (
+        '{"messages": [{"role": "user", "content": [{"type": "text"}]}]}',
+        "messages must be a list of {role, content} objects: item 0 has no string content",
+    ),
+]
+
+TOKEN_CASES = [
+    ('{"prompt_token_ids": null}', "prompt_token_ids is missing"),
+    ('{"prompt_token_ids": []}', "prompt_token_ids is empty"),
+    (
+        '{"prompt_token_ids": "1 2"}',
+        "prompt_token_ids must be a list of non-negative ints, got str",
+    ),
+    (
+        '{"prompt_token_ids": [1, -1]}',
+        "prompt_token_ids must be a list of non-negative ints: item 1 is -1",
+    ),
+    (
+        '{"prompt_token_ids": [true]}',
+        "prompt_token_ids must be a list of non-negative ints: item 0 is True",
+    ),
+    (
+        '{"prompt_token_ids": [1.5]}',
+        "prompt_token_ids must be a list of non-negative ints: item 0 is 1.5",
+    ),
+]
+
+FIRST_LINES = {
+    "prompt": '{"prompt": "ok", "tag": "t0", "id": "first"}',
+    "messages": '{"messages": [{"role": "user", "content": "ok"}], "tag": "t0"}',
+    "prompt_token_ids": '{"prompt_token_ids": [1], "tag": "t0"}',
+}
+
+
+def second_row(tmp_path: Path, shape: str, bad_line: str) -> InputRow:
+    path = tmp_path / "in.jsonl"
+    path.write_text(f"{FIRST_LINES[shape]}\n{bad_line}\n{FIRST_LINES[shape]}\n")
+    rows = list(open_input(path, keep_columns=["tag"]).iter_rows())
+    assert len(rows) == 3
+    assert rows[0].error is None and rows[2].error is None
+    return rows[1]
+
+
+@pytest.mark.parametrize(
+    ("shape", "line", "message"),
+    [("prompt", *case) for case in PROMPT_CASES]
+    + [("messages", *case) for case in MESSAGE_CASES]
+    + [("prompt_token_ids", *case) for case in TOKEN_CASES],
+)
+def test_bad_row_message(tmp_path: Path, shape: str, line: str, message: str) -> None:
+    row = second_row(tmp_path, shape, line)
+    assert row.error == message
+    assert (row.prompt, row.messages, row.prompt_token_ids) == (None, None, None)
+    assert row.overrides == {}
+    assert row.index == 1
+
+
+def test_error_rows_keep_their_id_and_kept_values(tmp_path: Path) -> None:
+    row = second_row(tmp_path, "prompt", '{"prompt": 1, "id": "x", "tag": "t1", "seed": 3}')
+    assert row == InputRow(
+        index=1, id="x", kept={"tag": "t1"}, error="prompt must be a string, got int"
+    )
+    unreadable = second_row(tmp_path, "prompt", "{")
+    assert unreadable == InputRow(
+        index=1,
+        id="1",
+        kept={"tag": None},
+        error="line 2: invalid JSON: Expecting property name enclosed in double quotes at column 2",
+    )
+
+
+def test_invalid_utf8_line(tmp_path: Path) -> None:
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b'{"prompt": "ok"}\n{"prompt": "caf\xe9"}\n')
+    rows = list(open_input(path).iter_rows())
+    assert rows[1] == InputRow(index=1, id="1", error="line 2: invalid UTF-8 at byte 15")
+
+
+def test_parquet_rows_use_the_same_messages(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"prompt": ["ok", None, ""]}), path)
+    assert [row.error for row in open_input(path).iter_rows()] == [
+        None,
+        "prompt is missing",
+        "prompt is empty",
+    ]
