@@ -1,0 +1,289 @@
+"""Loading a model and its tokenizer from a directory, a GGUF file, an alias or a hub id.
+
+Every load reads the config first and checks the architecture before touching weights, and
+every failure surfaces as one `ModelLoadError` (or `UnsupportedModelError`) that says what was
+looked for, with the library's own error chained underneath.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import torch
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+from astrai_batch.engine.gguf_models import converted_dir_for, ensure_converted, error_summary
+from astrai_batch.engine.model_cache import is_complete
+from astrai_batch.engine.model_spec import ModelSpec, alias_list, resolve_model_spec
+from astrai_batch.engine.model_support import check_supported
+from astrai_batch.errors import ConfigError, ModelLoadError
+
+_DTYPES: MappingProxyType[str, torch.dtype] = MappingProxyType(
+    {
+        "float32": torch.float32,
+        "fp32": torch.float32,
+        "bfloat16": torch.bfloat16,
+        "bf16": torch.bfloat16,
+        "float16": torch.float16,
+        "fp16": torch.float16,
+    }
+)
+# Tokenizers without a real limit report about 1e30; anything this large is not a limit.
+_SANE_TOKENIZER_MAX_LEN = 1 << 24
+
+
+@dataclass(frozen=True, eq=False)
+class LoadedModel:
+    """A model ready for the engine: eval mode, no gradients, on its device and dtype."""
+
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    name: str
+    source: str
+    architecture: str
+    max_model_len: int
+    eos_token_ids: frozenset[int]
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    has_chat_template: bool
+
+    def __post_init__(self) -> None:
+        for field_name in ("max_model_len", "num_layers", "num_kv_heads", "head_dim"):
+            value = getattr(self, field_name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"LoadedModel.{field_name} must be a positive int, got {value!r}")
+        if any(not isinstance(t, int) or t < 0 for t in self.eos_token_ids):
+            raise ValueError(
+                f"LoadedModel.eos_token_ids must be token ids, got {self.eos_token_ids}"
+            )
+
+    def check_invariants(self) -> None:
+        """Raise `ModelLoadError` unless the model is still as `load_model` left it."""
+        if self.model.training:
+            raise ModelLoadError(f"Model {self.name!r} is in training mode; call model.eval()")
+        if any(p.requires_grad for p in self.model.parameters()):
+            raise ModelLoadError(f"Model {self.name!r} has parameters that require gradients")
+        if not getattr(self.tokenizer, "is_fast", False):
+            raise ModelLoadError(f"Model {self.name!r} has a tokenizer that is not fast")
+        layers = self.model.config.num_hidden_layers
+        if layers != self.num_layers:
+            raise ModelLoadError(
+                f"Model {self.name!r}: num_layers {self.num_layers} but the config has {layers}"
+            )
+
+
+def resolve_dtype(name: str | torch.dtype, *, config: Any | None = None) -> torch.dtype:
+    """The torch dtype for a name; "auto" means the checkpoint's own (float32 if unrecorded)."""
+    if isinstance(name, torch.dtype):
+        if name in _DTYPES.values():
+            return name
+        raise ConfigError(f"dtype {name} is not supported; use float32, bfloat16 or float16")
+    if not isinstance(name, str):
+        raise ConfigError(f"dtype must be a string or torch.dtype, got {type(name).__name__}")
+    key = name.strip().lower()
+    if key == "auto":
+        return _checkpoint_dtype(config)
+    if key in _DTYPES:
+        return _DTYPES[key]
+    raise ConfigError(
+        f"unknown dtype {name!r}; expected one of: {', '.join(_DTYPES)}, auto",
+    )
+
+
+def _checkpoint_dtype(config: Any | None) -> torch.dtype:
+    recorded = getattr(config, "dtype", None) if config is not None else None
+    if isinstance(recorded, str):
+        recorded = getattr(torch, recorded, None)
+    return recorded if recorded in _DTYPES.values() else torch.float32
+
+
+def _load_error(
+    spec: ModelSpec, what: str, err: Exception, *, first_contact: bool = False
+) -> ModelLoadError:
+    """The error for a failed step; the first read of a hub id may mean it does not exist."""
+    if spec.kind == "hub" and first_contact:
+        return ModelLoadError(
+            f"Could not load model {spec.location!r}: it is not a local path or a known model "
+            f"alias ({alias_list()}), and as a Hugging Face hub id its {what} could not be "
+            f"loaded: {error_summary(err)}"
+        )
+    return ModelLoadError(
+        f"Could not load the {what} of model {spec.name!r} from {spec.location}: "
+        f"{error_summary(err)}"
+    )
+
+
+def _resolve_device(device: str) -> torch.device:
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise ConfigError(f"unknown device {device!r}") from err
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device {device!r} was requested but CUDA is not available")
+    return resolved
+
+
+def load_model(
+    spec: str | os.PathLike[str],
+    *,
+    device: str = "cpu",
+    dtype: str | torch.dtype = "float32",
+    trust_remote_code: bool = False,
+    cache_dir: str | os.PathLike[str] | None = None,
+) -> LoadedModel:
+    """Load a causal LM and its fast tokenizer; see `resolve_model_spec` for what `spec` may be.
+
+    A GGUF file (or the `smollm2-135m` alias) is converted once into the cache under
+    `cache_dir` (default `$ASTRAI_BATCH_CACHE`, else ~/.cache/astrai-batch) and loaded from there.
+    """
+    resolve_dtype(dtype)  # reject a bad name before any slow work; "auto" needs the config
+    target_device = _resolve_device(device)
+    model_spec = resolve_model_spec(spec)
+    if model_spec.kind == "gguf":
+        converted = ensure_converted(Path(model_spec.location), cache_dir)
+        model_spec = ModelSpec("directory", model_spec.name, str(converted))
+    try:
+        config = AutoConfig.from_pretrained(
+            model_spec.location, trust_remote_code=trust_remote_code
+        )
+    except Exception as err:
+        raise _load_error(model_spec, "config", err, first_contact=True) from err
+    check_supported(config)
+    torch_dtype = resolve_dtype(dtype, config=config)
+    tokenizer = _load_tokenizer_at(model_spec, trust_remote_code, first_contact=False)
+    weights: dict[str, Any] = {"config": config, "dtype": torch_dtype}
+    if model_spec.kind == "directory" and any(Path(model_spec.location).glob("*.safetensors")):
+        weights["use_safetensors"] = True
+    if target_device.type != "cpu":
+        weights["device_map"] = {"": target_device}
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            model_spec.location, trust_remote_code=trust_remote_code, **weights
+        )
+    except Exception as err:
+        raise _load_error(model_spec, "weights", err) from err
+    model.eval()
+    model.requires_grad_(False)
+    return _describe(model, tokenizer, model_spec)
+
+
+def load_tokenizer(
+    spec: str | os.PathLike[str],
+    *,
+    trust_remote_code: bool = False,
+    cache_dir: str | os.PathLike[str] | None = None,
+) -> tuple[PreTrainedTokenizerBase, str]:
+    """The fast tokenizer for `spec` and where it was read from, without loading any weights.
+
+    For a GGUF file the converted cache is used when present; otherwise only the tokenizer is
+    read from the GGUF itself (no conversion is started).
+    """
+    model_spec = resolve_model_spec(spec)
+    if model_spec.kind == "gguf":
+        gguf_path = Path(model_spec.location)
+        converted = converted_dir_for(gguf_path, cache_dir)
+        if is_complete(converted):
+            model_spec = ModelSpec("directory", model_spec.name, str(converted))
+        else:
+            try:
+                tokenizer = AutoTokenizer.from_pretrained(
+                    str(gguf_path.parent), gguf_file=gguf_path.name
+                )
+            except Exception as err:
+                raise _load_error(model_spec, "tokenizer", err) from err
+            _require_fast(tokenizer, model_spec)
+            return tokenizer, str(gguf_path)
+    tokenizer = _load_tokenizer_at(model_spec, trust_remote_code, first_contact=True)
+    return tokenizer, model_spec.location
+
+
+def _load_tokenizer_at(
+    model_spec: ModelSpec, trust_remote_code: bool, *, first_contact: bool
+) -> PreTrainedTokenizerBase:
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(
+            model_spec.location, trust_remote_code=trust_remote_code
+        )
+    except Exception as err:
+        raise _load_error(model_spec, "tokenizer", err, first_contact=first_contact) from err
+    _require_fast(tokenizer, model_spec)
+    return tokenizer
+
+
+def _require_fast(tokenizer: PreTrainedTokenizerBase, model_spec: ModelSpec) -> None:
+    if not getattr(tokenizer, "is_fast", False):
+        raise ModelLoadError(
+            f"The tokenizer of model {model_spec.name!r} is not a fast tokenizer "
+            "(no tokenizer.json); astrai-batch needs one"
+        )
+
+
+def _describe(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, model_spec: ModelSpec
+) -> LoadedModel:
+    config = model.config
+    architectures = getattr(config, "architectures", None)
+    num_heads = int(config.num_attention_heads)
+    head_dim = getattr(config, "head_dim", None)
+    if head_dim is None:
+        if config.hidden_size % num_heads:
+            raise ModelLoadError(
+                f"Model {model_spec.name!r}: hidden_size {config.hidden_size} is not divisible "
+                f"by num_attention_heads {num_heads} and the config gives no head_dim"
+            )
+        head_dim = config.hidden_size // num_heads
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        name=model_spec.name,
+        source=model_spec.location,
+        architecture=str(architectures[0]) if architectures else type(model).__name__,
+        max_model_len=_max_model_len(config, tokenizer, model_spec),
+        eos_token_ids=_eos_token_ids(model, tokenizer),
+        num_layers=int(config.num_hidden_layers),
+        num_kv_heads=int(getattr(config, "num_key_value_heads", None) or num_heads),
+        head_dim=int(head_dim),
+        has_chat_template=bool(getattr(tokenizer, "chat_template", None)),
+    )
+
+
+def _max_model_len(config: Any, tokenizer: PreTrainedTokenizerBase, model_spec: ModelSpec) -> int:
+    candidates = []
+    positions = getattr(config, "max_position_embeddings", None)
+    if isinstance(positions, int) and positions > 0:
+        candidates.append(positions)
+    tokenizer_limit = getattr(tokenizer, "model_max_length", None)
+    if isinstance(tokenizer_limit, int) and 0 < tokenizer_limit <= _SANE_TOKENIZER_MAX_LEN:
+        candidates.append(tokenizer_limit)
+    if not candidates:
+        raise ModelLoadError(
+            f"Model {model_spec.name!r} states no context length (neither "
+            "max_position_embeddings nor a tokenizer model_max_length)"
+        )
+    return min(candidates)
+
+
+def _eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
+    generation_config = getattr(model, "generation_config", None)
+    source = generation_config if generation_config is not None else model.config
+    declared = getattr(source, "eos_token_id", None)
+    if declared is None:
+        ids: set[int] = set()
+    elif isinstance(declared, int):
+        ids = {declared}
+    else:
+        ids = {int(token_id) for token_id in declared}
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return frozenset(ids)
