@@ -1,0 +1,275 @@
+"""The request table: which pages each running request holds, and how they meet the prefix index.
+
+Every page is exactly one of: free (count 0), in use (held by at least one open request), or
+cached and evictable (held only by the prefix index, unpinned). A request pins every index node
+whose page it holds, so "unpinned" and "held only by the index" are the same thing, and
+eviction frees exactly the pages it promises.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+
+from astrai_batch.cache.allocator import PageAllocator
+from astrai_batch.cache.errors import CacheUsageError
+from astrai_batch.cache.prefix_index import PrefixIndex
+from astrai_batch.cache.radix_node import PrefixMatch
+from astrai_batch.cache.stats import CacheStats
+from astrai_batch.errors import ConfigError
+
+
+class _OpenRequest:
+    """A request's pages by position, and its pinned match over the published leading pages."""
+
+    __slots__ = ("match", "pages")
+
+    def __init__(self, match: PrefixMatch | None, pages: list[int]) -> None:
+        self.match = match
+        self.pages = pages
+
+    def num_published_pages(self) -> int:
+        return 0 if self.match is None else len(self.match.pages)
+
+
+class KVCacheManager:
+    """Page allocator + prefix index + request table: the cache API the scheduler calls."""
+
+    def __init__(self, num_pages: int, page_size: int, enable_prefix_cache: bool = True) -> None:
+        if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
+            raise ConfigError(f"page_size must be a positive integer, got {page_size!r}")
+        self.page_size = page_size
+        self.num_pages = num_pages
+        self.allocator = PageAllocator(num_pages)
+        self.index: PrefixIndex | None = (
+            PrefixIndex(page_size, self.allocator) if enable_prefix_cache else None
+        )
+        self._requests: dict[Hashable, _OpenRequest] = {}
+        self._lookups = 0
+        self._hit_tokens = 0
+        self._missed_tokens = 0
+        self._inserted_pages = 0
+        self._evicted_pages = 0
+        self._peak_pages_in_use = 0
+
+    def open(self, request_id: Hashable, tokens: Sequence[int], max_cached_tokens: int) -> int:
+        """Register a request and give it the cached pages of its prompt; returns hit tokens.
+
+        Only `tokens[:max_cached_tokens]` may hit (the engine keeps at least one prompt token to
+        compute), and only whole pages, so the result is a multiple of `page_size`.
+        """
+        if request_id in self._requests:
+            raise CacheUsageError(f"request {request_id!r} is already open")
+        if max_cached_tokens < 0:
+            raise CacheUsageError(f"max_cached_tokens must be >= 0, got {max_cached_tokens}")
+        match: PrefixMatch | None = None
+        pages: list[int] = []
+        if self.index is not None:
+            match = self.index.match(tokens, max_cached_tokens)
+            self.allocator.incref(match.pages)
+            pages = list(match.pages)
+        self._requests[request_id] = _OpenRequest(match, pages)
+        hit = 0 if match is None else match.num_tokens
+        self._lookups += 1
+        self._hit_tokens += hit
+        self._missed_tokens += len(tokens) - hit
+        self._note_usage()
+        return hit
+
+    def cached_prefix_length(self, tokens: Sequence[int], max_cached_tokens: int) -> int:
+        """The hit `open` would give these tokens now; pins, counts and touches nothing."""
+        if max_cached_tokens < 0:
+            raise CacheUsageError(f"max_cached_tokens must be >= 0, got {max_cached_tokens}")
+        if self.index is None:
+            return 0
+        return self.index.cached_prefix_length(tokens, max_cached_tokens)
+
+    def reserve(self, request_id: Hashable, num_tokens: int) -> bool:
+        """Make the request's pages cover positions `[0, num_tokens)`, evicting if needed.
+
+        All-or-nothing: returns False, with no page taken and nothing evicted, when free plus
+        evictable pages cannot cover the shortfall.
+        """
+        request = self._request(request_id)
+        if num_tokens < 0:
+            raise CacheUsageError(f"num_tokens must be >= 0, got {num_tokens}")
+        missing = -(-num_tokens // self.page_size) - len(request.pages)
+        if missing <= 0:
+            return True
+        shortfall = missing - self.allocator.num_free()
+        if shortfall > 0:
+            if self.index is None or shortfall > self.index.num_evictable_pages():
+                return False
+            self._evicted_pages += len(self.index.evict(shortfall))
+        new_pages = self.allocator.allocate(missing)
+        if new_pages is None:
+            raise CacheUsageError(
+                "eviction freed fewer pages than it counted evictable: a cached page is held "
+                "outside the manager without a pin"
+            )
+        request.pages.extend(new_pages)
+        self._note_usage()
+        return True
+
+    def publish(self, request_id: Hashable, tokens: Sequence[int]) -> None:
+        """Offer the full pages of `tokens` (whose K/V is written) to the prefix index.
+
+        Pages published earlier are skipped, so calling this every step costs O(new pages).
+        Where another request already cached an identical page, this request switches to that
+        canonical page and its duplicate is freed: `pages(request_id)` can change.
+        """
+        request = self._request(request_id)
+        if self.index is None or request.match is None:
+            return
+        num_full = len(tokens) // self.page_size
+        first = request.num_published_pages()
+        if num_full <= first:
+            return
+        own = request.pages
+        if num_full > len(own):
+            raise CacheUsageError(
+                f"request {request_id!r} publishes {num_full} full pages but holds {len(own)}"
+            )
+        match = self.index.extend(request.match, tokens, own)
+        request.match = match
+        switch_to: list[int] = []
+        switch_from: list[int] = []
+        for position in range(first, num_full):
+            canonical = match.pages[position]
+            if canonical != own[position]:
+                switch_to.append(canonical)
+                switch_from.append(own[position])
+                own[position] = canonical
+        self.allocator.incref(switch_to)
+        self.allocator.decref(switch_from)
+        self._inserted_pages += num_full - first - len(switch_to)
+        self._note_usage()
+
+    def close(self, request_id: Hashable, tokens: Sequence[int] | None = None) -> None:
+        """Publish `tokens` (if given), then release the request's pins and pages and forget it."""
+        request = self._request(request_id)
+        if tokens is not None:
+            self.publish(request_id, tokens)
+        del self._requests[request_id]
+        if request.match is not None and self.index is not None:
+            self.index.unpin(request.match)
+        self.allocator.decref(request.pages)
+
+    def truncate(self, request_id: Hashable, num_tokens: int) -> None:
+        """Give back the pages past the first `num_tokens` positions (not published ones)."""
+        request = self._request(request_id)
+        if num_tokens < 0:
+            raise CacheUsageError(f"num_tokens must be >= 0, got {num_tokens}")
+        published = request.num_published_pages()
+        # A published page is shared and immutable: the next token must not be written into it.
+        if num_tokens < published * self.page_size:
+            raise CacheUsageError(
+                f"cannot truncate request {request_id!r} to {num_tokens} tokens: its first "
+                f"{published * self.page_size} tokens are published to the prefix index"
+            )
+        keep = -(-num_tokens // self.page_size)
+        dropped = request.pages[keep:]
+        del request.pages[keep:]
+        self.allocator.decref(dropped)
+
+    def evict(self, num_pages: int) -> list[int]:
+        """Free up to `num_pages` cached pages no request uses (LRU leaves first)."""
+        if self.index is None:
+            return []
+        freed = self.index.evict(num_pages)
+        self._evicted_pages += len(freed)
+        return freed
+
+    def pages(self, request_id: Hashable) -> list[int]:
+        """A copy of the request's page table: page of position p is `pages[p // page_size]`."""
+        return list(self._request(request_id).pages)
+
+    def __contains__(self, request_id: Hashable) -> bool:
+        return request_id in self._requests
+
+    def num_open_requests(self) -> int:
+        return len(self._requests)
+
+    def num_free_pages(self) -> int:
+        return self.allocator.num_free()
+
+    def num_evictable_pages(self) -> int:
+        return 0 if self.index is None else self.index.num_evictable_pages()
+
+    def available_pages(self) -> int:
+        """Pages a `reserve` could obtain right now: free plus evictable."""
+        return self.num_free_pages() + self.num_evictable_pages()
+
+    def stats(self) -> CacheStats:
+        return CacheStats(
+            lookups=self._lookups,
+            hit_tokens=self._hit_tokens,
+            missed_tokens=self._missed_tokens,
+            inserted_pages=self._inserted_pages,
+            evicted_pages=self._evicted_pages,
+            pages_in_use=self._pages_in_use(),
+            cached_pages=0 if self.index is None else self.index.num_cached_pages(),
+            peak_pages_in_use=self._peak_pages_in_use,
+        )
+
+    def check_invariants(self) -> None:
+        """Each page's count is (1 if cached) + its open holders; cached pages pinned per holder."""
+        self.allocator.check_invariants()
+        if self.index is not None:
+            self.index.check_invariants()
+        holders = [0] * self.num_pages
+        for request_id, request in self._requests.items():
+            if len(set(request.pages)) != len(request.pages):
+                raise CacheUsageError(f"request {request_id!r} holds a page twice")
+            for page in request.pages:
+                if not 0 <= page < self.num_pages:
+                    raise CacheUsageError(f"request {request_id!r} holds unknown page {page}")
+                holders[page] += 1
+            match = request.match
+            if match is not None:
+                if not match.active:
+                    raise CacheUsageError(f"request {request_id!r} keeps a released match")
+                if request.pages[: len(match.pages)] != match.pages:
+                    raise CacheUsageError(
+                        f"request {request_id!r} has pages {request.pages} that do not start "
+                        f"with its published pages {match.pages}"
+                    )
+        pins = {} if self.index is None else self.index.pin_counts()
+        for page in range(self.num_pages):
+            cached = page in pins
+            expected = holders[page] + int(cached)
+            actual = self.allocator.refcount(page)
+            if actual != expected:
+                raise CacheUsageError(
+                    f"page {page} has reference count {actual}, expected {expected} "
+                    f"({holders[page]} open requests{' + the index' if cached else ''})"
+                )
+            if cached and pins[page] != holders[page]:
+                raise CacheUsageError(
+                    f"cached page {page} is pinned {pins[page]} times "
+                    f"but held by {holders[page]} open requests"
+                )
+        in_use = sum(1 for count in holders if count)
+        if in_use != self._pages_in_use():
+            raise CacheUsageError(
+                f"{in_use} pages are held by requests, but free/evictable counts imply "
+                f"{self._pages_in_use()}"
+            )
+
+    def _request(self, request_id: Hashable) -> _OpenRequest:
+        request = self._requests.get(request_id)
+        if request is None:
+            raise CacheUsageError(f"request {request_id!r} is not open")
+        return request
+
+    def _pages_in_use(self) -> int:
+        return self.num_pages - self.num_free_pages() - self.num_evictable_pages()
+
+    def _note_usage(self) -> None:
+        self._peak_pages_in_use = max(self._peak_pages_in_use, self._pages_in_use())
+
+    def __repr__(self) -> str:
+        return (
+            f"KVCacheManager(num_pages={self.num_pages}, page_size={self.page_size}, "
+            f"open={len(self._requests)}, free={self.num_free_pages()}, "
+            f"evictable={self.num_evictable_pages()})"
+        )

@@ -1,0 +1,329 @@
+"""A page-granular radix tree over token ids: which cached pages hold a given prompt prefix.
+
+Each node is one full page: its key is the tuple of that page's `page_size` token ids and its
+value the physical page that holds their K/V. A page's K/V depends on every token before it, so
+a node is only reachable through the exact tokens of all earlier pages; matching is plain
+dictionary lookups of page-sized tuples, never per-token Python work.
+
+Reference counting: the index holds one allocator reference on every page it caches. Pinning:
+a match pins every node on its path (root to deepest hit) until it is unpinned, so a node is
+pinned exactly when some live match passes through it, and an unpinned node has an unpinned
+subtree. Eviction removes unpinned leaves, least recently used first (a logical clock, ties by
+insertion order), so a cached descendant never becomes unreachable.
+
+`num_evictable_pages()` counts the unpinned nodes: exactly the pages repeated leaf eviction can
+drop. They are freed (count 0) when every other holder of a cached page also pins its node, which
+`KVCacheManager` guarantees; callers that use the index directly and keep a page reference without
+a pin see such a page dropped from the index but not freed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from itertools import islice
+
+from astrai_batch.cache.allocator import PageAllocator
+from astrai_batch.cache.errors import CacheUsageError
+from astrai_batch.cache.eviction_queue import EvictionQueue
+from astrai_batch.cache.radix_node import PrefixMatch, RadixNode, as_token_sequence
+from astrai_batch.errors import ConfigError
+
+
+class PrefixIndex:
+    """Radix tree of cached full pages keyed by their tokens, with pins and LRU leaf eviction."""
+
+    def __init__(self, page_size: int, allocator: PageAllocator) -> None:
+        if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
+            raise ConfigError(f"page_size must be a positive integer, got {page_size!r}")
+        self.page_size = page_size
+        self.allocator = allocator
+        self._roots: dict[tuple[int, ...], RadixNode] = {}
+        self._node_by_page: dict[int, RadixNode] = {}
+        self._num_pinned = 0
+        self._clock = 0
+        self._next_serial = 0
+        self._eviction_queue = EvictionQueue()
+
+    def num_cached_pages(self) -> int:
+        return len(self._node_by_page)
+
+    def num_evictable_pages(self) -> int:
+        """Unpinned nodes: the pages that evicting leaves over and over can remove."""
+        return len(self._node_by_page) - self._num_pinned
+
+    def pin_counts(self) -> dict[int, int]:
+        """Pin count of every cached page, by page id."""
+        return {page: node.pins for page, node in self._node_by_page.items()}
+
+    def match(self, tokens: Sequence[int], max_tokens: int | None = None) -> PrefixMatch:
+        """The longest run of cached full pages that `tokens[:max_tokens]` starts with, pinned.
+
+        Only whole pages match, so at most `len(tokens) // page_size` pages. Every node on the
+        path is pinned until `unpin`, which also stamps the path's LRU time: a pinned node
+        cannot be evicted, so the moment its last user lets go is what recency should mean.
+        """
+        page_keys = self._page_keys(tokens, max_tokens)
+        children = self._roots
+        node: RadixNode | None = None
+        pages: list[int] = []
+        newly_pinned = 0
+        for key in page_keys:
+            child = children.get(key)
+            if child is None:
+                break
+            if child.pins == 0:
+                newly_pinned += 1
+            child.pins += 1
+            pages.append(child.page)
+            node = child
+            children = child.children
+        self._num_pinned += newly_pinned
+        return PrefixMatch(self, pages, len(pages) * self.page_size, node)
+
+    def cached_prefix_length(self, tokens: Sequence[int], max_tokens: int | None = None) -> int:
+        """How many leading tokens `match` would hit now; pins, touches and counts nothing.
+
+        For scoring waiting requests: a pin or LRU stamp there would let requests that were
+        only looked at steer eviction.
+        """
+        children = self._roots
+        num_pages = 0
+        for key in self._page_keys(tokens, max_tokens):
+            child = children.get(key)
+            if child is None:
+                break
+            num_pages += 1
+            children = child.children
+        return num_pages * self.page_size
+
+    def unpin(self, match: PrefixMatch) -> None:
+        """Release the pins `match` holds; a match can be unpinned (or extended) only once."""
+        self._retire(match)
+        node = match.node
+        self._clock += 1
+        clock = self._clock
+        while node is not None:
+            if node.pins <= 0:
+                raise CacheUsageError(f"page {node.page} unpinned more often than pinned")
+            node.pins -= 1
+            node.last_access = clock
+            if node.pins == 0:
+                self._num_pinned -= 1
+                if not node.children:
+                    self._push(node)
+            node = node.parent
+
+    def insert(self, tokens: Sequence[int], pages: Sequence[int]) -> list[int]:
+        """Cache every full page of `tokens` not cached yet, taking one reference on each.
+
+        `pages[i]` holds the K/V of `tokens[i * page_size:(i + 1) * page_size]`. Returns, for
+        every full page position, the page the index holds there: where an identical page was
+        already cached, that canonical page rather than the caller's. Nothing is pinned.
+        """
+        tokens = as_token_sequence(tokens)
+        num_full = len(tokens) // self.page_size
+        self._check_enough_pages(pages, num_full)
+        self._clock += 1
+        canonical, _ = self._add_path(None, 0, tokens, num_full, pages, pin=False)
+        return canonical
+
+    def extend(
+        self, match: PrefixMatch, tokens: Sequence[int], pages: Sequence[int]
+    ) -> PrefixMatch:
+        """Insert the full pages of `tokens` below `match` and return the longer, pinned match.
+
+        `tokens` must start with the tokens `match` was made for and `pages` is the caller's
+        whole page list (position 0 onwards). `match` is consumed: its pins move to the result,
+        whose `pages` are canonical (see `insert`). Costs O(new pages), not O(len(tokens)).
+        """
+        self._check_owned_and_active(match)
+        tokens = as_token_sequence(tokens)
+        page_size = self.page_size
+        num_full = len(tokens) // page_size
+        first = len(match.pages)
+        if num_full < first:
+            raise CacheUsageError(
+                f"extend got {len(tokens)} tokens, fewer than the {match.num_tokens} matched"
+            )
+        if match.node is not None:
+            last_key = tuple(tokens[(first - 1) * page_size : first * page_size])
+            if match.node.key != last_key:
+                raise CacheUsageError("extend got tokens that do not continue the matched prefix")
+        self._check_enough_pages(pages, num_full)
+        self._clock += 1
+        new_pages, deepest = self._add_path(match.node, first, tokens, num_full, pages, pin=True)
+        match.active = False
+        return PrefixMatch(self, match.pages + new_pages, num_full * page_size, deepest)
+
+    def evict(self, num_pages: int) -> list[int]:
+        """Evict unpinned leaves, least recently used first, until `num_pages` pages are freed.
+
+        A parent whose last child goes becomes a candidate in the same call. Returns the pages
+        whose reference count reached 0; fewer than asked when nothing evictable is left.
+        """
+        if num_pages < 0:
+            raise CacheUsageError(f"cannot evict a negative number of pages ({num_pages})")
+        freed: list[int] = []
+        decref = self.allocator.decref
+        while len(freed) < num_pages:
+            node = self._eviction_queue.pop()
+            if node is None:
+                break
+            self._remove(node)
+            freed.extend(decref((node.page,)))
+            parent = node.parent
+            if parent is not None and parent.pins == 0 and not parent.children:
+                self._push(parent)
+        return freed
+
+    def check_invariants(self) -> None:
+        """Every cached node reachable with consistent links, counts and eviction candidates."""
+        reached = 0
+        pinned = 0
+        unpinned_leaves: set[int] = set()
+        pending: list[tuple[RadixNode | None, dict[tuple[int, ...], RadixNode]]] = [
+            (None, self._roots)
+        ]
+        while pending:
+            parent, children = pending.pop()
+            for key, node in children.items():
+                where = f"node of page {node.page}"
+                if node.key != key or len(key) != self.page_size:
+                    raise CacheUsageError(f"{where} is filed under a key that is not its own")
+                if node.parent is not parent:
+                    raise CacheUsageError(f"{where} does not point back to its parent")
+                if not node.cached or self._node_by_page.get(node.page) is not node:
+                    raise CacheUsageError(f"{where} is linked in but not registered as cached")
+                if node.pins < 0:
+                    raise CacheUsageError(f"{where} has negative pin count {node.pins}")
+                if node.pins < sum(child.pins for child in node.children.values()):
+                    raise CacheUsageError(f"{where} has fewer pins than its children together")
+                if self.allocator.refcount(node.page) < 1:
+                    raise CacheUsageError(f"{where} caches a page the allocator holds as free")
+                reached += 1
+                if node.pins:
+                    pinned += 1
+                elif not node.children:
+                    unpinned_leaves.add(id(node))
+                pending.append((node, node.children))
+        if reached != len(self._node_by_page):
+            raise CacheUsageError(
+                f"{len(self._node_by_page) - reached} cached pages are unreachable from the root"
+            )
+        if pinned != self._num_pinned:
+            raise CacheUsageError(f"pinned-node count {self._num_pinned} != actual {pinned}")
+        candidates = {id(node) for node in self._eviction_queue.candidates()}
+        if candidates != unpinned_leaves:
+            raise CacheUsageError(
+                "eviction candidates differ from the unpinned leaves: "
+                f"{len(candidates)} candidates, {len(unpinned_leaves)} unpinned leaves"
+            )
+
+    def _add_path(
+        self,
+        start: RadixNode | None,
+        first: int,
+        tokens: Sequence[int],
+        num_full: int,
+        pages: Sequence[int],
+        *,
+        pin: bool,
+    ) -> tuple[list[int], RadixNode | None]:
+        """Walk/extend the path below `start` for pages `first..num_full-1`; canonical pages."""
+        page_size = self.page_size
+        span = tokens[first * page_size : num_full * page_size]
+        page_keys = zip(*[iter(span)] * page_size, strict=False)  # see `match`
+        children = self._roots if start is None else start.children
+        existing: list[RadixNode] = []
+        new_keys: list[tuple[int, ...]] = []
+        for key in page_keys:
+            child = children.get(key)
+            if child is None:
+                new_keys = [key, *page_keys]  # the rest of the same iterator: pages below
+                break
+            existing.append(child)
+            children = child.children
+        new_pages = list(pages[first + len(existing) : num_full])
+        self._check_new_pages(new_pages)
+        # Validated: from here on nothing raises, so the tree never ends up half-updated.
+        self.allocator.incref(new_pages)
+        clock = self._clock
+        canonical: list[int] = []
+        for hit in existing:
+            if pin:
+                if hit.pins == 0:
+                    self._num_pinned += 1
+                hit.pins += 1
+            hit.last_access = clock
+            canonical.append(hit.page)
+        node = existing[-1] if existing else start
+        serial = self._next_serial
+        node_by_page = self._node_by_page
+        for key, page in zip(new_keys, new_pages, strict=True):
+            child = RadixNode(key, page, node, clock, serial)
+            serial += 1
+            if pin:
+                child.pins = 1
+            children[key] = child
+            node_by_page[page] = child
+            canonical.append(page)
+            node = child
+            children = child.children
+        self._next_serial = serial
+        if pin:
+            self._num_pinned += len(new_pages)
+        elif node is not None and node is not start and node.pins == 0 and not node.children:
+            self._push(node)  # a new leaf, or an existing one whose access time just changed
+        return canonical, node
+
+    def _page_keys(
+        self, tokens: Sequence[int], max_tokens: int | None
+    ) -> Iterator[tuple[int, ...]]:
+        """The full pages of `tokens[:max_tokens]` as tuples, lazily."""
+        tokens = as_token_sequence(tokens)
+        if max_tokens is not None and max_tokens < 0:
+            raise CacheUsageError(f"max_tokens must be >= 0, got {max_tokens}")
+        source = iter(tokens) if max_tokens is None else islice(tokens, max_tokens)
+        # zip over one iterator repeated page_size times yields the full pages as tuples, in C;
+        # a trailing partial page is dropped, as it should be.
+        return zip(*[source] * self.page_size, strict=False)
+
+    def _check_new_pages(self, new_pages: list[int]) -> None:
+        if len(set(new_pages)) != len(new_pages):
+            raise CacheUsageError(f"the same page appears twice among pages {new_pages}")
+        for page in new_pages:
+            if page in self._node_by_page:
+                raise CacheUsageError(f"page {page} is already cached for other tokens")
+            if not 0 <= page < self.allocator.num_pages or self.allocator.refcount(page) < 1:
+                raise CacheUsageError(f"page {page} is not an allocated page")
+
+    def _check_enough_pages(self, pages: Sequence[int], num_full: int) -> None:
+        if len(pages) < num_full:
+            raise CacheUsageError(
+                f"{num_full} full pages of tokens need {num_full} pages, got {len(pages)}"
+            )
+
+    def _check_owned_and_active(self, match: PrefixMatch) -> None:
+        if match.index is not self:
+            raise CacheUsageError("this match belongs to a different PrefixIndex")
+        if not match.active:
+            raise CacheUsageError("this match was already unpinned or extended")
+
+    def _retire(self, match: PrefixMatch) -> None:
+        self._check_owned_and_active(match)
+        match.active = False
+
+    def _push(self, node: RadixNode) -> None:
+        self._eviction_queue.push(node, len(self._node_by_page))
+
+    def _remove(self, node: RadixNode) -> None:
+        siblings = self._roots if node.parent is None else node.parent.children
+        del siblings[node.key]
+        del self._node_by_page[node.page]
+        node.cached = False
+
+    def __repr__(self) -> str:
+        return (
+            f"PrefixIndex(page_size={self.page_size}, cached={self.num_cached_pages()}, "
+            f"evictable={self.num_evictable_pages()})"
+        )
