@@ -32,7 +32,7 @@ CHAT_TEMPLATE = (
 
 
 def build_tiny_tokenizer():
-    """A byte-level BPE tokenizer (vocab 384) wrapped as a fast HF tokenizer with a chat template."""
+    """A byte-level BPE tokenizer (vocab 384) as a fast HF tokenizer with a chat template."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 

@@ -1,0 +1,66 @@
+"""Engine configuration."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from astrai_batch.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How the engine batches and how big its KV cache is.
+
+    The pool is sized by `num_pages` when given, else by `kv_cache_memory` bytes, else by
+    `default_kv_cache_memory`. `max_model_len` caps prompt + output below the model's own limit.
+    """
+
+    page_size: int = 16
+    num_pages: int | None = None
+    kv_cache_memory: int | None = None
+    max_num_seqs: int = 128
+    max_num_batched_tokens: int = 512
+    enable_prefix_cache: bool = True
+    max_model_len: int | None = None
+    seed: int = 0
+    lookahead: int | None = None  # waiting requests pulled ahead; None = 2 * max_num_seqs
+    max_wait_steps: int = 64  # a waiting request older than this many admissions goes first
+
+    default_kv_cache_memory = 2 * 1024**3
+
+    def __post_init__(self) -> None:
+        _positive("page_size", self.page_size)
+        _positive("max_num_seqs", self.max_num_seqs)
+        _positive("max_num_batched_tokens", self.max_num_batched_tokens)
+        _positive("max_wait_steps", self.max_wait_steps)
+        for name in ("num_pages", "kv_cache_memory", "max_model_len", "lookahead"):
+            value = getattr(self, name)
+            if value is not None:
+                _positive(name, value)
+        if not isinstance(self.enable_prefix_cache, bool):
+            raise ConfigError(
+                f"enable_prefix_cache must be a bool, got {type(self.enable_prefix_cache).__name__}"
+            )
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
+            raise ConfigError(f"seed must be a non-negative int, got {self.seed!r}")
+
+    @property
+    def waiting_capacity(self) -> int:
+        return self.lookahead if self.lookahead is not None else 2 * self.max_num_seqs
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> EngineConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigError(f"unknown engine option(s): {', '.join(unknown)}")
+        return cls(**values)
+
+
+def _positive(name: str, value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ConfigError(f"{name} must be an int, got {type(value).__name__}")
+    if value < 1:
+        raise ConfigError(f"{name} must be >= 1, got {value}")

@@ -1,0 +1,278 @@
+"""The synchronous engine core: requests in, one model step at a time, results out.
+
+It ties the scheduler, the model runner and the samplers together and owns the sequences.
+Everything here runs on one thread (the async engine calls `step` from a worker thread).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Hashable
+
+import torch
+
+from astrai_batch.cache import KVCacheManager, KVPool
+from astrai_batch.engine.config import EngineConfig
+from astrai_batch.engine.loader import LoadedModel
+from astrai_batch.engine.runner import ModelRunner, ScheduledChunk
+from astrai_batch.engine.sampling import SequenceSampler, sample_next_tokens
+from astrai_batch.engine.scheduler import ScheduledWork, Scheduler
+from astrai_batch.engine.sequence import Sequence
+from astrai_batch.engine.stop import IncrementalDetokenizer, StopStringMatcher
+from astrai_batch.engine.types import (
+    EngineStats,
+    FinishReason,
+    GenerationRequest,
+    GenerationResult,
+    Timings,
+    as_token_tuple,
+    error_result,
+)
+
+
+class _Output:
+    """Text and stop-string state of a sequence that has stop strings."""
+
+    def __init__(self, tokenizer, stops: tuple[str, ...]) -> None:
+        self.detokenizer = IncrementalDetokenizer(tokenizer, [])
+        self.matcher = StopStringMatcher(stops)
+        self.checked = 0
+        self.cut: int | None = None
+
+    def append(self, token_id: int) -> bool:
+        """Returns True when a stop string has appeared."""
+        self.detokenizer.append(token_id)
+        text = self.detokenizer.text
+        self.cut = self.matcher.find(text, self.checked)
+        self.checked = len(text)
+        return self.cut is not None
+
+
+class EngineCore:
+    def __init__(self, loaded: LoadedModel, config: EngineConfig) -> None:
+        self.loaded = loaded
+        self.config = config
+        self.tokenizer = loaded.tokenizer
+        self.max_model_len = min(loaded.max_model_len, config.max_model_len or loaded.max_model_len)
+        param = next(loaded.model.parameters())
+        pool_args = dict(
+            num_layers=loaded.num_layers,
+            num_kv_heads=loaded.num_kv_heads,
+            head_dim=loaded.head_dim,
+            page_size=config.page_size,
+            dtype=param.dtype,
+            device=param.device,
+        )
+        if config.num_pages is not None:
+            self.pool = KVPool(num_pages=config.num_pages, **pool_args)
+        else:
+            budget = config.kv_cache_memory or config.default_kv_cache_memory
+            self.pool = KVPool.from_memory_budget(budget, **pool_args)
+        self.cache = KVCacheManager(
+            self.pool.num_pages, config.page_size, enable_prefix_cache=config.enable_prefix_cache
+        )
+        self.runner = ModelRunner(loaded.model, self.pool)
+        self.scheduler = Scheduler(config, self.cache)
+        self._outputs: dict[int, _Output] = {}
+        self._next_seq_id = 0
+        self._arrivals = 0
+        self._steps = 0
+        self._prefill_tokens = 0
+        self._decode_tokens = 0
+        self._finished = 0
+        self._failed = 0
+        self._forward_seconds = 0.0
+        self._busy_seconds = 0.0
+
+    # -- requests ------------------------------------------------------------------------
+
+    @property
+    def num_unfinished(self) -> int:
+        return self.scheduler.num_unfinished
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting)
+
+    def add_request(self, request: GenerationRequest) -> list[GenerationResult]:
+        """Queues a request; returns error results at once when it can never run."""
+        params = request.params
+        prompt = as_token_tuple(request.prompt_token_ids)
+        problem = self._why_never_fits(prompt, params.max_tokens)
+        if problem is not None:
+            self._failed += params.n
+            return [error_result(request, problem, i) for i in range(params.n)]
+        self._arrivals += 1
+        for sample_index in range(params.n):
+            seq_id = self._next_seq_id
+            self._next_seq_id += 1
+            sampler = SequenceSampler(
+                params,
+                prompt,
+                sample_index=sample_index,
+                eos_token_ids=self.loaded.eos_token_ids,
+                fallback_seed=_fallback_seed(self.config.seed, request.request_id, sample_index),
+            )
+            seq = Sequence(
+                seq_id=seq_id,
+                request_id=request.request_id,
+                sample_index=sample_index,
+                prompt_token_ids=prompt,
+                params=params,
+                sampler=sampler,
+                arrival=self._arrivals,
+                page_size=self.config.page_size,
+            )
+            if params.stop:
+                self._outputs[seq_id] = _Output(self.tokenizer, params.stop)
+            self.scheduler.add(seq)
+        return []
+
+    def _why_never_fits(self, prompt: tuple[int, ...], max_tokens: int) -> str | None:
+        if not prompt:
+            return "prompt is empty"
+        vocab = self.loaded.model.config.vocab_size
+        bad = next((t for t in prompt if t < 0 or t >= vocab), None)
+        if bad is not None:
+            return f"prompt token id {bad} is outside the vocabulary (size {vocab})"
+        total = len(prompt) + max_tokens
+        if total > self.max_model_len:
+            return (
+                f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) = {total} exceeds "
+                f"the model context of {self.max_model_len} tokens"
+            )
+        pages = -(-total // self.config.page_size)
+        if pages > self.pool.num_pages:
+            return (
+                f"prompt + max_tokens needs {pages} KV pages but the cache holds only "
+                f"{self.pool.num_pages}; raise --kv-cache-memory or lower max_tokens"
+            )
+        return None
+
+    # -- one step ------------------------------------------------------------------------
+
+    def step(self) -> list[GenerationResult]:
+        started = time.perf_counter()
+        plan = self.scheduler.schedule()
+        if not plan.work:
+            if self.scheduler.num_unfinished:
+                raise RuntimeError(
+                    "scheduler made no progress with work pending; this is a bug "
+                    f"(waiting={len(self.scheduler.waiting)}, "
+                    f"running={len(self.scheduler.running)})"
+                )
+            return []
+        chunks = [self._chunk(item) for item in plan.work]
+        output = self.runner.forward(chunks)
+        self._forward_seconds += output.forward_seconds
+        self._steps += 1
+        sampling = [item for item in plan.work if item.completes_known_tokens]
+        for item in plan.work:
+            if item.seq.in_prefill or item.num_tokens > 1:
+                self._prefill_tokens += item.num_tokens
+        self.scheduler.after_step(plan.work)
+        results = self._sample(sampling, output.logits) if sampling else []
+        self._busy_seconds += time.perf_counter() - started
+        return results
+
+    def _chunk(self, item: ScheduledWork) -> ScheduledChunk:
+        seq = item.seq
+        start = seq.num_computed
+        return ScheduledChunk(
+            token_ids=seq.tokens[start : start + item.num_tokens],
+            start=start,
+            pages=self.cache.pages(seq.seq_id),
+            wants_logits=item.completes_known_tokens,
+        )
+
+    def _sample(self, work: list[ScheduledWork], logits: torch.Tensor) -> list[GenerationResult]:
+        seqs = [item.seq for item in work]
+        tokens = sample_next_tokens(logits, [seq.sampler for seq in seqs])
+        now = time.perf_counter()
+        results = []
+        for seq, sampled in zip(seqs, tokens, strict=True):
+            token = sampled.token_id
+            seq.tokens.append(token)
+            seq.sampler.append(token)
+            if sampled.logprob is not None:
+                seq.logprobs.append(sampled.logprob)
+            if seq.first_token_at is None:
+                seq.first_token_at = now
+            self._decode_tokens += 1
+            reason = self._finish_reason(seq, token)
+            if reason is not None:
+                results.append(self._finish(seq, reason))
+        return results
+
+    def _finish_reason(self, seq: Sequence, token: int) -> FinishReason | None:
+        params = seq.params
+        generated = seq.num_tokens - seq.prompt_len
+        output = self._outputs.get(seq.seq_id)
+        if output is not None and output.append(token):
+            return "stop"
+        if generated >= params.min_tokens:
+            if token in params.stop_token_ids:
+                return "stop"
+            if not params.ignore_eos and token in self.loaded.eos_token_ids:
+                return "stop"
+        if generated >= params.max_tokens or seq.num_tokens >= self.max_model_len:
+            return "length"
+        return None
+
+    def _finish(self, seq: Sequence, reason: FinishReason) -> GenerationResult:
+        self.scheduler.finish(seq)
+        self._finished += 1
+        output = self._outputs.pop(seq.seq_id, None)
+        ids = seq.output_token_ids
+        if output is not None and output.cut is not None:
+            text = output.detokenizer.text[: output.cut]
+        else:
+            text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        now = time.perf_counter()
+        return GenerationResult(
+            request_id=seq.request_id,
+            sample_index=seq.sample_index,
+            token_ids=tuple(ids),
+            text=text,
+            finish_reason=reason,
+            prompt_tokens=seq.prompt_len,
+            cached_tokens=seq.cached_tokens or 0,
+            completion_tokens=len(ids),
+            logprobs=tuple(seq.logprobs) if seq.params.logprobs else None,
+            timings=Timings(
+                queued_seconds=(seq.admitted_at or now) - seq.submitted_at,
+                first_token_seconds=(
+                    seq.first_token_at - seq.submitted_at if seq.first_token_at else None
+                ),
+                total_seconds=now - seq.submitted_at,
+            ),
+        )
+
+    # -- statistics ------------------------------------------------------------------------
+
+    def stats(self) -> EngineStats:
+        return EngineStats(
+            steps=self._steps,
+            prefill_tokens=self._prefill_tokens,
+            decode_tokens=self._decode_tokens,
+            preemptions=self.scheduler.preemptions,
+            requests_finished=self._finished,
+            requests_failed=self._failed,
+            forward_seconds=self._forward_seconds,
+            busy_seconds=self._busy_seconds,
+            cache=self.cache.stats(),
+        )
+
+    def check_invariants(self) -> None:
+        self.cache.check_invariants()
+        for seq in self.scheduler.running:
+            if len(self.cache.pages(seq.seq_id)) * self.config.page_size < seq.num_computed:
+                raise RuntimeError(f"sequence {seq.seq_id} computed past its pages")
+
+
+def _fallback_seed(engine_seed: int, request_id: Hashable, sample_index: int) -> int:
+    """A per-sample seed for unseeded sampling that does not depend on arrival order."""
+    import hashlib
+
+    digest = hashlib.sha256(f"{engine_seed}:{request_id!r}:{sample_index}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1

@@ -1,0 +1,197 @@
+"""Continuous batching: which sequences compute which tokens in the next step.
+
+Each step has a token budget (`max_num_batched_tokens`) and a cap on running sequences
+(`max_num_seqs`). Running sequences go first, oldest first: decodes take one token each, a
+sequence still in prefill takes the next chunk that fits. What budget is left admits waiting
+sequences, so long prompts are prefilled in chunks beside the decodes and never stall them.
+
+Admission order is prefix-aware: among waiting sequences the one with the longest cached prefix
+goes first (ties: oldest). The waiting list is bounded by the engine's lookahead, so scoring it
+costs the same per step whatever the input size; a sequence passed over `max_wait_steps` times
+goes first regardless, so none starves. A sequence whose next uncached page is being computed
+right now by a running sequence waits for it instead of computing it twice.
+
+When pages run out, cached pages are evicted first (inside `KVCacheManager.reserve`), then the
+newest running sequences are preempted by recompute: their computed pages are published to the
+prefix index and released, and they go back to the head of the waiting list.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass
+
+from astrai_batch.cache import KVCacheManager
+from astrai_batch.engine.config import EngineConfig
+from astrai_batch.engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass(frozen=True)
+class ScheduledWork:
+    seq: Sequence
+    num_tokens: int
+
+    @property
+    def completes_known_tokens(self) -> bool:
+        return self.seq.num_computed + self.num_tokens == self.seq.num_tokens
+
+
+@dataclass(frozen=True)
+class SchedulerOutput:
+    work: list[ScheduledWork]
+    preempted: int
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, cache: KVCacheManager) -> None:
+        self.config = config
+        self.cache = cache
+        self.waiting: list[Sequence] = []
+        self.running: list[Sequence] = []
+        self.preemptions = 0
+        self._inflight_pages: Counter[int] = Counter()
+
+    # -- queue ---------------------------------------------------------------------------
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    def finish(self, seq: Sequence) -> None:
+        """Releases a finished sequence's pages, publishing everything it computed."""
+        self._untrack_inflight(seq)
+        self.running.remove(seq)
+        self.cache.close(seq.seq_id, seq.tokens[: seq.num_computed])
+        seq.status = SequenceStatus.FINISHED
+
+    def after_step(self, work: list[ScheduledWork]) -> None:
+        """Advances progress by what was computed and publishes the filled pages."""
+        for item in work:
+            seq = item.seq
+            self._untrack_inflight(seq)
+            seq.num_computed += item.num_tokens
+            self.cache.publish(seq.seq_id, seq.tokens[: seq.num_computed])
+            self._track_inflight(seq)
+
+    # -- one step ------------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        budget = self.config.max_num_batched_tokens
+        work: list[ScheduledWork] = []
+        preempted_before = self.preemptions
+        index = 0
+        while index < len(self.running) and budget > 0:
+            seq = self.running[index]
+            num = min(seq.num_uncomputed, budget)
+            if num == 0:
+                index += 1
+                continue
+            if not self._reserve_or_preempt(seq, seq.num_computed + num):
+                continue  # seq itself was preempted; running[index] is now the next one
+            work.append(ScheduledWork(seq, num))
+            budget -= num
+            index += 1
+        if self.preemptions == preempted_before:
+            budget = self._admit(work, budget)
+        return SchedulerOutput(work=work, preempted=self.preemptions - preempted_before)
+
+    def _reserve_or_preempt(self, seq: Sequence, num_tokens: int) -> bool:
+        while not self.cache.reserve(seq.seq_id, num_tokens):
+            victim = self.running[-1]
+            self._preempt(victim)
+            if victim is seq:
+                return False
+        return True
+
+    def _preempt(self, seq: Sequence) -> None:
+        self._untrack_inflight(seq)
+        self.running.remove(seq)
+        self.cache.close(seq.seq_id, seq.tokens[: seq.num_computed])
+        seq.num_computed = 0
+        seq.status = SequenceStatus.WAITING
+        seq.was_preempted = True
+        self.waiting.insert(0, seq)
+        self.preemptions += 1
+
+    def _admit(self, work: list[ScheduledWork], budget: int) -> int:
+        if not self.waiting or len(self.running) >= self.config.max_num_seqs:
+            return budget
+        admitted: list[Sequence] = []
+        for seq, cached in self._admission_order():
+            if budget <= 0 or len(self.running) >= self.config.max_num_seqs:
+                break
+            if not self._is_aged(seq) and self._waits_for_inflight(seq, cached):
+                continue
+            hit = self.cache.open(seq.seq_id, seq.tokens, max_cached_tokens=seq.num_tokens - 1)
+            num = min(seq.num_tokens - hit, budget)
+            if not self.cache.reserve(seq.seq_id, hit + num):
+                self.cache.close(seq.seq_id)
+                break
+            seq.num_computed = hit
+            if seq.cached_tokens is None:
+                seq.cached_tokens = hit
+                seq.admitted_at = time.perf_counter()
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            self._track_inflight(seq)
+            work.append(ScheduledWork(seq, num))
+            budget -= num
+            admitted.append(seq)
+        if admitted:
+            ids = {id(s) for s in admitted}
+            self.waiting = [s for s in self.waiting if id(s) not in ids]
+            for seq in self.waiting:
+                seq.admissions_waited += len(admitted)
+        return budget
+
+    def _admission_order(self) -> list[tuple[Sequence, int]]:
+        """Aged (or preempted) first, then the longest cached prefix, then the oldest.
+
+        Scored once per step over the bounded waiting list; admissions in the same step do not
+        change what is cached, so the order stays valid while the step admits.
+        """
+        scored = []
+        for seq in self.waiting:
+            cached = self.cache.cached_prefix_length(seq.tokens, seq.num_tokens - 1)
+            scored.append(((0 if self._is_aged(seq) else 1, -cached, seq.arrival), seq, cached))
+        scored.sort(key=lambda item: item[0])
+        return [(seq, cached) for _, seq, cached in scored]
+
+    def _is_aged(self, seq: Sequence) -> bool:
+        return seq.was_preempted or seq.admissions_waited >= self.config.max_wait_steps
+
+    def _waits_for_inflight(self, seq: Sequence, cached: int) -> bool:
+        """True when the first page this sequence would compute is being computed right now."""
+        return seq.prompt_page_hash(cached // self.cache.page_size) in self._inflight_pages
+
+    # -- pages being computed right now ---------------------------------------------------
+
+    def _inflight_hashes(self, seq: Sequence) -> list[int]:
+        page = self.cache.page_size
+        first = seq.num_computed // page
+        last = seq.prompt_len // page
+        hashes = []
+        for index in range(first, last):
+            value = seq.prompt_page_hash(index)
+            if value is not None:
+                hashes.append(value)
+        return hashes
+
+    def _track_inflight(self, seq: Sequence) -> None:
+        if seq.in_prefill:
+            self._inflight_pages.update(self._inflight_hashes(seq))
+
+    def _untrack_inflight(self, seq: Sequence) -> None:
+        if not seq.in_prefill:
+            return
+        for value in self._inflight_hashes(seq):
+            left = self._inflight_pages[value] - 1
+            if left > 0:
+                self._inflight_pages[value] = left
+            else:
+                del self._inflight_pages[value]

@@ -1,0 +1,94 @@
+"""What goes into the engine and what comes out."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from astrai_batch.cache import CacheStats
+from astrai_batch.engine.sampling_params import SamplingParams
+
+FinishReason = Literal["stop", "length", "error"]
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One prompt, already tokenized. `n` samples come back as n results."""
+
+    request_id: Hashable
+    prompt_token_ids: Sequence[int]
+    params: SamplingParams = field(default_factory=SamplingParams)
+
+
+@dataclass(frozen=True)
+class Timings:
+    queued_seconds: float  # from submission to first admission
+    first_token_seconds: float | None  # from submission to the first sampled token
+    total_seconds: float  # from submission to finish
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    request_id: Hashable
+    sample_index: int
+    token_ids: tuple[int, ...]
+    text: str
+    finish_reason: FinishReason
+    prompt_tokens: int
+    cached_tokens: int  # prompt tokens served from the prefix cache at first admission
+    completion_tokens: int
+    logprobs: tuple[float, ...] | None = None
+    error: str | None = None
+    timings: Timings | None = None
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    steps: int
+    prefill_tokens: int  # prompt (and recomputed) tokens run through the model
+    decode_tokens: int  # tokens sampled
+    preemptions: int
+    requests_finished: int
+    requests_failed: int
+    forward_seconds: float  # inside the model forward
+    busy_seconds: float  # inside engine steps (forward + scheduling + sampling)
+    cache: CacheStats
+
+    def to_dict(self) -> dict:
+        out = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "cache"}
+        out["cache"] = self.cache.to_dict()
+        return out
+
+    def __sub__(self, other: EngineStats) -> EngineStats:
+        return EngineStats(
+            steps=self.steps - other.steps,
+            prefill_tokens=self.prefill_tokens - other.prefill_tokens,
+            decode_tokens=self.decode_tokens - other.decode_tokens,
+            preemptions=self.preemptions - other.preemptions,
+            requests_finished=self.requests_finished - other.requests_finished,
+            requests_failed=self.requests_failed - other.requests_failed,
+            forward_seconds=self.forward_seconds - other.forward_seconds,
+            busy_seconds=self.busy_seconds - other.busy_seconds,
+            cache=self.cache - other.cache,
+        )
+
+
+def error_result(
+    request: GenerationRequest, message: str, sample_index: int = 0
+) -> GenerationResult:
+    return GenerationResult(
+        request_id=request.request_id,
+        sample_index=sample_index,
+        token_ids=(),
+        text="",
+        finish_reason="error",
+        prompt_tokens=len(request.prompt_token_ids),
+        cached_tokens=0,
+        completion_tokens=0,
+        error=message,
+    )
+
+
+def as_token_tuple(ids: Sequence[int]) -> tuple[int, ...]:
+    return tuple(int(i) for i in ids)

@@ -1,0 +1,39 @@
+"""The error hierarchy. The CLI turns these into `click.ClickException`s with their message."""
+
+from __future__ import annotations
+
+
+class AstraiBatchError(Exception):
+    """Base of every error this package raises on purpose."""
+
+
+class ConfigError(AstraiBatchError, ValueError):
+    """A configuration value is invalid or unknown."""
+
+
+class ModelLoadError(AstraiBatchError):
+    """A model could not be found, converted, or is not supported."""
+
+
+class UnsupportedModelError(ModelLoadError):
+    """The model loads, but its architecture is one the engine cannot run correctly."""
+
+
+class InputError(AstraiBatchError):
+    """The input file as a whole cannot be read (missing, unreadable, no usable prompt column)."""
+
+
+class OutputError(AstraiBatchError):
+    """The output cannot be written (exists without --overwrite, unwritable directory)."""
+
+
+class CheckpointError(AstraiBatchError):
+    """A checkpoint exists but belongs to a different job, or is damaged."""
+
+
+class CacheCapacityError(AstraiBatchError):
+    """A KV-cache operation needed more pages than the pool can ever provide."""
+
+
+class JobAbortedError(AstraiBatchError):
+    """The job stopped on purpose, e.g. more failed rows than --max-errors allows."""

@@ -1,0 +1,61 @@
+"""Shared pieces of the engine tests: prompt sets and the transformers reference."""
+
+from __future__ import annotations
+
+import random
+from functools import cache
+from pathlib import Path
+
+import torch
+
+
+def mixed_prompts(vocab_size: int, *, count: int = 16, seed: int = 0, shared: bool = False):
+    """`count` prompts of mixed lengths (3 to ~150 tokens) from ordinary (non-special) ids.
+
+    With `shared`, prompts are built from 3 common prefixes of 40-70 tokens (some prompts are
+    exact prefixes of others, some share only part of a page), so the prefix cache is hit hard.
+    """
+    rng = random.Random(seed)
+    low = 3  # the tiny tokenizer's special tokens are ids 0-2
+    prefixes = [
+        [rng.randrange(low, vocab_size) for _ in range(rng.randint(40, 70))] for _ in range(3)
+    ]
+    prompts = []
+    for i in range(count):
+        if shared:
+            base = list(prefixes[i % 3])
+            if i % 5 == 4:
+                base = base[: rng.randint(10, len(base))]
+            tail = [rng.randrange(low, vocab_size) for _ in range(rng.randint(1, 40))]
+            prompts.append(base + tail)
+        else:
+            length = rng.choice([3, 7, 15, 16, 17, 31, 33, 64, 90, 150])
+            prompts.append([rng.randrange(low, vocab_size) for _ in range(length)])
+    return prompts
+
+
+@cache
+def _reference_model(model_dir: str):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model.eval()
+    return model
+
+
+def hf_greedy(model_dir: Path, prompts, max_new_tokens: int) -> list[list[int]]:
+    """transformers `generate`, one prompt at a time, no padding, float32, greedy."""
+    model = _reference_model(str(model_dir))
+    outputs = []
+    with torch.inference_mode():
+        for prompt in prompts:
+            ids = torch.tensor([prompt])
+            out = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                pad_token_id=model.config.pad_token_id,
+            )
+            outputs.append(out[0, len(prompt) :].tolist())
+    return outputs
