@@ -128,15 +128,18 @@ def test_request_larger_than_the_pool_fails_alone(loaded, prompts):
 
 
 def test_invalid_sampling_values_name_the_field():
-    with pytest.raises(ConfigError, match="^temperature must be >= 0, got -1.0$"):
+    with pytest.raises(ConfigError) as err:
         SamplingParams(temperature=-1.0)
+    assert str(err.value) == "temperature must be >= 0, got -1.0"
 
 
 def test_engine_config_validation():
-    with pytest.raises(ConfigError, match="^max_num_seqs must be >= 1, got 0$"):
+    with pytest.raises(ConfigError) as err:
         EngineConfig(max_num_seqs=0)
-    with pytest.raises(ConfigError, match="^unknown engine option\\(s\\): bogus$"):
+    assert str(err.value) == "max_num_seqs must be >= 1, got 0"
+    with pytest.raises(ConfigError) as err:
         EngineConfig.from_dict({"bogus": 1})
+    assert str(err.value) == "unknown engine option(s): bogus"
 
 
 def test_async_generate_pulls_lazily_and_leaves_no_pages_in_use(loaded, prompts):
