@@ -23,6 +23,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from astrai_batch.engine.cascade import CascadeGroup, cascade_attention, gather_pages
+
 ATTENTION_NAME = "astrai_paged"
 BATCH_KWARG = "astrai_attention_batch"
 
@@ -55,7 +57,8 @@ class AttentionBatch:
     value_cache: list[torch.Tensor]
     page_size: int
     write_slots: torch.Tensor  # [T]
-    decode: DecodeGroup | None
+    decode: DecodeGroup | None  # decodes without a shared prefix (padded)
+    cascades: list[CascadeGroup]  # decodes grouped by shared prefix pages
     prefills: list[PrefillSpan]
 
 
@@ -88,6 +91,7 @@ def paged_attention(
     v_cache.index_copy_(0, batch.write_slots, v_new.to(v_cache.dtype))
 
     num_tokens, q_heads, head_dim = q.shape
+    scale = scaling if scaling is not None else head_dim**-0.5
     kv_heads = k_new.shape[1]
     group = q_heads // kv_heads
     out = q.new_empty(num_tokens, q_heads, v_new.shape[-1])
@@ -97,12 +101,18 @@ def paged_attention(
         n = decode.token_index.shape[0]
         # [N, Hq, D] -> [N, Hkv, G, D]: a decode query has length 1, so the group is its length
         qd = q.index_select(0, decode.token_index).view(n, kv_heads, group, head_dim)
-        kd = _gather_pages(k_cache, decode.page_tables, batch.page_size).transpose(1, 2)
-        vd = _gather_pages(v_cache, decode.page_tables, batch.page_size).transpose(1, 2)
+        kd = gather_pages(k_cache, decode.page_tables, batch.page_size).transpose(1, 2)
+        vd = gather_pages(v_cache, decode.page_tables, batch.page_size).transpose(1, 2)
         od = F.scaled_dot_product_attention(
             qd, kd.to(qd.dtype), vd.to(qd.dtype), attn_mask=decode.key_mask, scale=scaling
         )
         out.index_copy_(0, decode.token_index, od.reshape(n, q_heads, -1))
+
+    for cascade in batch.cascades:
+        n = cascade.token_index.shape[0]
+        qc = q.index_select(0, cascade.token_index).view(n, kv_heads, group, head_dim)
+        oc = cascade_attention(qc, k_cache, v_cache, cascade, batch.page_size, scale)
+        out.index_copy_(0, cascade.token_index, oc.reshape(n, q_heads, -1))
 
     for span in batch.prefills:
         qs = q[span.token_start : span.token_end]  # [n, Hq, D]
@@ -116,8 +126,8 @@ def paged_attention(
         else:
             kv_len = span.causal_mask.shape[1]
             table = span.page_table.unsqueeze(0)
-            ks = _gather_pages(k_cache, table, batch.page_size)[0, :kv_len].transpose(0, 1)
-            vs = _gather_pages(v_cache, table, batch.page_size)[0, :kv_len].transpose(0, 1)
+            ks = gather_pages(k_cache, table, batch.page_size)[0, :kv_len].transpose(0, 1)
+            vs = gather_pages(v_cache, table, batch.page_size)[0, :kv_len].transpose(0, 1)
             ks, vs = ks.to(qs.dtype), vs.to(qs.dtype)
             mask = span.causal_mask.repeat(group, 1)
         os_ = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=scaling)
@@ -125,19 +135,6 @@ def paged_attention(
         out[span.token_start : span.token_end] = os_.view(q_heads, n, -1).transpose(0, 1)
 
     return out.unsqueeze(0), None
-
-
-def _gather_pages(cache: torch.Tensor, page_tables: torch.Tensor, page_size: int) -> torch.Tensor:
-    """[N, pages] page ids -> [N, pages * page_size, kv_heads, head_dim] keys or values.
-
-    Copies whole pages (page_size * kv_heads * head_dim contiguous values each) rather than
-    single slots, which is several times faster than a per-slot gather on CPU.
-    """
-    slots, heads, dim = cache.shape
-    by_page = cache.view(slots // page_size, page_size * heads * dim)
-    rows, pages = page_tables.shape
-    gathered = by_page.index_select(0, page_tables.reshape(-1))
-    return gathered.view(rows, pages * page_size, heads, dim)
 
 
 def _causal_mask(q_len: int, kv_len: int, group: int, device: torch.device) -> torch.Tensor:

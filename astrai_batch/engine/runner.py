@@ -24,6 +24,7 @@ from astrai_batch.engine.attention import (
     offset_causal_mask,
     register_paged_attention,
 )
+from astrai_batch.engine.cascade import CascadeGroup, DecodePartition, partition_decodes
 
 
 @dataclass(frozen=True)
@@ -43,13 +44,14 @@ class ForwardOutput:
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, pool: KVPool) -> None:
+    def __init__(self, model: torch.nn.Module, pool: KVPool, *, use_cascade: bool = True) -> None:
         register_paged_attention()
         model.set_attn_implementation(ATTENTION_NAME)
         self.model = model
         self.pool = pool
         self.device = pool.key_cache[0].device
         self.page_size = pool.page_size
+        self.use_cascade = use_cascade
 
     @torch.inference_mode()
     def forward(self, chunks: Sequence[ScheduledChunk]) -> ForwardOutput:
@@ -97,36 +99,74 @@ class ModelRunner:
                 logit_rows.append(row + n - 1)
             if n == 1:
                 decode_rows.append(row)
-                decode_tables.append(list(chunk.pages[: (end + page - 1) // page]))
+                decode_tables.append([int(p) for p in chunk.pages[: (end + page - 1) // page]])
                 decode_lengths.append(end)
             elif chunk.start == 0:
                 prefills.append(PrefillSpan(row, row + n, 0, None, None))
             else:
                 mask = offset_causal_mask(n, end, device)
                 prefills.append(PrefillSpan(row, row + n, chunk.start, table.to(device), mask))
-        decode = None
-        if decode_rows:
-            max_pages = max(len(t) for t in decode_tables)
-            tables = torch.zeros(len(decode_tables), max_pages, dtype=torch.long)
-            for i, t in enumerate(decode_tables):
-                tables[i, : len(t)] = torch.tensor(t, dtype=torch.long)
-            lengths = torch.tensor(decode_lengths, dtype=torch.long)
-            max_len = max_pages * page
-            key_mask = torch.arange(max_len).unsqueeze(0) < lengths.unsqueeze(1)
-            decode = DecodeGroup(
-                token_index=torch.tensor(decode_rows, dtype=torch.long, device=device),
-                page_tables=tables.to(device),
-                key_mask=key_mask.view(len(decode_rows), 1, 1, max_len).to(device),
-            )
+        decode, cascades = self._decode_groups(decode_rows, decode_tables, decode_lengths)
         batch = AttentionBatch(
             key_cache=self.pool.key_cache,
             value_cache=self.pool.value_cache,
             page_size=page,
             write_slots=torch.cat(write_slots).to(device),
             decode=decode,
+            cascades=cascades,
             prefills=prefills,
         )
         input_ids = torch.tensor(token_ids, dtype=torch.long, device=device)
         position_ids = torch.tensor(positions, dtype=torch.long, device=device)
         rows = torch.tensor(logit_rows, dtype=torch.long, device=device)
         return batch, input_ids, position_ids, rows
+
+    def _decode_groups(
+        self, rows: list[int], tables: list[list[int]], lengths: list[int]
+    ) -> tuple[DecodeGroup | None, list[CascadeGroup]]:
+        """Decodes sharing prefix pages become cascade groups; the rest one padded group."""
+        if not rows:
+            return None, []
+        device = self.device
+        page = self.page_size
+        if self.use_cascade:
+            partition = partition_decodes(tables, lengths, page)
+        else:
+            partition = DecodePartition(groups=[], rest=list(range(len(rows))))
+        cascades = []
+        for members, shared in partition.groups:
+            tails = [tables[i][shared:] for i in members]
+            tail_lengths = [lengths[i] - shared * page for i in members]
+            tail_tables, tail_mask = _padded_tables(tails, tail_lengths, page)
+            cascades.append(
+                CascadeGroup(
+                    token_index=torch.tensor([rows[i] for i in members], device=device),
+                    prefix_pages=torch.tensor(tables[members[0]][:shared], device=device),
+                    tail_tables=tail_tables.to(device),
+                    tail_mask=tail_mask.to(device),
+                )
+            )
+        if not partition.rest:
+            return None, cascades
+        rest_tables, key_mask = _padded_tables(
+            [tables[i] for i in partition.rest], [lengths[i] for i in partition.rest], page
+        )
+        decode = DecodeGroup(
+            token_index=torch.tensor([rows[i] for i in partition.rest], device=device),
+            page_tables=rest_tables.to(device),
+            key_mask=key_mask.to(device),
+        )
+        return decode, cascades
+
+
+def _padded_tables(
+    tables: list[list[int]], lengths: list[int], page_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Page tables padded with page 0, and the [n, 1, 1, pages * page_size] key mask."""
+    max_pages = max(len(t) for t in tables)
+    padded = torch.zeros(len(tables), max_pages, dtype=torch.long)
+    for i, table in enumerate(tables):
+        padded[i, : len(table)] = torch.tensor(table, dtype=torch.long)
+    positions = torch.arange(max_pages * page_size).unsqueeze(0)
+    mask = positions < torch.tensor(lengths).unsqueeze(1)
+    return padded, mask.view(len(tables), 1, 1, -1)

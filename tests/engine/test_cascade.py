@@ -1,0 +1,57 @@
+"""Shared-prefix decode attention equals the padded decode attention."""
+
+from __future__ import annotations
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from astrai_batch.cache import KVPool
+from astrai_batch.engine.cascade import partition_decodes
+from astrai_batch.engine.runner import ModelRunner, ScheduledChunk
+
+
+def test_partition_groups_by_shared_leading_pages():
+    tables = [[7, 8, 9], [7, 8, 4], [7, 8, 5, 6], [3, 1], [7, 2], [9]]
+    lengths = [40, 35, 50, 20, 17, 5]
+    part = partition_decodes(tables, lengths, page_size=16)
+    # rows 0, 1, 2, 4 start with page 7; row 4 has 17 tokens so only page 7 can be shared
+    assert part.groups == [([0, 1, 2, 4], 1)]
+    assert part.rest == [3, 5]
+
+
+def test_partition_keeps_one_own_token_per_member():
+    # both rows fill exactly two shared pages: only the first may be shared
+    part = partition_decodes([[1, 2], [1, 2]], [32, 32], page_size=16)
+    assert part.groups == [([0, 1], 1)]
+
+
+def test_cascade_logits_equal_padded_logits(tiny_llama_dir):
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32).eval()
+    config = model.config
+    pool = KVPool(
+        num_layers=config.num_hidden_layers,
+        num_kv_heads=config.num_key_value_heads,
+        head_dim=config.hidden_size // config.num_attention_heads,
+        page_size=4,
+        num_pages=64,
+        dtype=torch.float32,
+        device="cpu",
+    )
+    generator = torch.Generator().manual_seed(0)
+    prefix = torch.randint(3, 300, (12,), generator=generator).tolist()  # 3 shared pages
+    tails = [torch.randint(3, 300, (n,), generator=generator).tolist() for n in (2, 5, 9)]
+    shared_pages = [0, 1, 2]
+    tables = [[*shared_pages, 10 + 4 * i, 11 + 4 * i, 12 + 4 * i] for i in range(3)]
+    cascade = ModelRunner(model, pool, use_cascade=True)
+    padded = ModelRunner(model, pool, use_cascade=False)
+    cascade.forward([ScheduledChunk(prefix, 0, shared_pages, False)])
+    for tail, table in zip(tails, tables, strict=True):
+        cascade.forward([ScheduledChunk(tail[:-1], 12, table, False)])
+    decodes = [
+        ScheduledChunk(tail[-1:], 12 + len(tail) - 1, table, True)
+        for tail, table in zip(tails, tables, strict=True)
+    ]
+    with_cascade = cascade.forward(decodes).logits
+    without = padded.forward(decodes).logits
+    torch.testing.assert_close(with_cascade, without, rtol=1e-5, atol=1e-5)
+    assert with_cascade.shape == (3, config.vocab_size)
