@@ -14,14 +14,15 @@ class EngineConfig:
     """How the engine batches and how big its KV cache is.
 
     The pool is sized by `num_pages` when given, else by `kv_cache_memory` bytes, else by
-    `default_kv_cache_memory`. `max_model_len` caps prompt + output below the model's own limit.
+    `default_kv_cache_memory` (2 GiB, or less when `max_num_seqs` sequences of the full context
+    fit in less). `max_model_len` caps prompt + output below the model's own limit.
     """
 
     page_size: int = 16
     num_pages: int | None = None
     kv_cache_memory: int | None = None
-    max_num_seqs: int = 128
-    max_num_batched_tokens: int = 512
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 1024
     enable_prefix_cache: bool = True
     max_model_len: int | None = None
     seed: int = 0

@@ -66,7 +66,13 @@ class EngineCore:
         if config.num_pages is not None:
             self.pool = KVPool(num_pages=config.num_pages, **pool_args)
         else:
-            budget = config.kv_cache_memory or config.default_kv_cache_memory
+            budget = config.kv_cache_memory
+            if budget is None:
+                # never more than max_num_seqs full-length sequences can use
+                page_args = {k: v for k, v in pool_args.items() if k != "device"}
+                most = KVPool.bytes_per_page(**page_args)
+                most *= config.max_num_seqs * -(-self.max_model_len // config.page_size)
+                budget = min(config.default_kv_cache_memory, most)
             self.pool = KVPool.from_memory_budget(budget, **pool_args)
         self.cache = KVCacheManager(
             self.pool.num_pages, config.page_size, enable_prefix_cache=config.enable_prefix_cache
