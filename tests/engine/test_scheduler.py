@@ -1,0 +1,93 @@
+"""Scheduler decisions with exact expectations (no model: the cache and sequences only)."""
+
+from __future__ import annotations
+
+from astrai_batch.cache import KVCacheManager
+from astrai_batch.engine.config import EngineConfig
+from astrai_batch.engine.sampling import SequenceSampler
+from astrai_batch.engine.sampling_params import SamplingParams
+from astrai_batch.engine.scheduler import Scheduler
+from astrai_batch.engine.sequence import Sequence
+
+PAGE = 4
+
+
+def make_seq(seq_id: int, tokens: list[int], arrival: int | None = None) -> Sequence:
+    params = SamplingParams(max_tokens=8)
+    return Sequence(
+        seq_id=seq_id,
+        request_id=seq_id,
+        sample_index=0,
+        prompt_token_ids=tuple(tokens),
+        params=params,
+        sampler=SequenceSampler(params, tokens),
+        arrival=seq_id if arrival is None else arrival,
+        page_size=PAGE,
+    )
+
+
+def run_step(scheduler: Scheduler) -> list[tuple[int, int]]:
+    out = scheduler.schedule()
+    scheduler.after_step(out.work)
+    return [(w.seq.seq_id, w.num_tokens) for w in out.work]
+
+
+def cache_prompt(cache: KVCacheManager, tokens: list[int]) -> None:
+    cache.open("warm", tokens, len(tokens))
+    assert cache.reserve("warm", len(tokens))
+    cache.close("warm", tokens)
+
+
+def test_longest_cached_prefix_is_admitted_first():
+    cache = KVCacheManager(num_pages=64, page_size=PAGE)
+    cache_prompt(cache, list(range(100, 116)))  # 4 pages cached
+    scheduler = Scheduler(EngineConfig(page_size=PAGE, max_num_seqs=1), cache)
+    scheduler.add(make_seq(0, [1, 2, 3, 4, 5, 6]))  # nothing cached, arrived first
+    scheduler.add(make_seq(1, [*range(100, 112), 7, 8]))  # 3 pages cached
+    scheduler.add(make_seq(2, [*range(100, 108), 9]))  # 2 pages cached
+    assert run_step(scheduler) == [(1, 2)]  # only the 2 uncached tokens are computed
+    assert scheduler.running[0].cached_tokens == 12
+
+
+def test_duplicate_prefix_waits_for_the_sequence_computing_it():
+    cache = KVCacheManager(num_pages=64, page_size=PAGE)
+    scheduler = Scheduler(EngineConfig(page_size=PAGE, max_num_batched_tokens=64), cache)
+    shared = list(range(10, 22))  # 3 pages nobody has computed yet
+    scheduler.add(make_seq(0, [*shared, 1, 2]))
+    scheduler.add(make_seq(1, [*shared, 3, 4]))
+    scheduler.add(make_seq(2, [50, 51, 52, 53, 54]))
+    assert run_step(scheduler) == [(0, 14), (2, 5)]  # seq 1 waits for seq 0's pages
+    assert run_step(scheduler) == [(1, 2)]  # then hits them: 12 cached, 2 computed
+    assert scheduler.running[-1].cached_tokens == 12
+
+
+def test_a_sequence_passed_over_too_often_goes_first():
+    cache = KVCacheManager(num_pages=64, page_size=PAGE)
+    cache_prompt(cache, list(range(100, 108)))
+    config = EngineConfig(page_size=PAGE, max_num_seqs=1, max_wait_steps=2)
+    scheduler = Scheduler(config, cache)
+    old = make_seq(0, [1, 2, 3])
+    scheduler.add(old)
+    old.admissions_waited = 2  # passed over twice already
+    scheduler.add(make_seq(1, [*range(100, 108), 5]))
+    assert run_step(scheduler) == [(0, 3)]
+
+
+def test_out_of_pages_preempts_the_newest_and_it_resumes_first():
+    cache = KVCacheManager(num_pages=4, page_size=PAGE)
+    scheduler = Scheduler(EngineConfig(page_size=PAGE, max_num_batched_tokens=64), cache)
+    first = make_seq(0, [1, 2, 3, 4, 5, 6, 7])  # 2 pages
+    second = make_seq(1, [8, 9, 10, 11, 12, 13, 14])  # 2 pages
+    scheduler.add(first)
+    scheduler.add(second)
+    assert run_step(scheduler) == [(0, 7), (1, 7)]
+    for seq in (first, second):
+        seq.tokens.append(99)  # as if sampled
+    first.tokens.append(98)
+    first.num_computed = len(first.tokens) - 1  # first needs a third page next step
+    out = scheduler.schedule()
+    assert out.preempted == 1
+    assert [(w.seq.seq_id, w.num_tokens) for w in out.work] == [(0, 1)]
+    assert scheduler.waiting == [second]
+    assert second.num_computed == 0 and second.was_preempted
+    cache.check_invariants()
