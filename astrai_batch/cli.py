@@ -29,178 +29,70 @@ def main() -> None:
     continuous batching, Parquet in and out."""
 
 
+def _option(flag: str, default: Any = None, help: str | None = None, **kwargs: Any) -> Any:
+    """A click option that shows its default, when it has one."""
+    shown = default is not None and not kwargs.get("is_flag")
+    return click.option(flag, default=default, show_default=shown, help=help, **kwargs)
+
+
 def _run_options(function: Any) -> Any:
     """The options of `run`, each named as its JobConfig / TOML key."""
-    d = _DEFAULTS
+    d, s = _DEFAULTS, _DEFAULTS.sampling
+    flag: dict[str, Any] = {"is_flag": True, "default": False}
+    path = click.Path(path_type=Path)
     options = [
-        click.option(
-            "--config",
-            "config_file",
-            type=click.Path(path_type=Path),
-            help="TOML file with any of these options (flags given here win).",
-        ),
+        _option("--config", None, "TOML file of options (flags win).", type=path),
         # Model and engine.
-        click.option(
-            "--model",
-            default=d.model,
-            show_default=True,
-            help="Model directory, .gguf file, alias or hub id.",
-        ),
-        click.option("--device", default=d.device, show_default=True),
-        click.option(
-            "--dtype",
-            default=d.dtype,
-            show_default=True,
-            help="float32, bfloat16, float16 or auto.",
-        ),
-        click.option(
-            "--max-num-seqs",
-            type=int,
-            default=d.max_num_seqs,
-            show_default=True,
-            help="Most sequences decoded together.",
-        ),
-        click.option(
-            "--max-num-batched-tokens",
-            type=int,
-            default=d.max_num_batched_tokens,
-            show_default=True,
-            help="Token budget of one engine step.",
-        ),
-        click.option(
-            "--kv-cache-memory",
-            default=None,
-            help="KV cache size, e.g. 2GiB or 512MiB (default 2GiB).",
-        ),
-        click.option(
-            "--page-size",
-            type=int,
-            default=d.page_size,
-            show_default=True,
-            help="Tokens per KV page (the prefix-cache granularity).",
-        ),
-        click.option(
-            "--prefix-cache/--no-prefix-cache",
-            default=d.prefix_cache,
-            show_default=True,
-            help="Reuse the KV of shared prompt prefixes.",
-        ),
-        click.option(
-            "--grouping/--no-grouping",
-            default=d.grouping,
-            show_default=True,
-            help="Order rows in each window so shared prefixes run together.",
-        ),
-        click.option(
-            "--group-window",
-            type=int,
-            default=d.group_window,
-            show_default=True,
-            help="Rows read, tokenized and ordered together.",
-        ),
+        _option("--model", d.model, "Model directory, .gguf file, alias or hub id."),
+        _option("--device", d.device),
+        _option("--dtype", d.dtype, "float32, bfloat16, float16 or auto."),
+        _option("--max-num-seqs", d.max_num_seqs, "Most sequences decoded together.", type=int),
+        _option("--max-num-batched-tokens", d.max_num_batched_tokens, "Tokens per step.", type=int),
+        _option("--kv-cache-memory", None, "KV cache size, e.g. 2GiB or 512MiB [default: 2GiB]."),
+        _option("--page-size", d.page_size, "Tokens per KV page (prefix-cache unit).", type=int),
+        _option("--prefix-cache/--no-prefix-cache", d.prefix_cache, "Reuse shared prefixes."),
+        _option("--grouping/--no-grouping", d.grouping, "Run shared prefixes together."),
+        _option("--group-window", d.group_window, "Rows read and ordered together.", type=int),
         # Input.
-        click.option(
+        _option(
             "--input-format",
+            None,
+            "Overrides the format told by the file name.",
             type=click.Choice(["parquet", "jsonl"]),
-            default=None,
-            help="Override the format detected from the file name.",
         ),
-        click.option("--prompt-column", default=None, help="Column holding the prompt."),
-        click.option("--id-column", default=None, help="Column holding the row id."),
-        click.option(
-            "--keep-columns",
-            default=None,
-            help="Comma-separated input columns copied to the output.",
-        ),
-        # Sampling defaults (rows may override them).
-        click.option("--max-tokens", type=int, default=d.sampling.max_tokens, show_default=True),
-        click.option("--min-tokens", type=int, default=d.sampling.min_tokens, show_default=True),
-        click.option(
-            "--temperature",
-            type=float,
-            default=d.sampling.temperature,
-            show_default=True,
-            help="0 decodes greedily.",
-        ),
-        click.option("--top-p", type=float, default=d.sampling.top_p, show_default=True),
-        click.option(
-            "--top-k",
-            type=int,
-            default=d.sampling.top_k,
-            show_default=True,
-            help="0 disables top-k.",
-        ),
-        click.option("--min-p", type=float, default=d.sampling.min_p, show_default=True),
-        click.option(
-            "--repetition-penalty",
-            type=float,
-            default=d.sampling.repetition_penalty,
-            show_default=True,
-        ),
-        click.option(
-            "--presence-penalty", type=float, default=d.sampling.presence_penalty, show_default=True
-        ),
-        click.option(
-            "--frequency-penalty",
-            type=float,
-            default=d.sampling.frequency_penalty,
-            show_default=True,
-        ),
-        click.option("--stop", multiple=True, help="Stop string (repeatable)."),
-        click.option(
-            "--n", type=int, default=d.sampling.n, show_default=True, help="Samples per prompt."
-        ),
-        click.option("--ignore-eos", is_flag=True, help="Generate past end-of-sequence tokens."),
-        click.option(
-            "--seed",
-            type=int,
-            default=d.seed,
-            show_default=True,
-            help="Job seed: sampled rows are reproducible for a given seed.",
-        ),
+        _option("--prompt-column", None, "Column holding the prompt."),
+        _option("--id-column", None, "Column holding the row id."),
+        _option("--keep-columns", None, "Comma-separated input columns copied to the output."),
+        # Sampling defaults; rows may override them.
+        _option("--max-tokens", s.max_tokens, type=int),
+        _option("--min-tokens", s.min_tokens, type=int),
+        _option("--temperature", s.temperature, "0 decodes greedily.", type=float),
+        _option("--top-p", s.top_p, type=float),
+        _option("--top-k", s.top_k, "0 disables top-k.", type=int),
+        _option("--min-p", s.min_p, type=float),
+        _option("--repetition-penalty", s.repetition_penalty, type=float),
+        _option("--presence-penalty", s.presence_penalty, type=float),
+        _option("--frequency-penalty", s.frequency_penalty, type=float),
+        _option("--stop", None, "Stop string (repeatable).", multiple=True),
+        _option("--n", s.n, "Samples per prompt.", type=int),
+        _option("--ignore-eos", help="Generate past end-of-sequence tokens.", **flag),
+        _option("--seed", d.seed, "Job seed: sampled rows reproduce for a given seed.", type=int),
         # Output.
-        click.option(
-            "--output-format",
-            type=click.Choice(list(OUTPUT_FORMATS)),
-            default=d.output_format,
-            show_default=True,
-        ),
-        click.option("--save-tokens", is_flag=True, help="Add completion_token_ids."),
-        click.option("--logprobs", is_flag=True, help="Add the logprob of each generated token."),
-        click.option("--overwrite", is_flag=True, help="Replace an existing output."),
-        click.option("--summary-json", default=None, help="Also write the JSON summary here."),
+        _option("--output-format", d.output_format, type=click.Choice(list(OUTPUT_FORMATS))),
+        _option("--save-tokens", help="Add completion_token_ids.", **flag),
+        _option("--logprobs", help="Add the logprob of each generated token.", **flag),
+        _option("--overwrite", help="Replace an existing output.", **flag),
+        _option("--summary-json", None, "Also write the JSON summary to this file."),
         # Reliability and operation.
-        click.option("--restart", is_flag=True, help="Discard an existing checkpoint."),
-        click.option(
-            "--checkpoint-rows",
-            type=int,
-            default=d.checkpoint_rows,
-            show_default=True,
-            help="Save finished rows at least this often.",
+        _option("--restart", help="Discard an existing checkpoint and start over.", **flag),
+        _option("--checkpoint-rows", d.checkpoint_rows, "Save finished rows this often", type=int),
+        _option("--checkpoint-seconds", d.checkpoint_seconds, "...and this often.", type=float),
+        _option("--max-errors", None, "Abort past this many failed rows: 10, 0.05 or 5%."),
+        _option("--fail-on-row-errors", help="Exit with 3 when some rows failed.", **flag),
+        _option(
+            "--progress-seconds", d.progress_seconds, "Progress line interval (no TTY).", type=float
         ),
-        click.option(
-            "--checkpoint-seconds",
-            type=float,
-            default=d.checkpoint_seconds,
-            show_default=True,
-            help="...and at least every this many seconds.",
-        ),
-        click.option(
-            "--max-errors",
-            default=None,
-            help="Abort past this many failed rows: a count, 0.05 or 5%.",
-        ),
-        click.option(
-            "--fail-on-row-errors", is_flag=True, help="Exit with 3 when some rows failed."
-        ),
-        click.option(
-            "--progress-seconds",
-            type=float,
-            default=d.progress_seconds,
-            show_default=True,
-            help="Interval of progress lines when not a terminal.",
-        ),
-        click.option("--quiet", "-q", is_flag=True, help="No progress output."),
+        click.option("--quiet", "-q", is_flag=True, default=False, help="No progress output."),
     ]
     for option in reversed(options):
         function = option(function)
@@ -255,7 +147,7 @@ def _silence_library_progress() -> None:
 
 def _explicit_options(ctx: click.Context, params: dict[str, Any]) -> tuple[dict[str, Any], str]:
     """TOML options from --config, overridden by the flags given on the command line."""
-    config_file = params.pop("config_file")
+    config_file = params.pop("config")
     options: dict[str, Any] = {}
     source = "the command line"
     if config_file is not None:
@@ -317,8 +209,10 @@ def plan(
     click.echo(report.to_json() if as_json else report.text())
 
 
-# Further commands (e.g. `bench`) live in their own modules and register here:
-#     main.add_command(bench)
+# Further commands live in their own modules and register here.
+from astrai_batch.bench.command import bench  # noqa: E402
+
+main.add_command(bench)
 
 
 if __name__ == "__main__":

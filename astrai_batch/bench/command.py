@@ -1,0 +1,174 @@
+"""`astrai-batch bench`: throughput of the engine (and its peers) on a workload, gated.
+
+Exit codes: 0 done (and no regression against --baseline), 1 the benchmark failed,
+2 usage error, 4 (`EXIT_REGRESSION`) a tracked figure regressed past --tolerance.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from astrai_batch.bench.config import (
+    DEFAULT_TOLERANCE,
+    HF_GENERATE_BATCH_SIZE,
+    PEER_NAMES,
+    BenchConfig,
+    parse_peers,
+    parse_tolerance,
+)
+from astrai_batch.engine.config import EngineConfig
+from astrai_batch.errors import AstraiBatchError, ConfigError
+from astrai_batch.jobs.config import DEFAULT_MODEL, parse_size
+from astrai_batch.jobs.workloads import WORKLOAD_NAMES
+
+_ENGINE = EngineConfig()
+
+
+@click.command()
+@click.option("--model", default=DEFAULT_MODEL, show_default=True, help="Model to benchmark.")
+@click.option("--device", default="cpu", show_default=True)
+@click.option("--dtype", default="float32", show_default=True)
+@click.option(
+    "--workload",
+    default="shared-prefix",
+    show_default=True,
+    help=f"A built-in workload ({', '.join(WORKLOAD_NAMES)}) or an input file `run` accepts.",
+)
+@click.option("--repeat", type=int, default=3, show_default=True, help="Measured runs per system.")
+@click.option(
+    "--peers",
+    default="",
+    help=f"Comma-separated peers run alternately with ours: {', '.join(PEER_NAMES)}.",
+)
+@click.option(
+    "--out", type=click.Path(path_type=Path), default=None, help="Write the results Parquet here."
+)
+@click.option(
+    "--baseline",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="An earlier results file; exit 4 when a tracked figure regressed.",
+)
+@click.option(
+    "--tolerance",
+    default=f"{DEFAULT_TOLERANCE:.0%}",
+    show_default=True,
+    help="Allowed regression against --baseline, e.g. 5% or 0.05.",
+)
+@click.option(
+    "--max-tokens", type=int, default=None, help="New tokens per prompt [workload preset; 64]."
+)
+@click.option("--num-system-prompts", type=int, default=None, help="Workload size: S.")
+@click.option("--questions-per-prompt", type=int, default=None, help="Workload size: U.")
+@click.option("--system-prompt-words", type=int, default=None, help="Workload size: words.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Workload seed.")
+@click.option("--max-num-seqs", type=int, default=_ENGINE.max_num_seqs, show_default=True)
+@click.option(
+    "--max-num-batched-tokens", type=int, default=_ENGINE.max_num_batched_tokens, show_default=True
+)
+@click.option("--page-size", type=int, default=_ENGINE.page_size, show_default=True)
+@click.option("--kv-cache-memory", default=None, help="KV cache size, e.g. 2GiB (default 2GiB).")
+@click.option("--prefix-cache/--no-prefix-cache", default=True, show_default=True)
+@click.option(
+    "--hf-batch-size",
+    type=int,
+    default=HF_GENERATE_BATCH_SIZE,
+    show_default=True,
+    help="Static batch size of the hf-generate peer.",
+)
+@click.option(
+    "--from-results",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Report (and gate with --baseline) an earlier results file instead of running.",
+)
+@click.option("--no-warmup", is_flag=True, help="Skip the warm-up run.")
+@click.option("--no-floor", is_flag=True, help="Skip timing the model-forward floor.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress lines.")
+@click.pass_context
+def bench(ctx: click.Context, **options: Any) -> None:
+    """Measure throughput on a workload; a table on stderr, a JSON summary on stdout.
+
+    Our engine (greedy, end-of-sequence ignored, so every system generates exactly
+    --max-tokens per prompt) runs --repeat times after a warm-up, alternating with each of
+    --peers. Exit 4 when --baseline is given and a tracked figure regressed past --tolerance.
+    """
+    from astrai_batch.bench.baseline import compare_to_baseline
+    from astrai_batch.bench.report import summary_json, summary_table
+    from astrai_batch.bench.results import read_results, write_results
+    from astrai_batch.bench.session import run_bench
+    from astrai_batch.bench.summary import summarize
+
+    quiet = options.pop("quiet")
+    if quiet:
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()  # its weight-loading bar
+    baseline_path = options.pop("baseline")
+    out_path = options.pop("out")
+    from_results = options.pop("from_results")
+    if from_results is not None and out_path is not None:
+        raise click.UsageError("--out does not apply with --from-results (nothing runs)", ctx)
+    try:
+        tolerance = parse_tolerance(options.pop("tolerance"))
+        config = _config(options)
+    except ConfigError as exc:
+        raise click.UsageError(str(exc), ctx) from exc
+    try:
+        baseline = summarize(read_results(baseline_path)) if baseline_path else None
+        if from_results is not None:
+            rows = read_results(from_results)
+        else:
+            rows = list(run_bench(config, _progress(quiet)).rows)
+            if out_path is not None:
+                write_results(out_path, rows)
+        summary = summarize(rows)
+    except AstraiBatchError as exc:
+        raise click.ClickException(str(exc)) from exc
+    comparison = compare_to_baseline(summary, baseline, tolerance) if baseline else None
+    click.echo(summary_table(summary), err=True)
+    if comparison is not None:
+        for line in comparison.lines():
+            click.echo(line, err=True)
+    click.echo(summary_json(summary, comparison))
+    ctx.exit(comparison.exit_code if comparison is not None else 0)
+
+
+def _config(options: dict[str, Any]) -> BenchConfig:
+    memory = options.pop("kv_cache_memory")
+    engine = EngineConfig(
+        page_size=options.pop("page_size"),
+        max_num_seqs=options.pop("max_num_seqs"),
+        max_num_batched_tokens=options.pop("max_num_batched_tokens"),
+        kv_cache_memory=parse_size(memory) if memory is not None else None,
+        enable_prefix_cache=options.pop("prefix_cache"),
+    )
+    return BenchConfig(
+        model=options.pop("model"),
+        device=options.pop("device"),
+        dtype=options.pop("dtype"),
+        workload=options.pop("workload"),
+        repeat=options.pop("repeat"),
+        peers=parse_peers(options.pop("peers")),
+        max_tokens=options.pop("max_tokens"),
+        num_system_prompts=options.pop("num_system_prompts"),
+        questions_per_prompt=options.pop("questions_per_prompt"),
+        system_prompt_words=options.pop("system_prompt_words"),
+        seed=options.pop("seed"),
+        engine=engine,
+        hf_generate_batch_size=options.pop("hf_batch_size"),
+        warmup=not options.pop("no_warmup"),
+        floor=not options.pop("no_floor"),
+    )
+
+
+def _progress(quiet: bool) -> Callable[[str], None]:
+    def report(message: str) -> None:
+        if not quiet:
+            click.echo(f"bench: {message}", err=True)
+
+    return report

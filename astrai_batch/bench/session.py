@@ -1,0 +1,94 @@
+"""One benchmark end to end: load, warm up, alternate the systems, price the floor.
+
+Order matters for fairness: in every repeat our engine runs first and then each peer, so
+a machine that slows down (another job starting on the same cores) weighs on both sides of
+each repeat's ratio. The floor is measured last, once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from astrai_batch.bench.config import (
+    HF_GENERATE,
+    OURS,
+    WARMUP_MAX_TOKENS,
+    WARMUP_PROMPTS,
+    BenchConfig,
+)
+from astrai_batch.bench.floor import measure_floor
+from astrai_batch.bench.machine import MachineInfo, load_average, machine_info
+from astrai_batch.bench.ours import run_ours
+from astrai_batch.bench.peers import run_hf_generate, run_hf_generate_batch
+from astrai_batch.bench.prompts import BenchPrompts, load_prompts
+from astrai_batch.bench.results import MeasuredRun, result_row
+from astrai_batch.engine import LoadedModel, load_model
+from astrai_batch.errors import AstraiBatchError
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class BenchOutcome:
+    rows: tuple[dict[str, Any], ...]  # `RESULTS_SCHEMA` rows, in run order, floor last
+    prompts: BenchPrompts
+    machine: MachineInfo
+
+
+def run_bench(config: BenchConfig, progress: Progress) -> BenchOutcome:
+    started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    progress(f"loading {config.model} ({config.dtype}, {config.device})")
+    loaded = load_model(config.model, device=config.device, dtype=config.dtype)
+    prompts = load_prompts(config, loaded.tokenizer, loaded.name)
+    machine = machine_info(next(loaded.model.parameters()).device)
+    progress(
+        f"workload {prompts.workload}: {prompts.num_prompts} prompts, {prompts.prompt_tokens:,} "
+        f"prompt tokens (ideal prefill {prompts.ideal.unique_tokens:,}), "
+        f"{prompts.max_tokens} new tokens each"
+    )
+    if config.warmup:
+        warmup = prompts.head(WARMUP_PROMPTS, WARMUP_MAX_TOKENS)
+        progress(f"warm-up: {', '.join((OURS, *config.peers))}")
+        list(_one_round(loaded, warmup, config, repeat=None))  # timings dropped
+    measured: list[MeasuredRun] = []
+    for repeat in range(config.repeat):
+        for measured_run in _one_round(loaded, prompts, config, repeat):
+            run = measured_run.run
+            measured.append(measured_run)
+            progress(
+                f"repeat {repeat + 1}/{config.repeat} {run.system}: {run.wall_seconds:.1f} s, "
+                f"{run.generated_tokens_per_second:.1f} generated tokens/s"
+            )
+    if config.floor:
+        progress("floor: timing the model forward alone")
+        floor = measure_floor(loaded, prompts, config.engine.page_size)
+        measured.append(MeasuredRun(floor.as_run(prompts), load_average()))
+        progress(f"floor: {floor.seconds:.1f} s")
+    rows = tuple(
+        result_row(m, started_at=started_at, config=config, prompts=prompts, machine=machine)
+        for m in measured
+    )
+    return BenchOutcome(rows=rows, prompts=prompts, machine=machine)
+
+
+def _one_round(
+    loaded: LoadedModel, prompts: BenchPrompts, config: BenchConfig, repeat: int | None
+) -> Iterator[MeasuredRun]:
+    """Ours, then each peer; yields each run as it ends."""
+    load = load_average()
+    ours = run_ours(loaded, prompts, config.engine, repeat)
+    yield MeasuredRun(ours, load)
+    if ours.engine is None:
+        raise AstraiBatchError("our engine's run carries no engine figures; this is a bug")
+    for peer in config.peers:
+        load = load_average()
+        if peer == HF_GENERATE:
+            run = run_hf_generate(loaded, prompts, config.hf_generate_batch_size, repeat)
+        else:
+            run = run_hf_generate_batch(
+                loaded, prompts, config.engine, ours.engine.kv_pool_pages, repeat
+            )
+        yield MeasuredRun(run, load)

@@ -1,0 +1,231 @@
+"""The configuration of one `astrai-batch run`: every option, validated, from flags or TOML.
+
+Options are flat names (the long flag without its dashes: ``max_num_seqs``, ``max_tokens``);
+a TOML file given with ``--config`` may spell them with dashes or underscores. Sampling
+options become the job's default `SamplingParams`, which per-row overrides then replace.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from astrai_batch.engine.sampling_params import SamplingParams
+from astrai_batch.errors import ConfigError
+from astrai_batch.jobs.option_values import ErrorLimit, parse_columns, parse_size
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised only on Python 3.10
+    import tomli as tomllib
+
+DEFAULT_MODEL = "smollm2-135m"
+OUTPUT_FORMATS = ("parquet", "openai-jsonl")
+INPUT_FORMAT_NAMES = ("parquet", "jsonl")
+
+# Options that become fields of the job's default SamplingParams.
+SAMPLING_OPTIONS = (
+    "n",
+    "max_tokens",
+    "min_tokens",
+    "temperature",
+    "top_k",
+    "top_p",
+    "min_p",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "stop",
+    "stop_token_ids",
+    "ignore_eos",
+    "logprobs",
+)
+# The CLI default for max_tokens; SamplingParams' own default happens to agree.
+DEFAULT_MAX_TOKENS = 256
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """Every option of a run. Construct with `from_options`, which parses and checks types."""
+
+    model: str = DEFAULT_MODEL
+    device: str = "cpu"
+    dtype: str = "float32"
+    page_size: int = 16
+    max_num_seqs: int = 128
+    max_num_batched_tokens: int = 512
+    kv_cache_memory: int | None = None
+    prefix_cache: bool = True
+    grouping: bool = True
+    group_window: int = 100_000
+    seed: int = 0
+    input_format: str | None = None
+    prompt_column: str | None = None
+    id_column: str | None = None
+    keep_columns: tuple[str, ...] = ()
+    sampling: SamplingParams = field(
+        default_factory=lambda: SamplingParams(max_tokens=DEFAULT_MAX_TOKENS)
+    )
+    output_format: str = "parquet"
+    save_tokens: bool = False
+    overwrite: bool = False
+    restart: bool = False
+    max_errors: ErrorLimit | None = None
+    fail_on_row_errors: bool = False
+    checkpoint_rows: int = 10_000
+    checkpoint_seconds: float = 60.0
+    progress_seconds: float = 30.0
+    quiet: bool = False
+    summary_json: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("model", "device", "dtype"):
+            _check_type(name, getattr(self, name), str)
+            if not getattr(self, name).strip():
+                raise ConfigError(f"{name} must not be empty")
+        for name in ("page_size", "max_num_seqs", "max_num_batched_tokens", "group_window"):
+            _check_positive_int(name, getattr(self, name))
+        _check_positive_int("checkpoint_rows", self.checkpoint_rows)
+        if self.kv_cache_memory is not None:
+            _check_positive_int("kv_cache_memory", self.kv_cache_memory)
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ConfigError(f"seed must be a non-negative int, got {self.seed!r}")
+        for name in (
+            "prefix_cache",
+            "grouping",
+            "save_tokens",
+            "overwrite",
+            "restart",
+            "fail_on_row_errors",
+            "quiet",
+        ):
+            _check_type(name, getattr(self, name), bool)
+        for name in ("checkpoint_seconds", "progress_seconds"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ConfigError(f"{name} must be a number of seconds > 0, got {value!r}")
+        for name in ("input_format", "prompt_column", "id_column", "summary_json"):
+            value = getattr(self, name)
+            if value is not None:
+                _check_type(name, value, str)
+        if self.input_format is not None and self.input_format not in INPUT_FORMAT_NAMES:
+            raise ConfigError(f"input_format must be parquet or jsonl, got {self.input_format!r}")
+        if self.output_format not in OUTPUT_FORMATS:
+            raise ConfigError(
+                f"output_format must be parquet or openai-jsonl, got {self.output_format!r}"
+            )
+        if not isinstance(self.keep_columns, tuple) or not all(
+            isinstance(name, str) and name for name in self.keep_columns
+        ):
+            raise ConfigError(f"keep_columns must be column names, got {self.keep_columns!r}")
+        if not isinstance(self.sampling, SamplingParams):
+            raise ConfigError(
+                f"sampling must be SamplingParams, got {type(self.sampling).__name__}"
+            )
+        if self.max_errors is not None and not isinstance(self.max_errors, ErrorLimit):
+            raise ConfigError(f"max_errors must be an ErrorLimit, got {self.max_errors!r}")
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any], source: str = "options") -> JobConfig:
+        """A config from flat option names (dashes or underscores); unknown names are refused.
+
+        Sampling options go into `sampling`; `kv_cache_memory` may be a size string,
+        `max_errors` a count / fraction / percentage, `keep_columns` a comma-separated string.
+        """
+        values = {str(key).replace("-", "_"): value for key, value in options.items()}
+        known = {f.name for f in dataclasses.fields(cls)} - {"sampling"} | set(SAMPLING_OPTIONS)
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigError(f"unknown option(s) in {source}: {', '.join(unknown)}")
+        sampling = {name: values.pop(name) for name in SAMPLING_OPTIONS if name in values}
+        sampling.setdefault("max_tokens", DEFAULT_MAX_TOKENS)
+        values["sampling"] = SamplingParams.from_dict(sampling)
+        if values.get("kv_cache_memory") is not None:
+            values["kv_cache_memory"] = parse_size(values["kv_cache_memory"])
+        if values.get("max_errors") is not None:
+            values["max_errors"] = ErrorLimit.parse(values["max_errors"])
+        if "keep_columns" in values:
+            values["keep_columns"] = parse_columns(values["keep_columns"])
+        return cls(**values)
+
+    def engine_options(self) -> dict[str, Any]:
+        """Keyword arguments of `EngineConfig` (kept here so jobs/ owns the mapping)."""
+        return {
+            "page_size": self.page_size,
+            "kv_cache_memory": self.kv_cache_memory,
+            "max_num_seqs": self.max_num_seqs,
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+            "enable_prefix_cache": self.prefix_cache,
+            "seed": self.seed,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        """The effective configuration as JSON-ready flat options (stored in output metadata)."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name == "sampling":
+                out.update(value.to_dict())
+            elif f.name == "max_errors":
+                out[f.name] = None if value is None else value.describe()
+            else:
+                out[f.name] = list(value) if isinstance(value, tuple) else value
+        return out
+
+    def result_options(self) -> dict[str, Any]:
+        """The options that can change a result row: what a resumed run must share.
+
+        Output format, token saving (checkpoints always keep token ids), error limits and
+        operational settings are left out, so changing them does not block a resume.
+        """
+        operational = {
+            "output_format",
+            "save_tokens",
+            "overwrite",
+            "restart",
+            "max_errors",
+            "fail_on_row_errors",
+            "checkpoint_rows",
+            "checkpoint_seconds",
+            "progress_seconds",
+            "quiet",
+            "summary_json",
+        }
+        return {k: v for k, v in self.to_dict().items() if k not in operational}
+
+
+def load_toml_options(path: str | Path) -> dict[str, Any]:
+    """The options table of a job TOML file (top-level keys; no nested tables)."""
+    config_path = Path(path)
+    try:
+        with config_path.open("rb") as handle:
+            data = tomllib.load(handle)
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {config_path}") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {config_path}: {exc.strerror or exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {config_path} is not valid TOML: {exc}") from exc
+    tables = sorted(key for key, value in data.items() if isinstance(value, dict))
+    if tables:
+        raise ConfigError(
+            f"config file {config_path} must hold top-level options only, "
+            f"found table(s): {', '.join(tables)}"
+        )
+    return data
+
+
+def _check_type(name: str, value: Any, expected: type) -> None:
+    if (expected is not bool and isinstance(value, bool)) or not isinstance(value, expected):
+        raise ConfigError(f"{name} must be a {expected.__name__}, got {type(value).__name__}")
+
+
+def _check_positive_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{name} must be an int, got {type(value).__name__}")
+    if value < 1:
+        raise ConfigError(f"{name} must be >= 1, got {value}")

@@ -1,0 +1,126 @@
+"""`astrai-batch plan`: what prefix caching would save on an input, without running a model.
+
+Only the tokenizer is loaded. Rows are encoded exactly as `run` encodes them (the same
+`PromptEncoder`) and streamed into a `PrefixStatsBuilder`; rows that would fail in `run`
+before reaching the model are counted and left out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from astrai_batch.engine import load_tokenizer
+from astrai_batch.errors import UnsupportedModelError
+from astrai_batch.io import InputRow, open_input
+from astrai_batch.jobs.prefix_stats import PrefixStats, PrefixStatsBuilder
+from astrai_batch.jobs.tokenize import ENCODE_BATCH_ROWS, PromptEncoder, no_chat_template_message
+from astrai_batch.jobs.window import read_window
+
+PREVIEW_CHARS = 60
+
+
+@dataclass(frozen=True)
+class PlanReport:
+    input: str
+    shape: str
+    model: str
+    bad_rows: int
+    stats: PrefixStats
+    previews: tuple[str, ...]  # decoded preview of each top shared prefix
+
+    def to_dict(self) -> dict[str, Any]:
+        stats = self.stats.to_dict()
+        for prefix, preview in zip(stats["top_shared_prefixes"], self.previews, strict=True):
+            prefix["tokens_saved"] = (prefix["num_rows"] - 1) * prefix["num_tokens"]
+            prefix["preview"] = preview
+        return {
+            "input": self.input,
+            "shape": self.shape,
+            "model": self.model,
+            "bad_rows": self.bad_rows,
+            **stats,
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict())
+
+    def text(self) -> str:
+        stats = self.stats
+        lines = [
+            f"input                     {self.input} ({self.shape} rows)",
+            f"model                     {self.model} (tokenizer only)",
+            f"rows                      {stats.rows:,}"
+            + (f" (+{self.bad_rows:,} with errors, left out)" if self.bad_rows else ""),
+            f"prompt tokens             {stats.prompt_tokens:,}",
+            f"reusable tokens           {stats.reusable_tokens:,} (page size {stats.page_size})",
+            f"tokens to prefill         {stats.unique_tokens:,}",
+            f"predicted prefill saving  {stats.predicted_prefill_saving:.1%}",
+        ]
+        if stats.top_shared_prefixes:
+            lines.append("largest shared prefixes:")
+            lines.append(f"  {'tokens':>8} {'rows':>8} {'saved':>10}  preview")
+            for prefix, preview in zip(stats.top_shared_prefixes, self.previews, strict=True):
+                lines.append(
+                    f"  {prefix.num_tokens:>8,} {prefix.num_rows:>8,} "
+                    f"{prefix.tokens_saved:>10,}  {_short(preview)}"
+                )
+        else:
+            lines.append("largest shared prefixes: none (no two rows share a full page)")
+        return "\n".join(lines)
+
+
+def plan_input(
+    input_path: str | os.PathLike[str],
+    *,
+    model: str,
+    page_size: int = 16,
+    top: int = 10,
+    input_format: str | None = None,
+    prompt_column: str | None = None,
+    id_column: str | None = None,
+) -> PlanReport:
+    source = open_input(
+        input_path, input_format=input_format, prompt_column=prompt_column, id_column=id_column
+    )
+    builder = PrefixStatsBuilder(page_size, top)  # checks page_size and top before loading
+    tokenizer, _ = load_tokenizer(model)
+    encoder = PromptEncoder(tokenizer, model)
+    if source.shape == "messages" and not encoder.has_chat_template:
+        raise UnsupportedModelError(no_chat_template_message(model))
+    bad_rows = 0
+    for batch in _batches(source.iter_rows()):
+        for encoding in encoder.encode(batch):
+            if encoding.token_ids is None:
+                bad_rows += 1
+            else:
+                builder.add(encoding.token_ids)
+    stats = builder.result()
+    previews = tuple(
+        tokenizer.decode(list(prefix.preview_token_ids)) for prefix in stats.top_shared_prefixes
+    )
+    return PlanReport(
+        input=str(Path(input_path)),
+        shape=source.shape,
+        model=model,
+        bad_rows=bad_rows,
+        stats=stats,
+        previews=previews,
+    )
+
+
+def _batches(rows: Iterator[InputRow]) -> Iterator[list[InputRow]]:
+    while batch := read_window(rows, ENCODE_BATCH_ROWS):
+        yield batch
+
+
+def _short(text: str) -> str:
+    """A one-line quoted preview, cut at PREVIEW_CHARS characters."""
+    quoted = json.dumps(text, ensure_ascii=False)[1:-1]
+    if len(quoted) > PREVIEW_CHARS:
+        quoted = quoted[: PREVIEW_CHARS - 3] + "..."
+    return f'"{quoted}"'

@@ -1,0 +1,259 @@
+"""A job end to end: check the paths, open the input, load the model, resume or start a
+checkpoint, run the remaining windows, then write the stats and the output and drop the
+checkpoint.
+
+Everything that can be refused is refused before the model loads (missing input, existing
+output, unusable columns), and nothing is left behind by a refusal. The output appears only
+complete; a crashed or interrupted job leaves only its checkpoint, which the same command
+resumes.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+import anyio
+import pyarrow as pa
+
+from astrai_batch.engine import load_model
+from astrai_batch.engine.loader import LoadedModel
+from astrai_batch.engine.model_support import require_chat_template
+from astrai_batch.errors import AstraiBatchError, JobAbortedError, OutputError
+from astrai_batch.io import open_input
+from astrai_batch.jobs.checkpoint import Checkpoint, checkpoint_dir_for, peek_run_id
+from astrai_batch.jobs.config import JobConfig
+from astrai_batch.jobs.execution import ExecutionResult, JobExecution
+from astrai_batch.jobs.fingerprint import job_identity
+from astrai_batch.jobs.output import (
+    output_metadata,
+    output_run_id,
+    remove_stale_temp_files,
+    stats_path_for,
+    write_openai_output,
+    write_parquet_output,
+    write_stats,
+)
+from astrai_batch.jobs.progress import Progress, make_progress
+from astrai_batch.jobs.records import output_schema, part_schema
+from astrai_batch.jobs.signals import interrupt_exit_code
+from astrai_batch.jobs.summary import JobSummary
+
+if sys.version_info < (3, 11):  # pragma: no cover
+    from exceptiongroup import BaseExceptionGroup
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_ROW_ERRORS = 3
+
+
+@dataclass(frozen=True)
+class JobPaths:
+    input: Path
+    output: Path
+    stats: Path
+    checkpoint: Path
+
+    @classmethod
+    def for_output(cls, input_path: str | Path, output_path: str | Path) -> JobPaths:
+        output = Path(output_path)
+        return cls(Path(input_path), output, stats_path_for(output), checkpoint_dir_for(output))
+
+
+def run_job(
+    config: JobConfig,
+    input_path: str | Path,
+    output_path: str | Path,
+    *,
+    stderr: TextIO | None = None,
+) -> JobSummary:
+    """Run (or resume) a job. Returns its summary; raises `AstraiBatchError` when the job
+    cannot start or fails (a `--max-errors` abort is a summary with status 'aborted')."""
+    started = time.monotonic()
+    paths = JobPaths.for_output(input_path, output_path)
+    progress = make_progress(
+        stderr or sys.stderr, quiet=config.quiet, interval=config.progress_seconds
+    )
+    try:
+        return _run(config, paths, progress, started)
+    finally:
+        progress.close()
+
+
+def _run(config: JobConfig, paths: JobPaths, progress: Progress, started: float) -> JobSummary:
+    already_written = _check_output(paths, config)
+    source = open_input(
+        paths.input,
+        input_format=config.input_format,
+        prompt_column=config.prompt_column,
+        id_column=config.id_column,
+        keep_columns=config.keep_columns,
+    )
+    kept = source.kept_schema()
+    schema = part_schema(kept)
+    final_schema = output_schema(
+        kept, save_tokens=config.save_tokens, logprobs=config.sampling.logprobs
+    )
+    total_rows = source.count_rows()
+    progress.message(f"{total_rows} rows ({source.shape}) in {paths.input}")
+    progress.message(f"loading model {config.model}")
+    loaded = load_model(config.model, device=config.device, dtype=config.dtype)
+    if source.shape == "messages":
+        require_chat_template(loaded)
+    input_fingerprint = source.fingerprint()
+    identity = job_identity(config, input_fingerprint, loaded.name, loaded.source)
+    checkpoint = Checkpoint.open(paths.checkpoint, identity, restart=config.restart)
+
+    resumed_rows = checkpoint.total_stats().input_rows
+    report = _Report(config, paths, loaded.name, total_rows, resumed_rows, started, checkpoint)
+    if already_written and checkpoint.run_id == already_written:
+        # A previous run wrote the output and died before removing its checkpoint.
+        checkpoint.remove()
+        return report.completed(None)
+    if resumed_rows:
+        progress.message(
+            f"resuming from {paths.checkpoint}: {resumed_rows} of {total_rows} rows are done"
+        )
+    execution = JobExecution(
+        config=config,
+        loaded=loaded,
+        source=source,
+        checkpoint=checkpoint,
+        schema=schema,
+        total_rows=total_rows,
+        progress=progress,
+    )
+    try:
+        run = _run_async(execution)
+    except JobAbortedError as exc:
+        return report.summary("aborted", EXIT_FAILED, None, str(exc))
+    if run.signum is not None:
+        progress.close()
+        return report.summary(
+            "interrupted",
+            interrupt_exit_code(run.signum),
+            run,
+            f"interrupted by {signal.Signals(run.signum).name}; finished rows are saved in "
+            f"{paths.checkpoint}, rerun the same command to resume",
+        )
+    totals = checkpoint.total_stats()
+    if totals.input_rows != total_rows:
+        raise AstraiBatchError(
+            f"the job finished with {totals.input_rows} of {total_rows} rows done; the input "
+            "changed while it ran"
+        )
+    progress.close()
+    progress.message(f"writing {paths.output}")
+    metadata = output_metadata(
+        config=config.to_dict(),
+        model={"name": loaded.name, "source": loaded.source, "architecture": loaded.architecture},
+        input_fingerprint=input_fingerprint,
+        run_id=checkpoint.run_id,
+    )
+    _write_outputs(config, paths, checkpoint, final_schema, metadata, loaded)
+    checkpoint.remove()
+    return report.completed(run)
+
+
+@dataclass(frozen=True)
+class _Report:
+    """Builds the job's summary from what is known once the checkpoint is open."""
+
+    config: JobConfig
+    paths: JobPaths
+    model_name: str
+    total_rows: int
+    resumed_rows: int
+    started: float
+    checkpoint: Checkpoint
+
+    def summary(
+        self, status: str, exit_code: int, run: ExecutionResult | None, message: str | None = None
+    ) -> JobSummary:
+        written = status.startswith("completed")
+        return JobSummary(
+            status=status,
+            exit_code=exit_code,
+            input=str(self.paths.input),
+            output=str(self.paths.output) if written else None,
+            stats_output=str(self.paths.stats) if written else None,
+            output_format=self.config.output_format,
+            model=self.model_name,
+            total_rows=self.total_rows,
+            totals=self.checkpoint.total_stats(),
+            resumed_rows=self.resumed_rows,
+            run_decode_tokens=run.run_stats.decode_tokens if run else 0,
+            run_wall_seconds=time.monotonic() - self.started,
+            message=message,
+        )
+
+    def completed(self, run: ExecutionResult | None) -> JobSummary:
+        """Exit 0, or 3 with --fail-on-row-errors when some rows failed."""
+        failed = self.checkpoint.total_stats().failed_rows
+        if failed == 0:
+            return self.summary("completed", EXIT_OK, run)
+        code = EXIT_ROW_ERRORS if self.config.fail_on_row_errors else EXIT_OK
+        return self.summary(
+            "completed_with_errors", code, run, f"{failed} of {self.total_rows} rows failed"
+        )
+
+
+def _check_output(paths: JobPaths, config: JobConfig) -> str | None:
+    """Refuse an output that cannot be written. Returns the run id of an existing output that
+    the checkpoint beside it produced (its job finished but was killed before cleaning up)."""
+    output = paths.output
+    if not output.parent.is_dir():
+        raise OutputError(f"output directory does not exist: {output.parent}")
+    if output.is_dir():
+        raise OutputError(f"output {output} is a directory; give a file name")
+    if output.resolve() == paths.input.resolve():
+        raise OutputError(f"output {output} is the input file")
+    for target in (output, paths.stats):
+        remove_stale_temp_files(target)
+    if not output.exists() or config.overwrite:
+        return None
+    run_id = None if config.restart else peek_run_id(paths.checkpoint)
+    if run_id is not None and output_run_id(output) == run_id:
+        return run_id
+    raise OutputError(f"output {output} already exists; pass --overwrite to replace it")
+
+
+def _write_outputs(
+    config: JobConfig,
+    paths: JobPaths,
+    checkpoint: Checkpoint,
+    final_schema: pa.Schema,
+    metadata: dict[str, str],
+    loaded: LoadedModel,
+) -> None:
+    write_stats(checkpoint, paths.stats, metadata)
+    if config.output_format == "parquet":
+        write_parquet_output(
+            checkpoint, paths.output, final_schema, metadata, overwrite=config.overwrite
+        )
+    else:
+        write_openai_output(
+            checkpoint,
+            paths.output,
+            model_name=loaded.name,
+            tokenizer=loaded.tokenizer,
+            overwrite=config.overwrite,
+        )
+
+
+def _run_async(execution: JobExecution) -> ExecutionResult:
+    try:
+        return anyio.run(execution.run)
+    except BaseExceptionGroup as group:
+        raise _single(group) from None
+
+
+def _single(error: BaseException) -> BaseException:
+    """The one error inside nested single-member exception groups (task groups wrap them)."""
+    while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
+        error = error.exceptions[0]
+    return error

@@ -1,0 +1,76 @@
+"""The JSON summary a job prints on stdout at the end (and writes with --summary-json)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from astrai_batch.io import AtomicFile
+from astrai_batch.jobs.stats import WorkStats
+
+STATUSES = ("completed", "completed_with_errors", "interrupted", "aborted")
+
+
+@dataclass(frozen=True)
+class JobSummary:
+    """The outcome of a run. `totals` cover the whole job (checkpointed rows included);
+    `run_*` only the work this process did."""
+
+    status: str
+    exit_code: int
+    input: str
+    output: str | None
+    stats_output: str | None
+    output_format: str
+    model: str
+    total_rows: int
+    totals: WorkStats
+    resumed_rows: int
+    run_decode_tokens: int
+    run_wall_seconds: float
+    message: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"status must be one of {', '.join(STATUSES)}, got {self.status!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        totals = self.totals
+        rate = self.run_decode_tokens / self.run_wall_seconds if self.run_wall_seconds > 0 else 0.0
+        return {
+            "status": self.status,
+            "exit_code": self.exit_code,
+            "message": self.message,
+            "input": self.input,
+            "output": self.output,
+            "stats_output": self.stats_output,
+            "output_format": self.output_format,
+            "model": self.model,
+            "rows": self.total_rows,
+            "rows_done": totals.input_rows,
+            "resumed_rows": self.resumed_rows,
+            "output_rows": totals.output_rows,
+            "failed_rows": totals.failed_rows,
+            "prompt_tokens": totals.prompt_tokens,
+            "cached_tokens": totals.cached_tokens,
+            "cache_hit_rate": totals.hit_rate,
+            "completion_tokens": totals.completion_tokens,
+            "wall_seconds": self.run_wall_seconds,
+            "tokens_per_second": rate,
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=False)
+
+
+def write_summary(path: str | Path, summary: JobSummary) -> None:
+    """Write the summary JSON to `path` atomically (replacing an older summary)."""
+    target = AtomicFile(path, overwrite=True)
+    try:
+        target.handle.write((summary.to_json() + "\n").encode())
+    except BaseException:
+        target.abort()
+        raise
+    target.commit()

@@ -1,0 +1,131 @@
+"""Turning input rows into prompt token ids, in batches, with the model's own tokenizer.
+
+- ``prompt`` rows are encoded as they are, with the tokenizer's default special tokens (a
+  BOS where the tokenizer adds one);
+- ``messages`` rows are rendered with the chat template (``add_generation_prompt=True``)
+  and the rendered text is encoded without adding special tokens again, since the template
+  already writes them (this is what vLLM and transformers' own ``tokenize=True`` do);
+- ``prompt_token_ids`` rows are used unchanged; the engine checks them against the vocab.
+
+`run` and `plan` share this code, so `plan` predicts exactly the prompts `run` sends.
+Encoding is CPU work in Rust; callers run `PromptEncoder.encode` in a worker thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from astrai_batch.errors import AstraiBatchError
+from astrai_batch.io import InputRow
+
+ENCODE_BATCH_ROWS = 2048
+
+
+@dataclass(frozen=True)
+class Encoding:
+    """The prompt token ids of one row, or why it has none. Exactly one is set."""
+
+    token_ids: tuple[int, ...] | None = None
+    error: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.token_ids is None) == (self.error is None):
+            raise ValueError("exactly one of token_ids and error must be set")
+
+
+def no_chat_template_message(model_name: str) -> str:
+    """The row error for a chat row when the tokenizer has no chat template."""
+    return (
+        f"model {model_name!r} has no chat template, so chat messages cannot be turned into "
+        "a prompt; give plain-text prompts or use an instruct/chat model"
+    )
+
+
+class PromptEncoder:
+    """Encodes `InputRow`s with one tokenizer; never raises for a bad row."""
+
+    def __init__(self, tokenizer: Any, model_name: str) -> None:
+        self.tokenizer = tokenizer
+        self.model_name = model_name
+        self.has_chat_template = bool(getattr(tokenizer, "chat_template", None))
+
+    def encode(self, rows: Sequence[InputRow]) -> list[Encoding]:
+        """One `Encoding` per row, in order. Rows that carry an error keep it."""
+        out: list[Encoding] = []
+        for start in range(0, len(rows), ENCODE_BATCH_ROWS):
+            out.extend(self._encode_batch(rows[start : start + ENCODE_BATCH_ROWS]))
+        return out
+
+    def _encode_batch(self, rows: Sequence[InputRow]) -> list[Encoding]:
+        results: list[Encoding | None] = [None] * len(rows)
+        plain: list[tuple[int, str]] = []  # (position, text) encoded with special tokens
+        rendered: list[tuple[int, str]] = []  # chat text: the template wrote the specials
+        for position, row in enumerate(rows):
+            if row.error is not None:
+                results[position] = Encoding(error=row.error)
+            elif row.prompt_token_ids is not None:
+                results[position] = Encoding(token_ids=tuple(row.prompt_token_ids))
+            elif row.prompt is not None:
+                plain.append((position, row.prompt))
+            else:
+                text_or_error = self._render_chat(row)
+                if isinstance(text_or_error, Encoding):
+                    results[position] = text_or_error
+                else:
+                    rendered.append((position, text_or_error))
+        for items, special in ((plain, True), (rendered, False)):
+            for position, encoding in zip(
+                (position for position, _ in items),
+                self._encode_texts([text for _, text in items], special),
+                strict=True,
+            ):
+                results[position] = encoding
+        encoded = [result for result in results if result is not None]
+        if len(encoded) != len(rows):
+            raise AstraiBatchError(f"encoded {len(encoded)} of {len(rows)} rows; this is a bug")
+        return encoded
+
+    def _render_chat(self, row: InputRow) -> str | Encoding:
+        if not self.has_chat_template:
+            return Encoding(error=no_chat_template_message(self.model_name))
+        try:
+            text = self.tokenizer.apply_chat_template(
+                [dict(message) for message in row.messages or ()],
+                add_generation_prompt=True,
+                tokenize=False,
+            )
+        except Exception as exc:  # a template may raise anything (jinja errors, its own checks)
+            return Encoding(error=f"chat template failed: {_one_line(exc)}")
+        if not isinstance(text, str):
+            return Encoding(error=f"chat template returned {type(text).__name__}, not text")
+        return text
+
+    def _encode_texts(self, texts: list[str], add_special_tokens: bool) -> list[Encoding]:
+        if not texts:
+            return []
+        try:
+            batch = self.tokenizer(texts, add_special_tokens=add_special_tokens)["input_ids"]
+        except Exception:
+            # One bad text fails the whole batch; encode one by one to find it.
+            return [self._encode_one(text, add_special_tokens) for text in texts]
+        return [_encoding_of(ids) for ids in batch]
+
+    def _encode_one(self, text: str, add_special_tokens: bool) -> Encoding:
+        try:
+            ids = self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]
+        except Exception as exc:
+            return Encoding(error=f"tokenization failed: {_one_line(exc)}")
+        return _encoding_of(ids)
+
+
+def _encoding_of(ids: Sequence[int]) -> Encoding:
+    if not ids:
+        return Encoding(error="prompt is empty after tokenization")
+    return Encoding(token_ids=tuple(int(token) for token in ids))
+
+
+def _one_line(exc: Exception) -> str:
+    text = " ".join(str(exc).split())
+    return text or type(exc).__name__

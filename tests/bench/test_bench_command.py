@@ -1,0 +1,272 @@
+"""`astrai-batch bench` end to end on the tiny model: ours and both peers, the floor, the
+results file, the JSON summary, and the exit codes of the baseline gate."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner, Result
+
+from astrai_batch.bench.config import BenchConfig
+from astrai_batch.bench.prompts import load_prompts
+from astrai_batch.bench.results import read_results, write_results
+from astrai_batch.cli import main
+from astrai_batch.engine import load_tokenizer
+from astrai_batch.jobs.prefix_stats import ideal_prefix_stats
+from astrai_batch.jobs.workloads import WorkloadSpec, build_workload, write_workload_jsonl
+
+# The columns README documents for the results file, in order.
+DOCUMENTED_COLUMNS = (
+    "started_at",
+    "system",
+    "repeat",
+    "workload",
+    "model",
+    "dtype",
+    "seed",
+    "num_prompts",
+    "max_tokens",
+    "prompt_tokens",
+    "generated_tokens",
+    "wall_seconds",
+    "generated_tokens_per_second",
+    "total_tokens_per_second",
+    "ideal_prefill_tokens",
+    "prefill_tokens",
+    "prefill_ratio",
+    "ideal_cache_hit_rate",
+    "cache_hit_rate",
+    "ttft_p50_seconds",
+    "ttft_p90_seconds",
+    "peak_kv_pages",
+    "kv_pool_pages",
+    "peak_rss_bytes",
+    "forward_seconds",
+    "step_seconds",
+    "engine_overhead",
+    "steps",
+    "preemptions",
+    "page_size",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "system_config",
+    "load_average_1m",
+    "cpu_model",
+    "cpu_cores",
+    "torch_threads",
+    "device",
+    "torch_version",
+    "transformers_version",
+    "astrai_batch_version",
+    "python_version",
+)
+ENGINE_ONLY = (
+    "prefill_tokens",
+    "prefill_ratio",
+    "cache_hit_rate",
+    "ttft_p50_seconds",
+    "ttft_p90_seconds",
+    "peak_kv_pages",
+    "kv_pool_pages",
+    "forward_seconds",
+    "step_seconds",
+    "engine_overhead",
+    "steps",
+    "preemptions",
+)
+# 2 system prompts x 2 questions, 3 new tokens each: every path runs in a few seconds.
+WORKLOAD_ARGS = (
+    "--num-system-prompts",
+    "2",
+    "--questions-per-prompt",
+    "2",
+    "--system-prompt-words",
+    "12",
+    "--max-tokens",
+    "3",
+    "--kv-cache-memory",
+    "8MiB",
+)
+
+
+def bench(*args: Any) -> Result:
+    return CliRunner().invoke(main, ["bench", *(str(a) for a in args)], catch_exceptions=False)
+
+
+def a_results_row(system: str, repeat: int | None, **figures: Any) -> dict[str, Any]:
+    return {"system": system, "repeat": repeat, "workload": "shared-prefix", **figures}
+
+
+@pytest.fixture(scope="module")
+def regressed_baseline(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A results file no tiny-model run can match: a billion generated tokens per second."""
+    path = tmp_path_factory.mktemp("baseline") / "baseline.parquet"
+    write_results(
+        path,
+        [
+            a_results_row(
+                "astrai",
+                0,
+                wall_seconds=1.0,
+                generated_tokens_per_second=1e9,
+                prefill_ratio=1.0,
+                engine_overhead=0.5,
+            )
+        ],
+    )
+    return path
+
+
+@pytest.fixture(scope="module")
+def full_run(
+    tiny_llama_dir: Path, regressed_baseline: Path, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Result, Path]:
+    out = tmp_path_factory.mktemp("bench") / "results.parquet"
+    result = bench(
+        "--model",
+        tiny_llama_dir,
+        *WORKLOAD_ARGS,
+        "--repeat",
+        "1",
+        "--peers",
+        "hf-generate,hf-generate-batch",
+        "--hf-batch-size",
+        "3",
+        "--out",
+        out,
+        "--baseline",
+        regressed_baseline,
+    )
+    return result, out
+
+
+def test_regressed_baseline_exits_4_naming_the_figure(full_run: tuple[Result, Path]) -> None:
+    result, _ = full_run
+    assert result.exit_code == 4, result.stderr
+    assert "regression: astrai.generated_tokens_per_second: 1e+09 -> " in result.stderr
+    assert "baseline: 1 of 3 tracked figures regressed (tolerance 5%)" in result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["baseline"]["regressions"] == ["astrai.generated_tokens_per_second"]
+    assert summary["baseline"]["exit_code"] == 4
+
+
+def test_results_file_has_the_documented_columns_and_one_row_per_system_and_repeat(
+    full_run: tuple[Result, Path], tiny_llama_dir: Path
+) -> None:
+    _, out = full_run
+    table = pq.read_table(out)
+    assert tuple(table.column_names) == DOCUMENTED_COLUMNS
+    rows = table.to_pylist()
+    assert [(r["system"], r["repeat"]) for r in rows] == [
+        ("astrai", 0),
+        ("hf-generate", 0),
+        ("hf-generate-batch", 0),
+        ("floor", None),
+    ]
+    config = BenchConfig(
+        model=str(tiny_llama_dir),
+        num_system_prompts=2,
+        questions_per_prompt=2,
+        system_prompt_words=12,
+        max_tokens=3,
+    )
+    tokenizer, _ = load_tokenizer(str(tiny_llama_dir))
+    prompts = load_prompts(config, tokenizer, "tiny")
+    ideal = ideal_prefix_stats(prompts.prompt_token_ids, page_size=16)
+    for row in rows:
+        assert (row["num_prompts"], row["max_tokens"], row["generated_tokens"]) == (4, 3, 12)
+        assert row["prompt_tokens"] == prompts.prompt_tokens
+        assert row["ideal_prefill_tokens"] == ideal.unique_tokens
+        assert row["ideal_cache_hit_rate"] == ideal.predicted_prefill_saving
+        assert row["generated_tokens_per_second"] == 12 / row["wall_seconds"]
+        assert row["cpu_cores"] >= 1 and row["torch_version"] and row["device"] == "cpu"
+    ours, hf_generate, hf_generate_batch, floor = rows
+    assert ours["engine_overhead"] == 1 - ours["forward_seconds"] / ours["wall_seconds"]
+    assert ours["prefill_ratio"] == ours["prefill_tokens"] / ideal.unique_tokens
+    assert ours["peak_kv_pages"] >= 1 and ours["peak_rss_bytes"] > 0
+    for peer in (hf_generate, hf_generate_batch, floor):
+        assert [peer[name] for name in ENGINE_ONLY] == [None] * len(ENGINE_ONLY)
+    assert json.loads(hf_generate["system_config"]) == {"batch_size": 3, "padding": "left"}
+    assert floor["peak_rss_bytes"] is None
+    assert json.loads(floor["system_config"])["decode_tokens"] == 4 * (3 - 1)
+
+
+def test_json_summary_carries_ratios_floor_and_tracked_figures(
+    full_run: tuple[Result, Path],
+) -> None:
+    result, out = full_run
+    summary = json.loads(result.stdout)
+    rows = read_results(out)
+    ours, hf_generate = rows[0], rows[1]
+    assert summary["ratios"]["hf-generate"]["median"] == (
+        ours["generated_tokens_per_second"] / hf_generate["generated_tokens_per_second"]
+    )
+    assert sorted(summary["tracked"]) == [
+        "astrai.engine_overhead",
+        "astrai.generated_tokens_per_second",
+        "astrai.prefill_ratio",
+        "ratio.hf-generate",
+        "ratio.hf-generate-batch",
+    ]
+    assert summary["floor"]["seconds"] == rows[3]["wall_seconds"]
+    assert summary["context"]["num_prompts"] == 4
+    for line in ("system", "astrai ", "hf-generate ", "hf-generate-batch ", "floor "):
+        assert any(row.startswith(line) for row in result.stderr.splitlines()), line
+
+
+def test_an_equal_baseline_exits_0(full_run: tuple[Result, Path]) -> None:
+    _, out = full_run
+    result = bench("--from-results", out, "--baseline", out)
+    assert result.exit_code == 0, result.stderr
+    assert "baseline: no regression in 5 tracked figures (tolerance 5%)" in result.stderr
+    assert json.loads(result.stdout)["baseline"]["regressions"] == []
+
+
+def test_a_workload_file_runs_like_the_run_command_reads_it(
+    tiny_llama_dir: Path, tmp_path: Path
+) -> None:
+    spec = WorkloadSpec(
+        "unique", num_system_prompts=1, questions_per_prompt=3, system_prompt_words=8
+    )
+    source = tmp_path / "rows.jsonl"
+    write_workload_jsonl(build_workload(spec), source)
+    out = tmp_path / "results.parquet"
+    result = bench(
+        "--model", tiny_llama_dir, "--workload", source, "--max-tokens", "2",
+        "--kv-cache-memory", "8MiB", "--repeat", "2", "--no-warmup", "--no-floor", "--quiet",
+        "--out", out,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    rows = read_results(out)
+    assert [(r["system"], r["repeat"], r["workload"]) for r in rows] == [
+        ("astrai", 0, str(source)),
+        ("astrai", 1, str(source)),
+    ]
+    assert [(r["num_prompts"], r["generated_tokens"]) for r in rows] == [(3, 6), (3, 6)]
+    assert not [line for line in result.stderr.splitlines() if line.startswith("bench: ")]
+    assert "Loading weights" not in result.stderr
+
+
+def test_usage_errors_exit_2_with_the_reason(tiny_llama_dir: Path) -> None:
+    result = bench("--model", tiny_llama_dir, "--peers", "vllm")
+    assert result.exit_code == 2
+    assert "peers: unknown peer 'vllm'; known peers: hf-generate, hf-generate-batch" in (
+        result.stderr
+    )
+    result = bench("--tolerance", "lots")
+    assert result.exit_code == 2
+    assert "tolerance must be like 5% or 0.05, got 'lots'" in result.stderr
+
+
+def test_a_missing_workload_file_fails_with_exit_1(tiny_llama_dir: Path, tmp_path: Path) -> None:
+    missing = tmp_path / "nope.jsonl"
+    result = bench("--model", tiny_llama_dir, "--workload", missing, "--quiet")
+    assert result.exit_code == 1
+    assert (
+        f"workload '{missing}' is neither a built-in workload (shared-prefix, unique, "
+        "multi-turn, long-prefill) nor an existing input file"
+    ) in result.stderr

@@ -1,0 +1,93 @@
+"""Helpers shared by the job tests: small input files, running the CLI in-process or as a
+process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from click.testing import CliRunner, Result
+
+from astrai_batch.cli import main
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+SYSTEM_PROMPTS = (
+    "You are a helpful assistant. Answer the question briefly and precisely.",
+    "Summarise the following article about batch inference and prefix caching.",
+    "Translate to German: the weather is nice today and we go for a walk.",
+)
+
+
+def question(index: int) -> str:
+    return f"Question {index}: what is {index % 7} plus {index % 5}?"
+
+
+def shared_prefix_prompts(count: int) -> list[str]:
+    """Prompts that share one of three long prefixes, in an order that mixes them."""
+    return [f"{SYSTEM_PROMPTS[(i * 2) % 3]} {question(i)}" for i in range(count)]
+
+
+def engine_args(model_dir: Path, *extra: str) -> list[str]:
+    """Fast settings for the tiny model: a few tokens, a small KV pool, no progress."""
+    return [
+        "--model",
+        str(model_dir),
+        "--max-tokens",
+        "4",
+        "--kv-cache-memory",
+        "8MiB",
+        "--quiet",
+        *extra,
+    ]
+
+
+def write_jsonl(path: Path, lines: Sequence[Any]) -> Path:
+    """Dicts become JSON lines; strings are written verbatim (for malformed lines)."""
+    text = "".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def write_parquet(path: Path, columns: dict[str, list[Any]]) -> Path:
+    pq.write_table(pa.table(columns), path)
+    return path
+
+
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    return pq.read_table(path).to_pylist()
+
+
+def listing(directory: Path) -> list[str]:
+    """Every name in `directory`, hidden ones included, sorted."""
+    return sorted(entry.name for entry in directory.iterdir())
+
+
+def run_cli(*args: Any) -> Result:
+    """`astrai-batch ARGS` in-process; returns click's Result (stdout and stderr apart)."""
+    return CliRunner().invoke(main, [str(arg) for arg in args], catch_exceptions=False)
+
+
+def start_process(*args: Any) -> subprocess.Popen[str]:
+    """`python -m astrai_batch.cli ARGS` as a child process, stdout/stderr captured."""
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "astrai_batch.cli", *(str(arg) for arg in args)],
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def summary_of(stdout: str) -> dict[str, Any]:
+    """The JSON summary: the last line of stdout."""
+    return json.loads(stdout.strip().splitlines()[-1])
