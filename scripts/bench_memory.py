@@ -6,6 +6,8 @@ For each size, writes a JSONL file of that many tiny prompts, runs the console c
 a child process (a tiny random Llama built like the test fixture, `--max-tokens 1`, default
 grouping window of 100,000 rows) and prints the child's peak RSS, read with os.wait4. Memory is
 bounded by the grouping window, so every size past one window should show about the same peak.
+The child runs torch with one thread (OMP_NUM_THREADS=1): on a shared machine, torch's spinning
+thread pool can slow a job twentyfold when the cores are busy, which says nothing about memory.
 """
 
 from __future__ import annotations
@@ -61,7 +63,8 @@ def run_once(source: Path, output: Path, model: Path, extra: list[str]) -> tuple
         *extra,
     ]
     started = time.monotonic()
-    child = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.DEVNULL)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    child = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL)
     _, status, usage = os.wait4(child.pid, 0)
     child.returncode = os.waitstatus_to_exitcode(status)
     # ru_maxrss is in KiB on Linux.

@@ -56,8 +56,8 @@ class JobConfig:
     device: str = "cpu"
     dtype: str = "float32"
     page_size: int = 16
-    max_num_seqs: int = 128
-    max_num_batched_tokens: int = 512
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 1024
     kv_cache_memory: int | None = None
     prefix_cache: bool = True
     grouping: bool = True

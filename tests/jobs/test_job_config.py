@@ -47,8 +47,8 @@ def test_from_options_routes_sampling_and_parses_strings() -> None:
     assert config.engine_options() == {
         "page_size": 32,
         "kv_cache_memory": 512 * 1024**2,
-        "max_num_seqs": 128,
-        "max_num_batched_tokens": 512,
+        "max_num_seqs": 256,
+        "max_num_batched_tokens": 1024,
         "enable_prefix_cache": True,
         "seed": 0,
     }
