@@ -48,7 +48,11 @@ def _run_options(function: Any) -> Any:
         _option("--dtype", d.dtype, "float32, bfloat16, float16 or auto."),
         _option("--max-num-seqs", d.max_num_seqs, "Most sequences decoded together.", type=int),
         _option("--max-num-batched-tokens", d.max_num_batched_tokens, "Tokens per step.", type=int),
-        _option("--kv-cache-memory", None, "KV cache size, e.g. 2GiB or 512MiB [default: 2GiB, or what max-num-seqs full-context sequences need if less]."),
+        _option(
+            "--kv-cache-memory",
+            None,
+            "KV cache size, e.g. 2GiB or 512MiB [default: 2GiB, less if the model needs less].",
+        ),
         _option("--page-size", d.page_size, "Tokens per KV page (prefix-cache unit).", type=int),
         _option("--prefix-cache/--no-prefix-cache", d.prefix_cache, "Reuse shared prefixes."),
         _option("--grouping/--no-grouping", d.grouping, "Run shared prefixes together."),
