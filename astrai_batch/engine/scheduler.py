@@ -9,7 +9,8 @@ Admission order is prefix-aware: among waiting sequences the one with the longes
 goes first (ties: oldest). The waiting list is bounded by the engine's lookahead, so scoring it
 costs the same per step whatever the input size; a sequence passed over `max_wait_steps` times
 goes first regardless, so none starves. A sequence whose next uncached page is being computed
-right now by a running sequence waits for it instead of computing it twice.
+right now by a running sequence waits for it instead of computing it twice, aged or not (the
+running sequence always progresses, so that wait is bounded).
 
 When pages run out, cached pages are evicted first (inside `KVCacheManager.reserve`), then the
 newest running sequences are preempted by recompute: their computed pages are published to the
@@ -125,7 +126,10 @@ class Scheduler:
         for seq, cached in self._admission_order():
             if budget <= 0 or len(self.running) >= self.config.max_num_seqs:
                 break
-            if not self._is_aged(seq) and self._waits_for_inflight(seq, cached):
+            # Even an aged sequence waits for in-flight pages: the wait ends within a few steps,
+            # as the running sequence computing them always progresses, and recomputing them
+            # would put the same prefix into the pool twice.
+            if self._waits_for_inflight(seq, cached):
                 continue
             hit = self.cache.open(seq.seq_id, seq.tokens, max_cached_tokens=seq.num_tokens - 1)
             num = min(seq.num_tokens - hit, budget)
