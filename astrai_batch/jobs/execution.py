@@ -132,9 +132,9 @@ class JobExecution:
     def _fail(self, error: Exception) -> None:
         """Stop the job because of `error`, raised once the engine has wound down.
 
-        Raising straight out of the loop over the engine's results would close its generator
-        from outside, which turns the error into a GeneratorExit; cancelling the scope lets
-        the engine stop at its next await instead.
+        Errors come from both sides (the request iterator and the result handler); cancelling
+        the job's scope stops the engine at its next await whichever side failed, and the
+        first error is the one raised.
         """
         if self._failure is None:
             self._failure = error

@@ -166,3 +166,55 @@ def test_async_generate_pulls_lazily_and_leaves_no_pages_in_use(loaded, prompts)
     seen, cache = anyio.run(main)
     assert sorted(seen) == list(range(12))
     assert cache.pages_in_use == 0
+
+
+class ConsumerFailed(Exception):
+    pass
+
+
+def test_an_error_in_the_consumer_reaches_the_caller_as_itself(loaded, prompts):
+    async def main():
+        async with Engine(loaded, CONFIG) as engine:
+            async for _ in engine.generate(
+                GenerationRequest(i, p, SamplingParams(max_tokens=2)) for i, p in enumerate(prompts)
+            ):
+                raise ConsumerFailed("writing the result failed")
+
+    with pytest.raises(ConsumerFailed, match=r"^writing the result failed$"):
+        anyio.run(main)
+
+
+def test_an_error_in_the_requests_comes_after_the_results_already_sent(loaded, prompts):
+    def requests():
+        yield GenerationRequest(0, prompts[0], SamplingParams(max_tokens=2))
+        yield GenerationRequest(1, prompts[1], SamplingParams(max_tokens=2))
+        raise ValueError("row 2 could not be read")
+
+    seen = []
+
+    async def main():
+        async with Engine(loaded, CONFIG) as engine:
+            async for result in engine.generate(requests()):
+                seen.append(result.request_id)
+
+    with pytest.raises(ValueError, match=r"^row 2 could not be read$"):
+        anyio.run(main)
+    assert sorted(seen) == [0, 1]
+
+
+def test_an_abandoned_generator_does_not_hold_the_engine_open(loaded, prompts):
+    async def endless():
+        index = 0
+        while True:
+            prompt = prompts[index % len(prompts)]
+            yield GenerationRequest(index, prompt, SamplingParams(max_tokens=1))
+            index += 1
+
+    async def main():
+        with anyio.fail_after(60):
+            async with Engine(loaded, CONFIG) as engine:
+                results = engine.generate(endless())
+                async for result in results:
+                    return result.request_id  # not closed: the engine's exit stops the feeder
+
+    assert anyio.run(main) is not None
