@@ -46,6 +46,12 @@ def _run_options(function: Any) -> Any:
         _option("--model", d.model, "Model directory, .gguf file, alias or hub id."),
         _option("--device", d.device),
         _option("--dtype", d.dtype, "float32, bfloat16, float16 or auto."),
+        _option(
+            "--threads",
+            None,
+            "CPU threads for torch [default: one per core]; fewer when other work shares them.",
+            type=int,
+        ),
         _option("--max-num-seqs", d.max_num_seqs, "Most sequences decoded together.", type=int),
         _option("--max-num-batched-tokens", d.max_num_batched_tokens, "Tokens per step.", type=int),
         _option(

@@ -31,6 +31,12 @@ _ENGINE = EngineConfig()
 @click.command()
 @click.option("--model", default=DEFAULT_MODEL, show_default=True, help="Model to benchmark.")
 @click.option("--device", default="cpu", show_default=True)
+@click.option(
+    "--threads",
+    type=int,
+    default=None,
+    help="CPU threads for torch [default: one per core]; fewer when other work shares them.",
+)
 @click.option("--dtype", default="float32", show_default=True)
 @click.option(
     "--workload",
@@ -151,6 +157,7 @@ def _config(options: dict[str, Any]) -> BenchConfig:
         model=options.pop("model"),
         device=options.pop("device"),
         dtype=options.pop("dtype"),
+        threads=options.pop("threads"),
         workload=options.pop("workload"),
         repeat=options.pop("repeat"),
         peers=parse_peers(options.pop("peers")),

@@ -43,6 +43,7 @@ class BenchConfig:
     seed: int = 0
     device: str = "cpu"
     dtype: str = "float32"
+    threads: int | None = None
     engine: EngineConfig = field(default_factory=EngineConfig)
     hf_generate_batch_size: int = HF_GENERATE_BATCH_SIZE
     warmup: bool = True
@@ -54,6 +55,8 @@ class BenchConfig:
             if not isinstance(value, str) or not value:
                 raise ConfigError(f"{name} must be a non-empty string, got {value!r}")
         _positive("repeat", self.repeat)
+        if self.threads is not None:
+            _positive("threads", self.threads)
         _positive("hf_generate_batch_size", self.hf_generate_batch_size)
         for name in ("max_tokens", "num_system_prompts", "questions_per_prompt"):
             if getattr(self, name) is not None:

@@ -25,7 +25,8 @@ from astrai_batch.bench.ours import run_ours
 from astrai_batch.bench.peers import run_hf_generate, run_hf_generate_batch
 from astrai_batch.bench.prompts import BenchPrompts, load_prompts
 from astrai_batch.bench.results import MeasuredRun, result_row
-from astrai_batch.engine import LoadedModel, load_model
+from astrai_batch.engine import LoadedModel, load_model, set_cpu_threads
+from astrai_batch.engine.threads import describe_threads
 from astrai_batch.errors import AstraiBatchError
 
 Progress = Callable[[str], None]
@@ -40,7 +41,10 @@ class BenchOutcome:
 
 def run_bench(config: BenchConfig, progress: Progress) -> BenchOutcome:
     started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    progress(f"loading {config.model} ({config.dtype}, {config.device})")
+    threads = set_cpu_threads(config.threads)
+    progress(
+        f"loading {config.model} ({config.dtype}, {config.device}, {describe_threads(threads)})"
+    )
     loaded = load_model(config.model, device=config.device, dtype=config.dtype)
     prompts = load_prompts(config, loaded.tokenizer, loaded.name)
     machine = machine_info(next(loaded.model.parameters()).device)

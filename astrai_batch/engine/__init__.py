@@ -20,6 +20,7 @@ _EXPORTS = {
     "LoadedModel": "astrai_batch.engine.loader",
     "load_model": "astrai_batch.engine.loader",
     "load_tokenizer": "astrai_batch.engine.loader",
+    "set_cpu_threads": "astrai_batch.engine.threads",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -55,6 +55,7 @@ class JobConfig:
     model: str = DEFAULT_MODEL
     device: str = "cpu"
     dtype: str = "float32"
+    threads: int | None = None
     page_size: int = 16
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 1024
@@ -90,8 +91,9 @@ class JobConfig:
         for name in ("page_size", "max_num_seqs", "max_num_batched_tokens", "group_window"):
             _check_positive_int(name, getattr(self, name))
         _check_positive_int("checkpoint_rows", self.checkpoint_rows)
-        if self.kv_cache_memory is not None:
-            _check_positive_int("kv_cache_memory", self.kv_cache_memory)
+        for name in ("kv_cache_memory", "threads"):
+            if getattr(self, name) is not None:
+                _check_positive_int(name, getattr(self, name))
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ConfigError(f"seed must be a non-negative int, got {self.seed!r}")
         for name in (
@@ -183,6 +185,7 @@ class JobConfig:
         operational settings are left out, so changing them does not block a resume.
         """
         operational = {
+            "threads",
             "output_format",
             "save_tokens",
             "overwrite",

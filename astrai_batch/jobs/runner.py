@@ -20,9 +20,10 @@ from typing import TextIO
 import anyio
 import pyarrow as pa
 
-from astrai_batch.engine import load_model
+from astrai_batch.engine import load_model, set_cpu_threads
 from astrai_batch.engine.loader import LoadedModel
 from astrai_batch.engine.model_support import require_chat_template
+from astrai_batch.engine.threads import describe_threads
 from astrai_batch.errors import AstraiBatchError, JobAbortedError, OutputError
 from astrai_batch.io import open_input
 from astrai_batch.jobs.checkpoint import Checkpoint, checkpoint_dir_for, peek_run_id
@@ -100,7 +101,8 @@ def _run(config: JobConfig, paths: JobPaths, progress: Progress, started: float)
     )
     total_rows = source.count_rows()
     progress.message(f"{total_rows} rows ({source.shape}) in {paths.input}")
-    progress.message(f"loading model {config.model}")
+    threads = set_cpu_threads(config.threads)
+    progress.message(f"loading model {config.model} ({describe_threads(threads)})")
     loaded = load_model(config.model, device=config.device, dtype=config.dtype)
     if source.shape == "messages":
         require_chat_template(loaded)

@@ -9,6 +9,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
+import torch
 from click.testing import CliRunner, Result
 
 from astrai_batch.bench.config import BenchConfig
@@ -126,9 +127,20 @@ def full_run(
     tiny_llama_dir: Path, regressed_baseline: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[Result, Path]:
     out = tmp_path_factory.mktemp("bench") / "results.parquet"
-    result = bench(
+    threads = torch.get_num_threads()
+    try:
+        result = _full_run(tiny_llama_dir, regressed_baseline, out)
+    finally:
+        torch.set_num_threads(threads)  # --threads is process-wide; later tests keep theirs
+    return result, out
+
+
+def _full_run(tiny_llama_dir: Path, regressed_baseline: Path, out: Path) -> Result:
+    return bench(
         "--model",
         tiny_llama_dir,
+        "--threads",
+        "1",
         *WORKLOAD_ARGS,
         "--repeat",
         "1",
@@ -141,7 +153,6 @@ def full_run(
         "--baseline",
         regressed_baseline,
     )
-    return result, out
 
 
 def test_regressed_baseline_exits_4_naming_the_figure(full_run: tuple[Result, Path]) -> None:
@@ -184,6 +195,7 @@ def test_results_file_has_the_documented_columns_and_one_row_per_system_and_repe
         assert row["ideal_cache_hit_rate"] == ideal.predicted_prefill_saving
         assert row["generated_tokens_per_second"] == 12 / row["wall_seconds"]
         assert row["cpu_cores"] >= 1 and row["torch_version"] and row["device"] == "cpu"
+        assert row["torch_threads"] == 1
     ours, hf_generate, hf_generate_batch, floor = rows
     assert ours["engine_overhead"] == 1 - ours["forward_seconds"] / ours["wall_seconds"]
     assert ours["prefill_ratio"] == ours["prefill_tokens"] / ideal.unique_tokens

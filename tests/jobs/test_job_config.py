@@ -60,6 +60,8 @@ def test_from_options_routes_sampling_and_parses_strings() -> None:
         ({"bogus": 1, "max_tokenz": 2}, "unknown option(s) in the test: bogus, max_tokenz"),
         ({"page_size": "16"}, "page_size must be an int, got str"),
         ({"page_size": 0}, "page_size must be >= 1, got 0"),
+        ({"threads": 0}, "threads must be >= 1, got 0"),
+        ({"threads": "2"}, "threads must be an int, got str"),
         ({"grouping": "yes"}, "grouping must be a bool, got str"),
         ({"model": 3}, "model must be a str, got int"),
         ({"model": " "}, "model must not be empty"),
@@ -138,6 +140,7 @@ def test_result_options_leave_out_operational_settings() -> None:
     operational = JobConfig.from_options(
         {
             "max_tokens": 4,
+            "threads": 1,
             "output_format": "openai-jsonl",
             "save_tokens": True,
             "overwrite": True,

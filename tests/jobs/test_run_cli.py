@@ -397,10 +397,13 @@ def test_subprocess_run_from_parquet_logs_progress_on_stderr(
         "text",
         "--id-column",
         "key",
+        "--threads",
+        "1",
     )
     stdout, stderr = process.communicate(timeout=120)
     assert process.returncode == 0, stderr
     assert len(stdout.strip().splitlines()) == 1
+    assert f"astrai-batch: loading model {tiny_llama_dir} (1 CPU thread)" in stderr
     assert summary_of(stdout)["output"] == str(output)
     assert f"astrai-batch: 5 rows (prompt) in {source}" in stderr
     assert "astrai-batch: 5/5 rows (100.0%)" in stderr
