@@ -23,7 +23,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from astrai_batch.engine.cascade import CascadeGroup, cascade_attention, gather_pages
+from astrai_batch.engine.cascade import CascadeGroup, cascade_attention
+from astrai_batch.engine.page_gather import PageGatherer
 
 ATTENTION_NAME = "astrai_paged"
 BATCH_KWARG = "astrai_attention_batch"
@@ -60,6 +61,7 @@ class AttentionBatch:
     decode: DecodeGroup | None  # decodes without a shared prefix (padded)
     cascades: list[CascadeGroup]  # decodes grouped by shared prefix pages
     prefills: list[PrefillSpan]
+    gatherer: PageGatherer  # the runner's reusable gather buffers
 
 
 def paged_attention(
@@ -101,8 +103,9 @@ def paged_attention(
         n = decode.token_index.shape[0]
         # [N, Hq, D] -> [N, Hkv, G, D]: a decode query has length 1, so the group is its length
         qd = q.index_select(0, decode.token_index).view(n, kv_heads, group, head_dim)
-        kd = gather_pages(k_cache, decode.page_tables, batch.page_size).transpose(1, 2)
-        vd = gather_pages(v_cache, decode.page_tables, batch.page_size).transpose(1, 2)
+        kd = batch.gatherer.gather("key", k_cache, decode.page_tables, batch.page_size)
+        vd = batch.gatherer.gather("value", v_cache, decode.page_tables, batch.page_size)
+        kd, vd = kd.transpose(1, 2), vd.transpose(1, 2)
         od = F.scaled_dot_product_attention(
             qd, kd.to(qd.dtype), vd.to(qd.dtype), attn_mask=decode.key_mask, scale=scaling
         )
@@ -111,7 +114,9 @@ def paged_attention(
     for cascade in batch.cascades:
         n = cascade.token_index.shape[0]
         qc = q.index_select(0, cascade.token_index).view(n, kv_heads, group, head_dim)
-        oc = cascade_attention(qc, k_cache, v_cache, cascade, batch.page_size, scale)
+        oc = cascade_attention(
+            qc, k_cache, v_cache, cascade, batch.page_size, scale, batch.gatherer
+        )
         out.index_copy_(0, cascade.token_index, oc.reshape(n, q_heads, -1))
 
     for span in batch.prefills:
@@ -126,8 +131,9 @@ def paged_attention(
         else:
             kv_len = span.causal_mask.shape[1]
             table = span.page_table.unsqueeze(0)
-            ks = gather_pages(k_cache, table, batch.page_size)[0, :kv_len].transpose(0, 1)
-            vs = gather_pages(v_cache, table, batch.page_size)[0, :kv_len].transpose(0, 1)
+            ks = batch.gatherer.gather("key", k_cache, table, batch.page_size)[0, :kv_len]
+            vs = batch.gatherer.gather("value", v_cache, table, batch.page_size)[0, :kv_len]
+            ks, vs = ks.transpose(0, 1), vs.transpose(0, 1)
             ks, vs = ks.to(qs.dtype), vs.to(qs.dtype)
             mask = span.causal_mask.repeat(group, 1)
         os_ = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=scaling)

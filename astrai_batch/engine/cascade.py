@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
+from astrai_batch.engine.page_gather import PageGatherer
+
 
 @dataclass(frozen=True)
 class CascadeGroup:
@@ -63,19 +65,6 @@ def partition_decodes(
     return DecodePartition(groups=groups, rest=rest)
 
 
-def gather_pages(cache: torch.Tensor, page_tables: torch.Tensor, page_size: int) -> torch.Tensor:
-    """[N, pages] page ids -> [N, pages * page_size, kv_heads, head_dim] keys or values.
-
-    Copies whole pages (page_size * kv_heads * head_dim contiguous values each) rather than
-    single slots, which is several times faster than a per-slot gather on CPU.
-    """
-    slots, heads, dim = cache.shape
-    by_page = cache.view(slots // page_size, page_size * heads * dim)
-    rows, pages = page_tables.shape
-    gathered = by_page.index_select(0, page_tables.reshape(-1))
-    return gathered.view(rows, pages * page_size, heads, dim)
-
-
 def cascade_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -83,13 +72,15 @@ def cascade_attention(
     group: CascadeGroup,
     page_size: int,
     scaling: float,
+    gatherer: PageGatherer,
 ) -> torch.Tensor:
     """q: [n, Hkv, G, D] decode queries of one group -> [n, Hkv, G, D]."""
     n, kv_heads, per_kv, dim = q.shape
-    kp = gather_pages(k_cache, group.prefix_pages.unsqueeze(0), page_size)[0].transpose(0, 1)
-    vp = gather_pages(v_cache, group.prefix_pages.unsqueeze(0), page_size)[0].transpose(0, 1)
-    kt = gather_pages(k_cache, group.tail_tables, page_size).transpose(1, 2)  # [n, Hkv, Lt, D]
-    vt = gather_pages(v_cache, group.tail_tables, page_size).transpose(1, 2)
+    prefix = group.prefix_pages.unsqueeze(0)
+    kp = gatherer.gather("key_prefix", k_cache, prefix, page_size)[0].transpose(0, 1)
+    vp = gatherer.gather("value_prefix", v_cache, prefix, page_size)[0].transpose(0, 1)
+    kt = gatherer.gather("key", k_cache, group.tail_tables, page_size).transpose(1, 2)
+    vt = gatherer.gather("value", v_cache, group.tail_tables, page_size).transpose(1, 2)
     kp, vp, kt, vt = (x.to(q.dtype) for x in (kp, vp, kt, vt))
     prefix_len = kp.shape[1]
     # all queries of the group against the shared keys: [Hkv, n * G, D] @ [Hkv, D, Lp]

@@ -25,6 +25,7 @@ from astrai_batch.engine.attention import (
     register_paged_attention,
 )
 from astrai_batch.engine.cascade import CascadeGroup, DecodePartition, partition_decodes
+from astrai_batch.engine.page_gather import PageGatherer
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,7 @@ class ModelRunner:
         self.device = pool.key_cache[0].device
         self.page_size = pool.page_size
         self.use_cascade = use_cascade
+        self.gatherer = PageGatherer()
 
     @torch.inference_mode()
     def forward(self, chunks: Sequence[ScheduledChunk]) -> ForwardOutput:
@@ -115,6 +117,7 @@ class ModelRunner:
             decode=decode,
             cascades=cascades,
             prefills=prefills,
+            gatherer=self.gatherer,
         )
         input_ids = torch.tensor(token_ids, dtype=torch.long, device=device)
         position_ids = torch.tensor(positions, dtype=torch.long, device=device)
