@@ -23,7 +23,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from astrai_batch.engine.cascade import CascadeGroup, cascade_attention
+from astrai_batch.engine.cascade import cascade_attention
+from astrai_batch.engine.cascade_plan import CascadeBatch
 from astrai_batch.engine.page_gather import PageGatherer
 
 ATTENTION_NAME = "astrai_paged"
@@ -59,7 +60,7 @@ class AttentionBatch:
     page_size: int
     write_slots: torch.Tensor  # [T]
     decode: DecodeGroup | None  # decodes without a shared prefix (padded)
-    cascades: list[CascadeGroup]  # decodes grouped by shared prefix pages
+    cascade: CascadeBatch | None  # decodes attended as shared prefix + own tail
     prefills: list[PrefillSpan]
     gatherer: PageGatherer  # the runner's reusable gather buffers
 
@@ -111,7 +112,8 @@ def paged_attention(
         )
         out.index_copy_(0, decode.token_index, od.reshape(n, q_heads, -1))
 
-    for cascade in batch.cascades:
+    cascade = batch.cascade
+    if cascade is not None:
         n = cascade.token_index.shape[0]
         qc = q.index_select(0, cascade.token_index).view(n, kv_heads, group, head_dim)
         oc = cascade_attention(
@@ -136,7 +138,15 @@ def paged_attention(
             ks, vs = ks.transpose(0, 1), vs.transpose(0, 1)
             ks, vs = ks.to(qs.dtype), vs.to(qs.dtype)
             mask = span.causal_mask.repeat(group, 1)
-        os_ = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=scaling)
+        # 4-D inputs: torch's CPU flash kernel takes only those (3-D falls back to the math
+        # path, measured 3x slower on a 290-token span)
+        os_ = F.scaled_dot_product_attention(
+            qs.unsqueeze(0),
+            ks.unsqueeze(0),
+            vs.unsqueeze(0),
+            attn_mask=mask[None, None],
+            scale=scaling,
+        )[0]
         # [Hkv, G * n, D] -> [n, Hq, D]
         out[span.token_start : span.token_end] = os_.view(q_heads, n, -1).transpose(0, 1)
 

@@ -5,8 +5,9 @@ once). A padded decode attention would gather those pages once per sequence, eve
 which on CPU costs more than the model's matmuls at large batch. Here decode sequences are
 grouped by the run of leading pages they share: each group reads its shared pages once and
 scores all its queries against them with one matmul; only each sequence's own tail pages are
-gathered per sequence. Scores of both parts are softmaxed together, so the result is the
-same attention, not an approximation.
+gathered per sequence. The two parts are attended separately, each keeping its row max and
+row sum, and merged exactly (the log-sum-exp merge of split-KV attention), so the result is
+the same attention, not an approximation. `cascade_plan` batches all groups of a step.
 """
 
 from __future__ import annotations
@@ -16,17 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
+from astrai_batch.engine.cascade_plan import CascadeBatch
 from astrai_batch.engine.page_gather import PageGatherer
-
-
-@dataclass(frozen=True)
-class CascadeGroup:
-    """Decode sequences whose first `prefix_pages` pages are the same physical pages."""
-
-    token_index: torch.Tensor  # [n] rows of the packed batch
-    prefix_pages: torch.Tensor  # [p] the shared pages
-    tail_tables: torch.Tensor  # [n, t] each sequence's pages after the prefix, padded with 0
-    tail_mask: torch.Tensor  # [n, 1, 1, t * page_size] bool: True where the key exists
 
 
 @dataclass(frozen=True)
@@ -69,27 +61,83 @@ def cascade_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    group: CascadeGroup,
+    batch: CascadeBatch,
     page_size: int,
     scaling: float,
     gatherer: PageGatherer,
 ) -> torch.Tensor:
-    """q: [n, Hkv, G, D] decode queries of one group -> [n, Hkv, G, D]."""
-    n, kv_heads, per_kv, dim = q.shape
-    prefix = group.prefix_pages.unsqueeze(0)
-    kp = gatherer.gather("key_prefix", k_cache, prefix, page_size)[0].transpose(0, 1)
-    vp = gatherer.gather("value_prefix", v_cache, prefix, page_size)[0].transpose(0, 1)
-    kt = gatherer.gather("key", k_cache, group.tail_tables, page_size).transpose(1, 2)
-    vt = gatherer.gather("value", v_cache, group.tail_tables, page_size).transpose(1, 2)
-    kp, vp, kt, vt = (x.to(q.dtype) for x in (kp, vp, kt, vt))
-    prefix_len = kp.shape[1]
-    # all queries of the group against the shared keys: [Hkv, n * G, D] @ [Hkv, D, Lp]
-    q_by_head = q.permute(1, 0, 2, 3).reshape(kv_heads, n * per_kv, dim)
-    scores_prefix = torch.matmul(q_by_head, kp.transpose(1, 2)).mul_(scaling)
-    scores_prefix = scores_prefix.view(kv_heads, n, per_kv, prefix_len).permute(1, 0, 2, 3)
-    scores_tail = torch.matmul(q, kt.transpose(2, 3)).mul_(scaling)  # [n, Hkv, G, Lt]
-    scores_tail.masked_fill_(~group.tail_mask, float("-inf"))
-    probs = torch.cat([scores_prefix, scores_tail], dim=-1).float().softmax(dim=-1).to(q.dtype)
-    probs_prefix = probs[..., :prefix_len].permute(1, 0, 2, 3).reshape(kv_heads, n * per_kv, -1)
-    out = torch.matmul(probs_prefix, vp).view(kv_heads, n, per_kv, dim).permute(1, 0, 2, 3)
-    return out + torch.matmul(probs[..., prefix_len:], vt)
+    """q: [M, Hkv, G, D] decode queries of every cascade member -> [M, Hkv, G, D]."""
+    _, kv_heads, per_kv, dim = q.shape
+    kt = gatherer.gather("key", k_cache, batch.tail_tables, page_size).transpose(1, 2)
+    vt = gatherer.gather("value", v_cache, batch.tail_tables, page_size).transpose(1, 2)
+    tail = _partial_attention(q, kt, vt, batch.tail_mask, scaling)  # [M, Hkv, G, *]
+    prefix = _Partial.empty_like(tail)
+    for bucket in batch.buckets:
+        rows, slots = bucket.prefix_tables.shape[0], bucket.slots
+        # queries of a row's members side by side: [rows, Hkv, slots * G, D]
+        qb = q.index_select(0, bucket.slot_members).view(rows, slots, kv_heads, per_kv, dim)
+        qb = qb.permute(0, 2, 1, 3, 4).reshape(rows, kv_heads, slots * per_kv, dim)
+        kp = gatherer.gather("key_prefix", k_cache, bucket.prefix_tables, page_size)
+        vp = gatherer.gather("value_prefix", v_cache, bucket.prefix_tables, page_size)
+        part = _partial_attention(
+            qb, kp.transpose(1, 2), vp.transpose(1, 2), bucket.prefix_mask, scaling
+        )
+        prefix.fill_from(part, bucket.member_slots, bucket.members, slots, per_kv)
+    return tail.merge(prefix).to(q.dtype)
+
+
+@dataclass
+class _Partial:
+    """Attention over part of the keys, unnormalised, with its row max and row sum, so that
+    two parts over disjoint keys merge into the attention over all of them."""
+
+    out: torch.Tensor  # [..., D] float32
+    row_max: torch.Tensor  # [..., 1]
+    row_sum: torch.Tensor  # [..., 1]
+
+    @staticmethod
+    def empty_like(other: _Partial) -> _Partial:
+        return _Partial(
+            torch.empty_like(other.out),
+            torch.empty_like(other.row_max),
+            torch.empty_like(other.row_sum),
+        )
+
+    def fill_from(
+        self,
+        part: _Partial,
+        member_slots: torch.Tensor,
+        members: torch.Tensor,
+        slots: int,
+        per_kv: int,
+    ) -> None:
+        """Copies a prefix batch's [rows, Hkv, slots * G, *] results to the members it served."""
+        for mine, theirs in (
+            (self.out, part.out),
+            (self.row_max, part.row_max),
+            (self.row_sum, part.row_sum),
+        ):
+            rows, kv_heads, _, width = theirs.shape
+            by_slot = theirs.view(rows, kv_heads, slots, per_kv, width).permute(0, 2, 1, 3, 4)
+            by_slot = by_slot.reshape(rows * slots, kv_heads, per_kv, width)
+            mine.index_copy_(0, members, by_slot.index_select(0, member_slots))
+
+    def merge(self, other: _Partial) -> torch.Tensor:
+        row_max = torch.maximum(self.row_max, other.row_max)
+        mine = (self.row_max - row_max).exp_()
+        theirs = (other.row_max - row_max).exp_()
+        total = self.row_sum * mine + other.row_sum * theirs
+        return (self.out * mine + other.out * theirs) / total
+
+
+def _partial_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scaling: float
+) -> _Partial:
+    """q [..., Q, D], k and v [..., L, D], mask broadcastable to [..., Q, L] (True = key)."""
+    scores = torch.matmul(q, k.transpose(-1, -2)).float().mul_(scaling)
+    scores.masked_fill_(~mask, float("-inf"))
+    row_max = scores.amax(dim=-1, keepdim=True)
+    weights = scores.sub_(row_max).exp_()
+    row_sum = weights.sum(dim=-1, keepdim=True)
+    out = torch.matmul(weights.to(v.dtype), v).float()
+    return _Partial(out, row_max, row_sum)

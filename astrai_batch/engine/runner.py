@@ -24,7 +24,8 @@ from astrai_batch.engine.attention import (
     offset_causal_mask,
     register_paged_attention,
 )
-from astrai_batch.engine.cascade import CascadeGroup, DecodePartition, partition_decodes
+from astrai_batch.engine.cascade import DecodePartition, partition_decodes
+from astrai_batch.engine.cascade_plan import CascadeBatch, padded_tables, plan_cascade
 from astrai_batch.engine.page_gather import PageGatherer
 
 
@@ -108,14 +109,14 @@ class ModelRunner:
             else:
                 mask = offset_causal_mask(n, end, device)
                 prefills.append(PrefillSpan(row, row + n, chunk.start, table.to(device), mask))
-        decode, cascades = self._decode_groups(decode_rows, decode_tables, decode_lengths)
+        decode, cascade = self._decode_groups(decode_rows, decode_tables, decode_lengths)
         batch = AttentionBatch(
             key_cache=self.pool.key_cache,
             value_cache=self.pool.value_cache,
             page_size=page,
             write_slots=torch.cat(write_slots).to(device),
             decode=decode,
-            cascades=cascades,
+            cascade=cascade,
             prefills=prefills,
             gatherer=self.gatherer,
         )
@@ -126,32 +127,20 @@ class ModelRunner:
 
     def _decode_groups(
         self, rows: list[int], tables: list[list[int]], lengths: list[int]
-    ) -> tuple[DecodeGroup | None, list[CascadeGroup]]:
-        """Decodes sharing prefix pages become cascade groups; the rest one padded group."""
+    ) -> tuple[DecodeGroup | None, CascadeBatch | None]:
+        """Decodes sharing prefix pages go to the cascade batch; the rest one padded group."""
         if not rows:
-            return None, []
+            return None, None
         device = self.device
         page = self.page_size
         if self.use_cascade:
             partition = partition_decodes(tables, lengths, page)
         else:
             partition = DecodePartition(groups=[], rest=list(range(len(rows))))
-        cascades = []
-        for members, shared in partition.groups:
-            tails = [tables[i][shared:] for i in members]
-            tail_lengths = [lengths[i] - shared * page for i in members]
-            tail_tables, tail_mask = _padded_tables(tails, tail_lengths, page)
-            cascades.append(
-                CascadeGroup(
-                    token_index=torch.tensor([rows[i] for i in members], device=device),
-                    prefix_pages=torch.tensor(tables[members[0]][:shared], device=device),
-                    tail_tables=tail_tables.to(device),
-                    tail_mask=tail_mask.to(device),
-                )
-            )
+        cascade = plan_cascade(partition.groups, rows, tables, lengths, page, device)
         if not partition.rest:
-            return None, cascades
-        rest_tables, key_mask = _padded_tables(
+            return None, cascade
+        rest_tables, key_mask = padded_tables(
             [tables[i] for i in partition.rest], [lengths[i] for i in partition.rest], page
         )
         decode = DecodeGroup(
@@ -159,17 +148,4 @@ class ModelRunner:
             page_tables=rest_tables.to(device),
             key_mask=key_mask.to(device),
         )
-        return decode, cascades
-
-
-def _padded_tables(
-    tables: list[list[int]], lengths: list[int], page_size: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Page tables padded with page 0, and the [n, 1, 1, pages * page_size] key mask."""
-    max_pages = max(len(t) for t in tables)
-    padded = torch.zeros(len(tables), max_pages, dtype=torch.long)
-    for i, table in enumerate(tables):
-        padded[i, : len(table)] = torch.tensor(table, dtype=torch.long)
-    positions = torch.arange(max_pages * page_size).unsqueeze(0)
-    mask = positions < torch.tensor(lengths).unsqueeze(1)
-    return padded, mask.view(len(tables), 1, 1, -1)
+        return decode, cascade

@@ -7,6 +7,7 @@ from transformers import AutoModelForCausalLM
 
 from astrai_batch.cache import KVPool
 from astrai_batch.engine.cascade import partition_decodes
+from astrai_batch.engine.cascade_plan import plan_cascade
 from astrai_batch.engine.runner import ModelRunner, ScheduledChunk
 
 
@@ -55,3 +56,64 @@ def test_cascade_logits_equal_padded_logits(tiny_llama_dir):
     without = padded.forward(decodes).logits
     torch.testing.assert_close(with_cascade, without, rtol=1e-5, atol=1e-5)
     assert with_cascade.shape == (3, config.vocab_size)
+
+
+def test_batched_groups_buckets_and_chunks_equal_padded_logits(tiny_llama_dir, monkeypatch):
+    # Two groups whose prefixes (3 and 8 pages) fall in different buckets, the larger group
+    # split into chunks of two slots, and one sequence that shares nothing.
+    monkeypatch.setattr("astrai_batch.engine.cascade_plan.MAX_SLOTS", 2)
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32).eval()
+    config = model.config
+    pool = KVPool(
+        num_layers=config.num_hidden_layers,
+        num_kv_heads=config.num_key_value_heads,
+        head_dim=config.hidden_size // config.num_attention_heads,
+        page_size=4,
+        num_pages=128,
+        dtype=torch.float32,
+        device="cpu",
+    )
+    generator = torch.Generator().manual_seed(1)
+
+    def tokens(n):
+        return torch.randint(3, 300, (n,), generator=generator).tolist()
+
+    runner = ModelRunner(model, pool, use_cascade=True)
+    padded = ModelRunner(model, pool, use_cascade=False)
+    next_page = 20
+    decodes = []
+    for prefix_pages, tail_lengths in (([0, 1, 2], (3, 6, 2)), (list(range(3, 11)), (5, 9))):
+        prefix = tokens(4 * len(prefix_pages))
+        runner.forward([ScheduledChunk(prefix, 0, prefix_pages, False)])
+        for n in tail_lengths:
+            own = (n + 3) // 4
+            table = [*prefix_pages, *range(next_page, next_page + own)]
+            next_page += own
+            tail = tokens(n)
+            runner.forward([ScheduledChunk(tail[:-1], len(prefix), table, False)])
+            decodes.append(ScheduledChunk(tail[-1:], len(prefix) + n - 1, table, True))
+    lone = tokens(7)
+    runner.forward([ScheduledChunk(lone[:-1], 0, [60, 61], False)])
+    decodes.append(ScheduledChunk(lone[-1:], 6, [60, 61], True))
+    with_cascade = runner.forward(decodes).logits
+    without = padded.forward(decodes).logits
+    torch.testing.assert_close(with_cascade, without, rtol=1e-5, atol=1e-5)
+    assert with_cascade.shape == (6, config.vocab_size)
+
+
+def test_plan_buckets_prefixes_and_splits_large_groups(monkeypatch):
+    monkeypatch.setattr("astrai_batch.engine.cascade_plan.MAX_SLOTS", 2)
+    tables = [[0, 1, 2, 9], [0, 1, 2, 8], [0, 1, 2, 7], [3, 4, 5, 6, 10, 11, 12, 13, 14]]
+    tables.append([3, 4, 5, 6, 10, 11, 12, 13, 15])
+    lengths = [14, 15, 13, 35, 34]
+    groups = [([0, 1, 2], 3), ([3, 4], 8)]
+    plan = plan_cascade(groups, [10, 11, 12, 13, 14], tables, lengths, 4, torch.device("cpu"))
+    assert plan.token_index.tolist() == [10, 11, 12, 13, 14]
+    assert plan.tail_tables.tolist() == [[9], [8], [7], [14], [15]]
+    assert [b.prefix_tables.shape[0] for b in plan.buckets] == [2, 1]  # 3 pages vs 8 pages
+    first, second = plan.buckets
+    assert first.prefix_tables.tolist() == [[0, 1, 2], [0, 1, 2]]  # a group of 3 in 2 chunks
+    assert first.slot_members.tolist() == [0, 1, 2, 0]
+    assert (first.member_slots.tolist(), first.members.tolist()) == ([0, 1, 2], [0, 1, 2])
+    assert second.prefix_mask.sum().item() == 8 * 4
+    assert (second.member_slots.tolist(), second.members.tolist()) == ([0, 1], [3, 4])
