@@ -25,7 +25,7 @@ from astrai_batch.bench.ours import run_ours
 from astrai_batch.bench.peers import run_hf_generate, run_hf_generate_batch
 from astrai_batch.bench.prompts import BenchPrompts, load_prompts
 from astrai_batch.bench.results import MeasuredRun, result_row
-from astrai_batch.engine import LoadedModel, load_model, set_cpu_threads
+from astrai_batch.engine import LoadedModel, keep_freed_memory, load_model, set_cpu_threads
 from astrai_batch.engine.threads import describe_threads
 from astrai_batch.errors import AstraiBatchError
 
@@ -42,6 +42,7 @@ class BenchOutcome:
 def run_bench(config: BenchConfig, progress: Progress) -> BenchOutcome:
     started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
     threads = set_cpu_threads(config.threads)
+    keep_freed_memory()
     progress(
         f"loading {config.model} ({config.dtype}, {config.device}, {describe_threads(threads)})"
     )

@@ -21,6 +21,7 @@ _EXPORTS = {
     "load_model": "astrai_batch.engine.loader",
     "load_tokenizer": "astrai_batch.engine.loader",
     "set_cpu_threads": "astrai_batch.engine.threads",
+    "keep_freed_memory": "astrai_batch.engine.malloc_tuning",
 }
 
 __all__ = sorted(_EXPORTS)

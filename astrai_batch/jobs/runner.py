@@ -20,7 +20,7 @@ from typing import TextIO
 import anyio
 import pyarrow as pa
 
-from astrai_batch.engine import load_model, set_cpu_threads
+from astrai_batch.engine import keep_freed_memory, load_model, set_cpu_threads
 from astrai_batch.engine.loader import LoadedModel
 from astrai_batch.engine.model_support import require_chat_template
 from astrai_batch.engine.threads import describe_threads
@@ -102,6 +102,7 @@ def _run(config: JobConfig, paths: JobPaths, progress: Progress, started: float)
     total_rows = source.count_rows()
     progress.message(f"{total_rows} rows ({source.shape}) in {paths.input}")
     threads = set_cpu_threads(config.threads)
+    keep_freed_memory()
     progress.message(f"loading model {config.model} ({describe_threads(threads)})")
     loaded = load_model(config.model, device=config.device, dtype=config.dtype)
     if source.shape == "messages":
