@@ -12,7 +12,7 @@ the same attention, not an approximation. `cascade_plan` batches all groups of a
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -88,20 +88,15 @@ def cascade_attention(
 
 @dataclass
 class _Partial:
-    """Attention over part of the keys, unnormalised, with its row max and row sum, so that
-    two parts over disjoint keys merge into the attention over all of them."""
+    """Attention over part of the keys with its log-sum-exp, so that two parts over disjoint
+    keys merge into the attention over all of them."""
 
-    out: torch.Tensor  # [..., D] float32
-    row_max: torch.Tensor  # [..., 1]
-    row_sum: torch.Tensor  # [..., 1]
+    out: torch.Tensor  # [..., D] float32, normalised over this part's keys
+    lse: torch.Tensor  # [..., 1] float32
 
     @staticmethod
     def empty_like(other: _Partial) -> _Partial:
-        return _Partial(
-            torch.empty_like(other.out),
-            torch.empty_like(other.row_max),
-            torch.empty_like(other.row_sum),
-        )
+        return _Partial(torch.empty_like(other.out), torch.empty_like(other.lse))
 
     def fill_from(
         self,
@@ -112,32 +107,40 @@ class _Partial:
         per_kv: int,
     ) -> None:
         """Copies a prefix batch's [rows, Hkv, slots * G, *] results to the members it served."""
-        for mine, theirs in (
-            (self.out, part.out),
-            (self.row_max, part.row_max),
-            (self.row_sum, part.row_sum),
-        ):
+        for mine, theirs in ((self.out, part.out), (self.lse, part.lse)):
             rows, kv_heads, _, width = theirs.shape
             by_slot = theirs.view(rows, kv_heads, slots, per_kv, width).permute(0, 2, 1, 3, 4)
             by_slot = by_slot.reshape(rows * slots, kv_heads, per_kv, width)
             mine.index_copy_(0, members, by_slot.index_select(0, member_slots))
 
     def merge(self, other: _Partial) -> torch.Tensor:
-        row_max = torch.maximum(self.row_max, other.row_max)
-        mine = (self.row_max - row_max).exp_()
-        theirs = (other.row_max - row_max).exp_()
-        total = self.row_sum * mine + other.row_sum * theirs
-        return (self.out * mine + other.out * theirs) / total
+        lse = torch.logaddexp(self.lse, other.lse)
+        return self.out * (self.lse - lse).exp_() + other.out * (other.lse - lse).exp_()
 
 
 def _partial_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scaling: float
 ) -> _Partial:
-    """q [..., Q, D], k and v [..., L, D], mask broadcastable to [..., Q, L] (True = key)."""
-    scores = torch.matmul(q, k.transpose(-1, -2)).float().mul_(scaling)
-    scores.masked_fill_(~mask, float("-inf"))
+    """q [B, H, Q, D], k and v [B, H, L, D] (any strides), additive float mask [B, 1, 1, L].
+
+    On CPU, torch's flash kernel returns the log-sum-exp beside the output and reads strided
+    keys in place (4.8 ms vs 12.6 ms for the explicit matmuls on 256 tails of 96 tokens);
+    elsewhere, or where a torch build lacks that operator, the explicit computation.
+    """
+    flash = cpu_flash_with_lse(q.device)
+    if flash is not None:
+        out, lse = flash(q, k, v, 0.0, False, attn_mask=mask.to(q.dtype), scale=scaling)
+        return _Partial(out.float(), lse.float().unsqueeze(-1))
+    scores = torch.matmul(q, k.transpose(-1, -2)).float().mul_(scaling).add_(mask)
     row_max = scores.amax(dim=-1, keepdim=True)
     weights = scores.sub_(row_max).exp_()
     row_sum = weights.sum(dim=-1, keepdim=True)
-    out = torch.matmul(weights.to(v.dtype), v).float()
-    return _Partial(out, row_max, row_sum)
+    out = torch.matmul(weights.to(v.dtype), v).float().div_(row_sum)
+    return _Partial(out, row_max + row_sum.log())
+
+
+def cpu_flash_with_lse(device: torch.device) -> Callable[..., tuple[torch.Tensor, ...]] | None:
+    """torch's CPU flash-attention operator (output, log-sum-exp), or None off the CPU."""
+    if device.type != "cpu":
+        return None
+    return getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)

@@ -22,7 +22,7 @@ class PrefixBucket:
     """Groups (or chunks of groups) whose shared prefixes are attended in one batch."""
 
     prefix_tables: torch.Tensor  # [B, P] shared pages, padded with page 0
-    prefix_mask: torch.Tensor  # [B, 1, 1, P * page_size] bool: True where the key exists
+    prefix_mask: torch.Tensor  # [B, 1, 1, P * page_size] float: 0 where the key exists, -inf
     slot_members: torch.Tensor  # [B * C] member index of each query slot (padding: 0)
     slots: int  # C, query slots per row
     member_slots: torch.Tensor  # [m] flat slot of each member this bucket serves
@@ -35,7 +35,7 @@ class CascadeBatch:
 
     token_index: torch.Tensor  # [M] rows of the packed batch, one per member
     tail_tables: torch.Tensor  # [M, T] each member's pages after its prefix, padded with 0
-    tail_mask: torch.Tensor  # [M, 1, 1, T * page_size] bool
+    tail_mask: torch.Tensor  # [M, 1, 1, T * page_size] float: 0 where the key exists, -inf
     buckets: list[PrefixBucket]
 
 
@@ -64,7 +64,7 @@ def plan_cascade(
     return CascadeBatch(
         token_index=torch.tensor([rows[i] for i in members], device=device),
         tail_tables=tail_tables.to(device),
-        tail_mask=tail_mask.to(device),
+        tail_mask=additive(tail_mask).to(device),
         buckets=[
             _bucket(bucket, tables, slots, page_size, device) for bucket in _by_prefix(chunks)
         ],
@@ -104,7 +104,7 @@ def _bucket(
             served.append(member)
     return PrefixBucket(
         prefix_tables=prefix_tables.to(device),
-        prefix_mask=prefix_mask.to(device),
+        prefix_mask=additive(prefix_mask).to(device),
         slot_members=slot_members.to(device),
         slots=slots,
         member_slots=torch.tensor(member_slots, device=device),
@@ -123,3 +123,8 @@ def padded_tables(
     positions = torch.arange(max_pages * page_size).unsqueeze(0)
     mask = positions < torch.tensor(lengths).unsqueeze(1)
     return padded, mask.view(len(tables), 1, 1, -1)
+
+
+def additive(mask: torch.Tensor) -> torch.Tensor:
+    """A bool key mask (True = attend) as the float mask added to scores."""
+    return torch.zeros(mask.shape).masked_fill_(~mask, float("-inf"))

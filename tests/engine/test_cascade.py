@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
@@ -58,10 +59,13 @@ def test_cascade_logits_equal_padded_logits(tiny_llama_dir):
     assert with_cascade.shape == (3, config.vocab_size)
 
 
-def test_batched_groups_buckets_and_chunks_equal_padded_logits(tiny_llama_dir, monkeypatch):
+@pytest.mark.parametrize("kernel", ["cpu-flash", "explicit"])
+def test_batched_groups_buckets_and_chunks_equal_padded_logits(tiny_llama_dir, monkeypatch, kernel):
     # Two groups whose prefixes (3 and 8 pages) fall in different buckets, the larger group
     # split into chunks of two slots, and one sequence that shares nothing.
     monkeypatch.setattr("astrai_batch.engine.cascade_plan.MAX_SLOTS", 2)
+    if kernel == "explicit":
+        monkeypatch.setattr("astrai_batch.engine.cascade.cpu_flash_with_lse", lambda device: None)
     model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32).eval()
     config = model.config
     pool = KVPool(
@@ -97,7 +101,9 @@ def test_batched_groups_buckets_and_chunks_equal_padded_logits(tiny_llama_dir, m
     decodes.append(ScheduledChunk(lone[-1:], 6, [60, 61], True))
     with_cascade = runner.forward(decodes).logits
     without = padded.forward(decodes).logits
-    torch.testing.assert_close(with_cascade, without, rtol=1e-5, atol=1e-5)
+    # Split-then-merged softmax rounds differently from one softmax: differences of a few
+    # 1e-5 on logits of magnitude ~10 (this tiny model's weights are deliberately large).
+    torch.testing.assert_close(with_cascade, without, rtol=1e-5, atol=1e-4)
     assert with_cascade.shape == (6, config.vocab_size)
 
 
@@ -115,5 +121,5 @@ def test_plan_buckets_prefixes_and_splits_large_groups(monkeypatch):
     assert first.prefix_tables.tolist() == [[0, 1, 2], [0, 1, 2]]  # a group of 3 in 2 chunks
     assert first.slot_members.tolist() == [0, 1, 2, 0]
     assert (first.member_slots.tolist(), first.members.tolist()) == ([0, 1, 2], [0, 1, 2])
-    assert second.prefix_mask.sum().item() == 8 * 4
+    assert (second.prefix_mask == 0).sum().item() == 8 * 4
     assert (second.member_slots.tolist(), second.members.tolist()) == ([0, 1], [3, 4])
