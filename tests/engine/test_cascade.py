@@ -27,18 +27,24 @@ def test_partition_keeps_one_own_token_per_member():
     assert part.groups == [([0, 1], 1)]
 
 
-def test_cascade_logits_equal_padded_logits(tiny_llama_dir):
-    model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32).eval()
+def model_and_pool(model_dir, num_pages: int) -> tuple[torch.nn.Module, KVPool]:
+    """The tiny model in float32 and a pool of 4-token pages for it."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     config = model.config
     pool = KVPool(
         num_layers=config.num_hidden_layers,
         num_kv_heads=config.num_key_value_heads,
         head_dim=config.hidden_size // config.num_attention_heads,
         page_size=4,
-        num_pages=64,
+        num_pages=num_pages,
         dtype=torch.float32,
         device="cpu",
     )
+    return model, pool
+
+
+def test_cascade_logits_equal_padded_logits(tiny_llama_dir):
+    model, pool = model_and_pool(tiny_llama_dir, num_pages=64)
     generator = torch.Generator().manual_seed(0)
     prefix = torch.randint(3, 300, (12,), generator=generator).tolist()  # 3 shared pages
     tails = [torch.randint(3, 300, (n,), generator=generator).tolist() for n in (2, 5, 9)]
@@ -56,7 +62,7 @@ def test_cascade_logits_equal_padded_logits(tiny_llama_dir):
     with_cascade = cascade.forward(decodes).logits
     without = padded.forward(decodes).logits
     torch.testing.assert_close(with_cascade, without, rtol=1e-5, atol=1e-5)
-    assert with_cascade.shape == (3, config.vocab_size)
+    assert with_cascade.shape == (3, model.config.vocab_size)
 
 
 @pytest.mark.parametrize("kernel", ["cpu-flash", "explicit"])
@@ -66,17 +72,8 @@ def test_batched_groups_buckets_and_chunks_equal_padded_logits(tiny_llama_dir, m
     monkeypatch.setattr("astrai_batch.engine.cascade_plan.MAX_SLOTS", 2)
     if kernel == "explicit":
         monkeypatch.setattr("astrai_batch.engine.cascade.cpu_flash_with_lse", lambda device: None)
-    model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32).eval()
+    model, pool = model_and_pool(tiny_llama_dir, num_pages=128)
     config = model.config
-    pool = KVPool(
-        num_layers=config.num_hidden_layers,
-        num_kv_heads=config.num_key_value_heads,
-        head_dim=config.hidden_size // config.num_attention_heads,
-        page_size=4,
-        num_pages=128,
-        dtype=torch.float32,
-        device="cpu",
-    )
     generator = torch.Generator().manual_seed(1)
 
     def tokens(n):
