@@ -94,7 +94,8 @@ def _bucket(
     prefix_tables, prefix_mask = padded_tables(
         prefixes, [len(p) * page_size for p in prefixes], page_size
     )
-    slot_members = torch.zeros(len(chunks) * slots, dtype=torch.long)
+    # built as lists and converted once: this runs every step for up to max_num_seqs members
+    slot_members = [0] * (len(chunks) * slots)
     member_slots: list[int] = []
     served: list[int] = []
     for row, (positions, _, _) in enumerate(chunks):
@@ -105,7 +106,7 @@ def _bucket(
     return PrefixBucket(
         prefix_tables=prefix_tables.to(device),
         prefix_mask=additive(prefix_mask).to(device),
-        slot_members=slot_members.to(device),
+        slot_members=torch.tensor(slot_members, device=device),
         slots=slots,
         member_slots=torch.tensor(member_slots, device=device),
         members=torch.tensor(served, device=device),
