@@ -121,7 +121,7 @@ def run(ctx: click.Context, input_path: Path, output_path: Path, **params: Any) 
     prompt, messages, prompt_token_ids or OpenAI batch rows. Progress goes to stderr, a JSON
     summary to stdout. Rerunning an interrupted job resumes it.
     """
-    from astrai_batch.jobs.runner import run_job
+    from astrai_batch.jobs.job import run_job
     from astrai_batch.jobs.summary import write_summary
 
     try:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 
+from astrai_batch.bench.workloads import WorkloadSpec, build_workload, workload_prefix_stats
 from astrai_batch.engine import (
     EngineConfig,
     GenerationRequest,
@@ -15,7 +16,6 @@ from astrai_batch.engine import (
     generate_sync,
     load_model,
 )
-from astrai_batch.jobs.workloads import WorkloadSpec, build_workload, workload_prefix_stats
 
 
 def main() -> None:

@@ -20,10 +20,10 @@ from astrai_batch.bench.config import (
     parse_peers,
     parse_tolerance,
 )
+from astrai_batch.bench.workloads import WORKLOAD_NAMES
 from astrai_batch.engine.config import EngineConfig
 from astrai_batch.errors import AstraiBatchError, ConfigError
 from astrai_batch.jobs.config import DEFAULT_MODEL, parse_size
-from astrai_batch.jobs.workloads import WORKLOAD_NAMES
 
 _ENGINE = EngineConfig()
 

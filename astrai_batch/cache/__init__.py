@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from astrai_batch.cache.allocator import PageAllocator
 from astrai_batch.cache.errors import CacheUsageError
+from astrai_batch.cache.kv_pool import KVPool
 from astrai_batch.cache.manager import KVCacheManager
 from astrai_batch.cache.prefix_index import PrefixIndex
 from astrai_batch.cache.radix_node import PrefixMatch
 from astrai_batch.cache.stats import CacheStats
-from astrai_batch.cache.storage import KVPool
 
 __all__ = [
     "CacheStats",

@@ -14,7 +14,7 @@ import torch
 from astrai_batch.cache import KVCacheManager, KVPool
 from astrai_batch.engine.config import EngineConfig
 from astrai_batch.engine.loader import LoadedModel
-from astrai_batch.engine.runner import ModelRunner, ScheduledChunk
+from astrai_batch.engine.model_runner import ModelRunner, ScheduledChunk
 from astrai_batch.engine.sampling import SequenceSampler, sample_next_tokens
 from astrai_batch.engine.scheduler import ScheduledWork, Scheduler
 from astrai_batch.engine.sequence import Sequence

@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from astrai_batch.engine.model_cache import (
+from astrai_batch.engine.converted_models import (
     build_dir_atomically,
     cache_root,
     file_sha256,

@@ -22,8 +22,8 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from astrai_batch.engine.converted_models import is_complete
 from astrai_batch.engine.gguf_models import converted_dir_for, ensure_converted, error_summary
-from astrai_batch.engine.model_cache import is_complete
 from astrai_batch.engine.model_spec import ModelSpec, alias_list, resolve_model_spec
 from astrai_batch.engine.model_support import check_supported
 from astrai_batch.errors import ConfigError, ModelLoadError

@@ -15,10 +15,10 @@ from click.testing import CliRunner, Result
 from astrai_batch.bench.config import BenchConfig
 from astrai_batch.bench.prompts import load_prompts
 from astrai_batch.bench.results import read_results, write_results
+from astrai_batch.bench.workloads import WorkloadSpec, build_workload, write_workload_jsonl
 from astrai_batch.cli import main
 from astrai_batch.engine import load_tokenizer
 from astrai_batch.jobs.prefix_stats import ideal_prefix_stats
-from astrai_batch.jobs.workloads import WorkloadSpec, build_workload, write_workload_jsonl
 
 # The columns README documents for the results file, in order.
 DOCUMENTED_COLUMNS = (

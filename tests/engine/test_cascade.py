@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM
 from astrai_batch.cache import KVPool
 from astrai_batch.engine.cascade import partition_decodes
 from astrai_batch.engine.cascade_plan import plan_cascade
-from astrai_batch.engine.runner import ModelRunner, ScheduledChunk
+from astrai_batch.engine.model_runner import ModelRunner, ScheduledChunk
 
 
 def test_partition_groups_by_shared_leading_pages():

@@ -16,14 +16,7 @@ import pytest
 import torch
 import transformers
 
-from astrai_batch.engine.gguf_models import (
-    SMOLLM2_135M,
-    PackagedGguf,
-    find_packaged_alias,
-    locate_packaged_gguf,
-)
-from astrai_batch.engine.loader import LoadedModel, load_model, load_tokenizer, resolve_dtype
-from astrai_batch.engine.model_cache import (
+from astrai_batch.engine.converted_models import (
     COMPLETE_MARKER,
     HASH_INDEX_NAME,
     build_dir_atomically,
@@ -31,6 +24,13 @@ from astrai_batch.engine.model_cache import (
     file_sha256,
     is_complete,
 )
+from astrai_batch.engine.gguf_models import (
+    SMOLLM2_135M,
+    PackagedGguf,
+    find_packaged_alias,
+    locate_packaged_gguf,
+)
+from astrai_batch.engine.loader import LoadedModel, load_model, load_tokenizer, resolve_dtype
 from astrai_batch.engine.model_support import check_supported, require_chat_template
 from astrai_batch.errors import ConfigError, ModelLoadError, UnsupportedModelError
 

@@ -13,9 +13,9 @@ import logging
 import pytest
 import torch
 
+from astrai_batch.engine.converted_models import cache_root, file_sha256, is_complete
 from astrai_batch.engine.gguf_models import SMOLLM2_135M, locate_packaged_gguf
 from astrai_batch.engine.loader import LoadedModel, load_model, load_tokenizer
-from astrai_batch.engine.model_cache import cache_root, file_sha256, is_complete
 
 pytestmark = [
     pytest.mark.slow,

@@ -25,8 +25,8 @@ from os import PathLike
 from pathlib import Path
 from types import MappingProxyType
 
+from astrai_batch.bench import synthetic_text as text
 from astrai_batch.errors import ConfigError, OutputError
-from astrai_batch.jobs import synthetic_text as text
 from astrai_batch.jobs.prefix_stats import PrefixStats, PrefixStatsBuilder
 
 WORKLOAD_NAMES = ("shared-prefix", "unique", "multi-turn", "long-prefill")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from astrai_batch.cache.storage import KVPool
+from astrai_batch.cache.kv_pool import KVPool
 from astrai_batch.engine.attention import (
     ATTENTION_NAME,
     BATCH_KWARG,

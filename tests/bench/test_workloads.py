@@ -10,10 +10,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from astrai_batch.errors import ConfigError, OutputError
-from astrai_batch.jobs.planning import plan_window
-from astrai_batch.jobs.synthetic_text import third_person
-from astrai_batch.jobs.workloads import (
+from astrai_batch.bench.synthetic_text import third_person
+from astrai_batch.bench.workloads import (
     WORKLOAD_NAMES,
     WorkloadRow,
     WorkloadShape,
@@ -22,6 +20,8 @@ from astrai_batch.jobs.workloads import (
     workload_prefix_stats,
     write_workload_jsonl,
 )
+from astrai_batch.errors import ConfigError, OutputError
+from astrai_batch.jobs.planning import plan_window
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
