@@ -46,6 +46,17 @@ def _run_options(function: Any) -> Any:
         _option("--model", d.model, "Model directory, .gguf file, alias or hub id."),
         _option("--device", d.device),
         _option("--dtype", d.dtype, "float32, bfloat16, float16 or auto."),
+        # Where the job runs.
+        _option(
+            "--executor",
+            d.executor,
+            "local: this process; ray: prefix-aware shards on a Ray cluster.",
+            type=click.Choice(["local", "ray"]),
+        ),
+        _option("--ray-address", None, "Ray cluster to join (e.g. auto) [default: start one]."),
+        _option("--workers", d.workers, "Engine workers (shards) with --executor ray.", type=int),
+        _option("--worker-threads", d.worker_threads, "Torch threads per Ray worker.", type=int),
+        _option("--worker-gpus", d.worker_gpus, "GPUs per Ray worker.", type=float),
         _option(
             "--threads",
             None,
@@ -110,18 +121,18 @@ def _run_options(function: Any) -> Any:
 
 
 @main.command()
-@click.argument("input_path", metavar="INPUT", type=click.Path(path_type=Path))
-@click.argument("output_path", metavar="OUTPUT", type=click.Path(path_type=Path))
+@click.argument("input_path", metavar="INPUT")
+@click.argument("output_path", metavar="OUTPUT")
 @_run_options
 @click.pass_context
-def run(ctx: click.Context, input_path: Path, output_path: Path, **params: Any) -> None:
+def run(ctx: click.Context, input_path: str, output_path: str, **params: Any) -> None:
     """Generate a completion for every row of INPUT into the Parquet file OUTPUT.
 
     INPUT is a .parquet file, a directory of them, or a .jsonl / .jsonl.gz file, with
     prompt, messages, prompt_token_ids or OpenAI batch rows. Progress goes to stderr, a JSON
     summary to stdout. Rerunning an interrupted job resumes it.
     """
-    from astrai_batch.jobs.job import run_job
+    from astrai_batch.jobs.executors import run_with_executor
     from astrai_batch.jobs.summary import write_summary
 
     try:
@@ -132,7 +143,7 @@ def run(ctx: click.Context, input_path: Path, output_path: Path, **params: Any) 
     if config.quiet:
         _silence_library_progress()
     try:
-        summary = run_job(config, input_path, output_path)
+        summary = run_with_executor(config, input_path, output_path)
         click.echo(summary.to_json())
         if config.summary_json:
             write_summary(config.summary_json, summary)
