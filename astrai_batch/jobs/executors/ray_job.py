@@ -202,8 +202,7 @@ def _run_pending(
         .materialize()
     )
     summaries = (
-        keyed.filter(lambda row: row["group"] is not None)
-        .groupby("group")
+        keyed.groupby("group")
         .map_groups(
             summarize_batch, fn_kwargs={"page_size": config.page_size}, batch_format="pyarrow"
         )

@@ -117,6 +117,8 @@ def keyed_record(row: PreparedRow, page_size: int) -> dict[str, Any]:
 def summarize_batch(group: pa.Table, *, page_size: int) -> pa.Table:
     """Stage 2 (Ray Data `map_groups` on ``group``): one summary row per prefix group."""
     keys = set(group.column("group").to_pylist())
+    if keys == {None}:  # rows that failed before planning belong to no group
+        return SUMMARY_SCHEMA.empty_table()
     if len(keys) != 1:
         raise AstraiBatchError(f"a prefix-group batch holds {len(keys)} groups")
     rows = [
