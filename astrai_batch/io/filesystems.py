@@ -118,8 +118,9 @@ def resolve(target: str | Path) -> Location:
         fs, path = pafs.FileSystem.from_uri(text)
     except (OSError, pa.ArrowException, ValueError) as exc:
         raise InputError(f"cannot open {text}: {exc}") from exc
-    shown = text.split("?", 1)[0]
-    return Location(fs, path, shown)
+    # Messages name the object, never the credentials or options of the URI.
+    scheme, rest = text.split("?", 1)[0].split("://", 1)
+    return Location(fs, path, f"{scheme}://{rest.rpartition('@')[2]}")
 
 
 class AtomicObject:
