@@ -198,6 +198,12 @@ def _explicit_options(ctx: click.Context, params: dict[str, Any]) -> tuple[dict[
     show_default=True,
     help="How many of the largest shared prefixes to list.",
 )
+@click.option(
+    "--workers",
+    type=int,
+    default=None,
+    help="Also predict the hit rate on this many workers: prefix-aware shards vs input order.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 @click.option("--input-format", type=click.Choice(["parquet", "jsonl"]), default=None)
 @click.option("--prompt-column", default=None)
@@ -207,6 +213,7 @@ def plan(
     model: str,
     page_size: int,
     top: int,
+    workers: int | None,
     as_json: bool,
     input_format: str | None,
     prompt_column: str | None,
@@ -224,6 +231,7 @@ def plan(
             input_format=input_format,
             prompt_column=prompt_column,
             id_column=id_column,
+            workers=workers,
         )
     except AstraiBatchError as exc:
         raise click.ClickException(str(exc)) from exc

@@ -195,6 +195,9 @@ def _run_pending(
     cpus = float(ray.cluster_resources().get("CPU", 1))
     chunk_rows = max(MIN_CHUNK_ROWS, math.ceil(total_rows / max(1, CHUNKS_PER_CPU * cpus)))
     chunks = max(1, math.ceil(total_rows / chunk_rows))
+    # Ray Data's default of 200 shuffle partitions is sized for large clusters; a partition
+    # per CPU keeps a small job from spending its time scheduling empty tasks.
+    partitions = max(1, int(cpus))
     reader = ChunkReader(str(input_path), config, chunk_rows, config.model)
     keyed = (
         ray.data.range(chunks, override_num_blocks=chunks)
@@ -202,7 +205,7 @@ def _run_pending(
         .materialize()
     )
     summaries = (
-        keyed.groupby("group")
+        keyed.groupby("group", num_partitions=partitions)
         .map_groups(
             summarize_batch, fn_kwargs={"page_size": config.page_size}, batch_format="pyarrow"
         )
@@ -215,7 +218,7 @@ def _run_pending(
     )
     routed = keyed.map_batches(Router(plan, frozenset(done)), batch_format="pyarrow")
     pending = config.workers - len(done)
-    results = routed.groupby("shard").map_groups(
+    results = routed.groupby("shard", num_partitions=max(1, pending)).map_groups(
         ShardWorker,
         fn_constructor_args=(config, store, schema, config.worker_threads),
         compute=ray.data.ActorPoolStrategy(size=max(1, pending)),
