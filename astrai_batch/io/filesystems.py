@@ -193,7 +193,10 @@ def write_table_at(
 ) -> None:
     """One table as a Parquet file at `target`, atomically; `metadata` joins its schema's."""
     if metadata:
-        merged = {**(table.schema.metadata or {}), **{k.encode(): v.encode() for k, v in metadata.items()}}
+        merged = {
+            **(table.schema.metadata or {}),
+            **{k.encode(): v.encode() for k, v in metadata.items()},
+        }
         table = table.replace_schema_metadata(merged)
     output = AtomicObject(target, overwrite=overwrite)
     try:

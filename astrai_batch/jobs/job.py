@@ -26,6 +26,7 @@ from astrai_batch.engine.model_support import require_chat_template
 from astrai_batch.engine.threads import describe_threads
 from astrai_batch.errors import AstraiBatchError, JobAbortedError, OutputError
 from astrai_batch.io import open_input
+from astrai_batch.io.filesystems import resolve
 from astrai_batch.jobs.checkpoint import Checkpoint, checkpoint_dir_for, peek_run_id
 from astrai_batch.jobs.config import JobConfig
 from astrai_batch.jobs.execution import ExecutionResult, JobExecution
@@ -35,10 +36,12 @@ from astrai_batch.jobs.output import (
     output_run_id,
     remove_stale_temp_files,
     stats_path_for,
+    window_tables,
     write_openai_output,
     write_parquet_output,
     write_stats,
 )
+from astrai_batch.jobs.parquet_dir import check_output_location, write_parquet_dir
 from astrai_batch.jobs.progress import Progress, make_progress
 from astrai_batch.jobs.records import output_schema, part_schema
 from astrai_batch.jobs.signals import interrupt_exit_code
@@ -211,6 +214,9 @@ def _check_output(paths: JobPaths, config: JobConfig) -> str | None:
     output = paths.output
     if not output.parent.is_dir():
         raise OutputError(f"output directory does not exist: {output.parent}")
+    if config.output_format == "parquet-dir":
+        check_output_location(resolve(output), config.output_format, config.overwrite)
+        return None
     if output.is_dir():
         raise OutputError(f"output {output} is a directory; give a file name")
     if output.resolve() == paths.input.resolve():
@@ -238,6 +244,9 @@ def _write_outputs(
         write_parquet_output(
             checkpoint, paths.output, final_schema, metadata, overwrite=config.overwrite
         )
+    elif config.output_format == "parquet-dir":
+        tables = window_tables(checkpoint, final_schema.names)
+        write_parquet_dir(resolve(paths.output), tables, final_schema, metadata, config.overwrite)
     else:
         write_openai_output(
             checkpoint,

@@ -54,9 +54,7 @@ def predict_shards(rows: Sequence[KeyedRow], workers: int, page_size: int) -> Sh
     plan = assign_shards(summarize_rows(rows, page_size), workers, page_size)
     aware: list[list[KeyedRow]] = [[] for _ in range(workers)]
     for row in rows:
-        aware[plan.route(group_key(row.index, row.token_ids, page_size), row.token_ids)].append(
-            row
-        )
+        aware[plan.route(group_key(row.index, row.token_ids, page_size), row.token_ids)].append(row)
     ordered = sorted(rows, key=lambda row: row.index)
     blocks = [[ordered[i] for i in block] for block in input_order_blocks(len(ordered), workers)]
     return ShardPrediction(

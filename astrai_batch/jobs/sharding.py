@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+import itertools
 from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -246,7 +247,7 @@ def _common_pages(a: Sequence[int], b: Sequence[int], page_size: int) -> int:
 def _first_branch_depth(ordered: Sequence[KeyedRow], page_size: int) -> int:
     """The shallowest page (1-based) at which two rows of a sorted group differ; 0 if none."""
     depth = 0
-    for before, after in zip(ordered, ordered[1:], strict=False):
+    for before, after in itertools.pairwise(ordered):
         common = _common_pages(before.token_ids, after.token_ids, page_size)
         reach = min(len(before.token_ids), len(after.token_ids)) // page_size
         if common < reach and (depth == 0 or common + 1 < depth):

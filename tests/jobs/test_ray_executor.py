@@ -201,10 +201,11 @@ def test_without_ray_the_error_names_the_extra(
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now raises ImportError
     source = write_jsonl(tmp_path / "in.jsonl", [{"prompt": "hello"}])
 
-    result = run_cli("run", source, tmp_path / "out.parquet", *engine_args(tiny_llama_dir), *ray_args())
+    result = run_cli(
+        "run", source, tmp_path / "out.parquet", *engine_args(tiny_llama_dir), *ray_args()
+    )
 
     assert result.exit_code == 1
     assert result.stderr == (
-        "Error: --executor ray needs Ray, which is not installed: "
-        "pip install 'astrai-batch[ray]'\n"
+        "Error: --executor ray needs Ray, which is not installed: pip install 'astrai-batch[ray]'\n"
     )

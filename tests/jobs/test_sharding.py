@@ -42,10 +42,9 @@ def brute_force_work(rows: list[KeyedRow]) -> int:
         best = 0
         for other in seen:
             pages = 0
-            while (
-                (pages + 1) * PAGE <= min(len(other), len(row.token_ids))
-                and other[: (pages + 1) * PAGE] == row.token_ids[: (pages + 1) * PAGE]
-            ):
+            while (pages + 1) * PAGE <= min(len(other), len(row.token_ids)) and other[
+                : (pages + 1) * PAGE
+            ] == row.token_ids[: (pages + 1) * PAGE]:
                 pages += 1
             best = max(best, pages * PAGE)
         best = min(best, ((len(row.token_ids) - 1) // PAGE) * PAGE)
@@ -78,7 +77,7 @@ def test_a_group_larger_than_a_share_splits_at_its_first_branch() -> None:
     # One group (shared first page) that branches at page 2 into three subtrees.
     base = [5, 5, 5, 5]
     prompts = [base + [k] * 4 + [i, i] for k in (1, 2, 3) for i in range(4)]
-    prompts.append(base + [1, 1])  # ends above the branch point: goes with the first subtree
+    prompts.append([*base, 1, 1])  # ends above the branch point: goes with the first subtree
     rows = rows_of(prompts, max_new=1)
     shards = shards_of(rows, 3)
     subtree = {i: (prompts[i][4] if len(prompts[i]) > 6 else 1) for i in range(len(prompts))}

@@ -32,18 +32,18 @@ from astrai_batch.jobs.config import JobConfig
 from astrai_batch.jobs.executors.ray_stages import (
     ChunkReader,
     Router,
-    summarize_batch,
     summaries_of,
+    summarize_batch,
 )
 from astrai_batch.jobs.executors.ray_worker import ShardWorker
 from astrai_batch.jobs.executors.shard_store import ShardInfo, ShardStore, job_hash
 from astrai_batch.jobs.executors.sharded_output import (
-    check_sharded_output,
     stats_location,
     write_sharded_outputs,
 )
 from astrai_batch.jobs.fingerprint import job_identity
 from astrai_batch.jobs.output import RUN_ID_KEY, output_metadata
+from astrai_batch.jobs.parquet_dir import check_output_location
 from astrai_batch.jobs.progress import make_progress
 from astrai_batch.jobs.records import output_schema, part_schema
 from astrai_batch.jobs.sharding import assign_shards
@@ -58,7 +58,7 @@ MIN_CHUNK_ROWS = 256
 def require_ray() -> Any:
     try:
         import ray
-        import ray.data  # noqa: F401
+        import ray.data
     except ImportError:
         raise ConfigError(RAY_MISSING) from None
     return ray
@@ -106,14 +106,16 @@ def run_ray_job(
         store.remove()
         progress.message(f"{output.shown} was already written by this job")
         return _summary(config, input_path, output, total_rows, {}, {}, started)
-    check_sharded_output(output, config.output_format, config.overwrite)
+    check_output_location(output, config.output_format, config.overwrite)
     store.open(restart=config.restart)
     before = store.finished()
     if before:
         progress.message(f"resuming: shards {sorted(before)} of {config.workers} are done")
     owns_ray = _start_ray(ray, config)
     try:
-        _run_pending(ray, config, input_path, store, before, part_schema(kept), total_rows, progress)
+        _run_pending(
+            ray, config, input_path, store, before, part_schema(kept), total_rows, progress
+        )
     finally:
         if owns_ray:
             ray.shutdown()
@@ -286,5 +288,3 @@ def _summary(
         run_wall_seconds=time.monotonic() - started,
         message=message,
     )
-
-

@@ -49,4 +49,6 @@ class ShardWorker:
             groups = {row.prefix_group for row in rows if row.prefix_group is not None}
             info = ShardInfo(shard, result.stats, len(groups), self.model)
             self.store.write(records_table(result.records, self.part_schema), info)
-        return pa.Table.from_pylist([{"shard": shard, "info": info.to_json()}], schema=RESULT_SCHEMA)
+        return pa.Table.from_pylist(
+            [{"shard": shard, "info": info.to_json()}], schema=RESULT_SCHEMA
+        )

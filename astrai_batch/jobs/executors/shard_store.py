@@ -112,7 +112,9 @@ class ShardStore:
 
     def write(self, table: pa.Table, info: ShardInfo) -> None:
         write_table_at(
-            self.part(info.shard), table, metadata={SHARD_KEY: info.to_json()},
+            self.part(info.shard),
+            table,
+            metadata={SHARD_KEY: info.to_json()},
             overwrite=True,
             row_group_size=PART_ROW_GROUP,
         )

@@ -6,9 +6,7 @@ rows in the range are read (row-group statistics skip the rest), sorted and writ
 is one range of results, whatever the size of the job.
 
 Formats: ``parquet`` (one file, the same schema and metadata as a local run), ``openai-jsonl``
-(local output only), ``parquet-dir`` (a directory of parts ``part-00000.parquet`` ... plus an
-``_index.json`` naming them with their first and last input index; the index is written last,
-so a directory without one is incomplete and is never taken for output). The stats file has
+(local output only), ``parquet-dir`` (see `parquet_dir`). The stats file has
 one row per worker shard (its number in the ``window`` column) and the total; its metadata
 adds ``astrai_batch.shards``: per shard, rows and prefix groups.
 """
@@ -31,11 +29,11 @@ from astrai_batch.jobs.output import (
     write_openai_tables,
     write_parquet_stream,
 )
+from astrai_batch.jobs.parquet_dir import write_parquet_dir
 from astrai_batch.jobs.records import INDEX_COLUMN
 from astrai_batch.jobs.stats import stats_table
 
 RANGE_ROWS = 10_000
-INDEX_NAME = "_index.json"
 SHARDS_KEY = "astrai_batch.shards"
 
 
@@ -60,21 +58,6 @@ def ordered_tables(
                 f"the shards hold {found} of the {end - first} rows {first}..{end - 1}"
             )
         yield table.select(columns)
-
-
-def check_sharded_output(output: Location, output_format: str, overwrite: bool) -> None:
-    """Refuse an output that exists (unless `overwrite`); clear a directory output a failed
-    run left without its index."""
-    if not output.exists():
-        return
-    if output_format == "parquet-dir" and output.is_dir():
-        names = output.list_names()
-        if INDEX_NAME not in names and all(n.startswith(("part-", ".part-")) for n in names):
-            output.delete()
-            return
-    if overwrite:
-        return
-    raise OutputError(f"output {output.shown} already exists; pass --overwrite to replace it")
 
 
 def write_sharded_outputs(
@@ -117,33 +100,5 @@ def write_sharded_outputs(
             created=created,
         )
     else:
-        write_parquet_dir(output, ordered_tables(store, shards, schema.names, total_rows), schema, metadata, overwrite)
-
-
-def write_parquet_dir(
-    output: Location,
-    tables: Iterator[pa.Table],
-    schema: pa.Schema,
-    metadata: dict[str, str],
-    overwrite: bool,
-) -> None:
-    """A directory of Parquet parts in input order, then its index (the commit)."""
-    if overwrite and output.exists():
-        output.delete()
-    output.make_dir()
-    stamped = schema.with_metadata({**(schema.metadata or {}), **metadata})
-    entries = []
-    for number, table in enumerate(tables):
-        name = f"part-{number:05d}.parquet"
-        indices = table.column(INDEX_COLUMN) if INDEX_COLUMN in table.column_names else None
-        write_table_at(output.child(name), table.cast(stamped))
-        entries.append({"file": name, "rows": table.num_rows})
-        del indices
-    index = {"format": 1, "parts": entries, "metadata": metadata}
-    commit = AtomicObject(output.child(INDEX_NAME))
-    try:
-        commit.handle.write(json.dumps(index, indent=1).encode())
-    except BaseException:
-        commit.abort()
-        raise
-    commit.commit()
+        tables = ordered_tables(store, shards, schema.names, total_rows)
+        write_parquet_dir(output, tables, schema, metadata, overwrite)
