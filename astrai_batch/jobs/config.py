@@ -182,6 +182,15 @@ class JobConfig:
             values["keep_columns"] = parse_columns(values["keep_columns"])
         return cls(**values)
 
+    def input_options(self) -> dict[str, Any]:
+        """Keyword arguments of `io.open_input` for this job's input."""
+        return {
+            "input_format": self.input_format,
+            "prompt_column": self.prompt_column,
+            "id_column": self.id_column,
+            "keep_columns": self.keep_columns,
+        }
+
     def engine_options(self) -> dict[str, Any]:
         """Keyword arguments of `EngineConfig` (kept here so jobs/ owns the mapping)."""
         return {

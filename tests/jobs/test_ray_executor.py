@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -16,12 +15,12 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 from jobs.jobkit import (
-    REPO_ROOT,
     SYSTEM_PROMPTS,
     engine_args,
     question,
     run_cli,
     shared_prefix_prompts,
+    start_process,
     summary_of,
     write_jsonl,
 )
@@ -143,18 +142,6 @@ def test_a_killed_worker_is_restarted_and_every_row_is_written_once(
     assert got.select(RESULT_COLUMNS).to_pylist() == expected.select(RESULT_COLUMNS).to_pylist()
 
 
-def start_driver(*args: object) -> subprocess.Popen[str]:
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen(
-        [sys.executable, "-m", "astrai_batch.cli", *(str(arg) for arg in args)],
-        cwd=REPO_ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
 def test_a_killed_driver_resumes_without_recomputing_finished_shards(
     tiny_llama_dir: Path, tmp_path: Path, ray_address: str
 ) -> None:
@@ -171,7 +158,7 @@ def test_a_killed_driver_resumes_without_recomputing_finished_shards(
     command = ["run", source, output, *args, *ray_args("--ray-address", ray_address)]
     checkpoint = tmp_path / ".ray.parquet.ckpt"
 
-    driver = start_driver(*command)
+    driver = start_process(*command)
     deadline = time.monotonic() + 150
     while not list(checkpoint.glob("shard-*.parquet")) and time.monotonic() < deadline:
         assert driver.poll() is None, driver.communicate()[1]
@@ -182,7 +169,7 @@ def test_a_killed_driver_resumes_without_recomputing_finished_shards(
     assert len(done_before) == 1, done_before
     assert not output.exists()
 
-    rerun = start_driver(*command)
+    rerun = start_process(*command)
     stdout, stderr = rerun.communicate(timeout=240)
     assert rerun.returncode == 0, stderr
     summary = summary_of(stdout)

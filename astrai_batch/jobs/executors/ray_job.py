@@ -77,13 +77,7 @@ def run_ray_job(
         raise OutputError(f"output directory does not exist: {output.parent.shown}")
     if config.output_format == "openai-jsonl" and not output.is_local:
         raise OutputError("openai-jsonl output must be a local file; use parquet for URIs")
-    source = open_input(
-        input_path,
-        input_format=config.input_format,
-        prompt_column=config.prompt_column,
-        id_column=config.id_column,
-        keep_columns=config.keep_columns,
-    )
+    source = open_input(input_path, **config.input_options())
     kept = source.kept_schema()
     final_schema = output_schema(
         kept, save_tokens=config.save_tokens, logprobs=config.sampling.logprobs

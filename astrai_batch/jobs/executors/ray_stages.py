@@ -73,13 +73,7 @@ class ChunkReader:
         from astrai_batch.jobs.tokenize import PromptEncoder
 
         config = self.config
-        source = open_input(
-            self.input_path,
-            input_format=config.input_format,
-            prompt_column=config.prompt_column,
-            id_column=config.id_column,
-            keep_columns=config.keep_columns,
-        )
+        source = open_input(self.input_path, **config.input_options())
         tokenizer, _ = load_tokenizer(config.model)
         encoder = PromptEncoder(tokenizer, self.model_name)
         out: list[dict[str, Any]] = []
