@@ -67,7 +67,9 @@ class JobExecution:
         self.total_rows = total_rows
         self.progress = progress
         self.clock = clock
-        self.encoder = PromptEncoder(loaded.tokenizer, loaded.name)
+        self.encoder = PromptEncoder(
+            loaded.tokenizer, loaded.name, chat_template_kwargs=config.chat_template_kwargs
+        )
         self.collector = SampleCollector()
         saved = checkpoint.total_stats()
         self.rows_before = saved.input_rows
@@ -189,7 +191,6 @@ class JobExecution:
                 page_size=self.config.page_size,
                 group_offset=group_offset,
                 grouping=self.config.grouping,
-                row_ids_as_custom_ids=self.source.shape != "openai",
             )
 
         return await anyio.to_thread.run_sync(work)

@@ -1,13 +1,17 @@
-"""Option values written as text: sizes (``2GiB``), error limits (``5%``), column lists."""
+"""Option values written as text: sizes (``2GiB``), error limits (``5%``), column lists,
+JSON objects (``--chat-template-kwargs``)."""
 
 from __future__ import annotations
 
+import json
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from astrai_batch.errors import ConfigError
+from astrai_batch.json_types import json_type
 
 _SIZE_UNITS = {
     "": 1,
@@ -107,6 +111,20 @@ def parse_columns(value: Any) -> tuple[str, ...]:
     if isinstance(value, (list, tuple)):
         return tuple(value)
     raise ConfigError(f"keep_columns must be a comma-separated string or a list, got {value!r}")
+
+
+def parse_json_object(value: Any, name: str) -> dict[str, Any]:
+    """A JSON object given as text (a flag) or as a table (TOML)."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(
+                f"{name} is not valid JSON: {exc.msg} at column {exc.colno}"
+            ) from None
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{name} must be a JSON object, got {json_type(value)}")
+    return dict(value)
 
 
 def _float_or_none(text: str) -> float | None:
