@@ -105,7 +105,7 @@ class JobConfig:
             if getattr(self, name) is not None:
                 _check_positive_int(name, getattr(self, name))
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ConfigError(f"seed must be a non-negative int, got {self.seed!r}")
+            raise ConfigError(f"seed must be a non-negative integer, got {self.seed!r}")
         for name in (
             "prefix_cache",
             "grouping",
@@ -244,13 +244,14 @@ def load_toml_options(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def _check_type(name: str, value: Any, expected: type) -> None:
+def _check_type(name: str, value: Any, expected: type[str] | type[bool]) -> None:
     if (expected is not bool and isinstance(value, bool)) or not isinstance(value, expected):
-        raise ConfigError(f"{name} must be a {expected.__name__}, got {type(value).__name__}")
+        wanted = "a boolean" if expected is bool else "a string"
+        raise ConfigError(f"{name} must be {wanted}, got {json_type(value)}")
 
 
 def _check_positive_int(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"{name} must be an int, got {type(value).__name__}")
+        raise ConfigError(f"{name} must be an integer, got {json_type(value)}")
     if value < 1:
         raise ConfigError(f"{name} must be >= 1, got {value}")
