@@ -130,6 +130,14 @@ def test_run_renders_rows_with_job_and_row_variables(tiny_llama_dir: Path, tmp_p
     ]
     config = json.loads(pq.read_schema(output).metadata[b"astrai_batch.config"])
     assert config["chat_template_kwargs"] == {"style": "terse"}
+    # `plan` renders the rows as `run` does.
+    planned = run_cli(
+        "plan", source, "--model", model, "--json", "--chat-template-kwargs", '{"style": "terse"}'
+    )
+    assert planned.exit_code == 0, planned.stderr
+    report = json.loads(planned.stdout)
+    assert (report["rows"], report["bad_rows"]) == (3, 1)
+    assert report["prompt_tokens"] == sum(row["prompt_tokens"] or 0 for row in rows)
 
     refused = run_cli(
         "run",
