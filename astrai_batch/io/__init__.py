@@ -2,9 +2,9 @@
 
 Input: `open_input` returns an `InputSource` that streams `InputRow`s from Parquet (a file or
 a directory of files) or JSON Lines (optionally gzipped); every record is read by its own
-shape and id, and repeated ids are found when the input is opened (`row_ids`). Output: `ParquetRowWriter` and
-`write_table_atomic` write Parquet atomically with the schemas in `schemas`;
-`OpenAIBatchWriter` writes OpenAI Batch API output lines.
+shape and id, and repeated ids are found when the input is opened (`row_ids`).
+Output: `ParquetRowWriter` and `write_table_atomic` write Parquet atomically with the schemas
+in `schemas`; `OpenAIBatchWriter` writes OpenAI Batch API output lines.
 """
 
 from __future__ import annotations
