@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -47,3 +48,27 @@ def first_non_count(values: Iterable[Any]) -> tuple[int, str] | None:
         if value < 0:
             return position, str(value)
     return None
+
+
+def parse_json(text: str) -> Any:
+    """The value of JSON `text`; ValueError saying where it is not valid
+    (``Expecting value at column 1``)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{exc.msg} at column {exc.colno}") from None
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
+def json_object(value: Any, name: str) -> dict[str, Any]:
+    """`value`, an object or JSON text of one (a flag, a Parquet string column), as a dict;
+    ValueError naming `name` otherwise."""
+    if isinstance(value, str):
+        try:
+            value = parse_json(value)
+        except ValueError as exc:
+            raise ValueError(f"{name} is not valid JSON: {exc}") from None
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{name} must be an object, got {json_type(value)}")
+    return dict(value)

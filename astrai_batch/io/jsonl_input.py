@@ -15,7 +15,6 @@ since JSON lines carry no column types to reproduce.
 from __future__ import annotations
 
 import gzip
-import json
 import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -30,7 +29,7 @@ from astrai_batch.io.row_ids import DuplicateIds, IdScan, read_ids
 from astrai_batch.io.row_parsing import parse_record, unreadable_row
 from astrai_batch.io.rows import ID_FIELDS, InputRow, RowPlan, RowProblem
 from astrai_batch.io.shape_detection import plan_for_columns, row_shape, source_shape
-from astrai_batch.json_types import json_type
+from astrai_batch.json_types import json_type, parse_json
 
 GZIP_MAGIC = b"\x1f\x8b"
 # Key names collected for the option checks; bounds memory on lines with ever new keys.
@@ -163,16 +162,12 @@ def decode_line(raw: bytes, line_number: int) -> dict[str, Any]:
     except UnicodeDecodeError as exc:
         raise RowProblem(f"line {line_number}: invalid UTF-8 at byte {exc.start}") from None
     try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise RowProblem(
-            f"line {line_number}: invalid JSON: {exc.msg} at column {exc.colno}"
-        ) from None
-    except RecursionError:
-        raise RowProblem(f"line {line_number}: invalid JSON: nested too deeply") from None
-    if not isinstance(value, dict):
-        raise RowProblem(f"line {line_number}: expected a JSON object, got {json_type(value)}")
-    return value
+        value = parse_json(text)
+        if isinstance(value, dict):
+            return value
+    except ValueError as exc:
+        raise RowProblem(f"line {line_number}: invalid JSON: {exc}") from None
+    raise RowProblem(f"line {line_number}: expected a JSON object, got {json_type(value)}")
 
 
 def _nonblank_lines(path: Path, compressed: bool) -> Iterator[tuple[int, bytes]]:

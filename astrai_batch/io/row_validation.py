@@ -21,12 +21,11 @@ JSON type names (string, integer, number, boolean, list, object, null):
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from astrai_batch.io.rows import RowPlan, RowProblem, json_text
-from astrai_batch.json_types import first_non_count, json_type
+from astrai_batch.json_types import first_non_count, json_object, json_type
 
 MESSAGES_SHAPE_TEXT = "must be a list of {role, content} objects"
 TOKEN_IDS_SHAPE_TEXT = "must be a list of non-negative integers"
@@ -137,13 +136,8 @@ def validate_template_kwargs(value: Any, field_name: str) -> dict[str, Any] | No
     Null values are left out, so a null leaves the job-wide value in place."""
     if value is None:
         return None
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise RowProblem(
-                f"{field_name} is not valid JSON: {exc.msg} at column {exc.colno}"
-            ) from None
-    if not isinstance(value, Mapping):
-        raise RowProblem(f"{field_name} must be an object, got {json_type(value)}")
-    return {str(key): item for key, item in value.items() if item is not None}
+    try:
+        variables = json_object(value, field_name)
+    except ValueError as exc:
+        raise RowProblem(str(exc)) from None
+    return {str(key): item for key, item in variables.items() if item is not None}

@@ -3,15 +3,13 @@ JSON objects (``--chat-template-kwargs``)."""
 
 from __future__ import annotations
 
-import json
 import math
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from astrai_batch.errors import ConfigError
-from astrai_batch.json_types import json_type
+from astrai_batch.json_types import json_object
 
 _SIZE_UNITS = {
     "": 1,
@@ -115,16 +113,10 @@ def parse_columns(value: Any) -> tuple[str, ...]:
 
 def parse_json_object(value: Any, name: str) -> dict[str, Any]:
     """A JSON object given as text (a flag) or as a table (TOML)."""
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(
-                f"{name} is not valid JSON: {exc.msg} at column {exc.colno}"
-            ) from None
-    if not isinstance(value, Mapping):
-        raise ConfigError(f"{name} must be a JSON object, got {json_type(value)}")
-    return dict(value)
+    try:
+        return json_object(value, name)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _float_or_none(text: str) -> float | None:

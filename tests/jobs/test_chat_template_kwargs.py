@@ -88,7 +88,7 @@ def test_job_option_parses_json_and_is_part_of_the_job_identity(tmp_path: Path) 
             "chat_template_kwargs is not valid JSON: Expecting property name enclosed in "
             "double quotes at column 2",
         ),
-        ("[1]", "chat_template_kwargs must be a JSON object, got list"),
+        ("[1]", "chat_template_kwargs must be an object, got list"),
     ]:
         with pytest.raises(ConfigError) as raised:
             JobConfig.from_options({"chat_template_kwargs": value})
