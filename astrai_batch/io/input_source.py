@@ -66,7 +66,8 @@ class InputSource(ABC):
         """The Arrow types of the keep columns, as the result file must store them."""
 
     def check_invariants(self) -> None:
-        if self.duplicates and not self.plan.has_ids:
+        self.duplicates.check_invariants()
+        if len(self.duplicates) and not self.plan.has_ids:
             raise ValueError("an input without ids cannot have duplicate ids")
 
     def __repr__(self) -> str:

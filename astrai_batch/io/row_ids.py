@@ -58,6 +58,14 @@ class DuplicateIds:
     def __len__(self) -> int:
         return len(self._rows)
 
+    def check_invariants(self) -> None:
+        """Sorted by (row, kind), one entry per (row, kind), each first row before its row."""
+        keys = self._rows * 2 + self._kinds
+        if np.any(keys[1:] <= keys[:-1]):
+            raise ValueError("duplicate entries are not sorted by row and kind, or repeat")
+        if np.any(self._firsts >= self._rows) or np.any(self._firsts < 0):
+            raise ValueError("a duplicate's first row is not an earlier row")
+
     def first_rows(self, index: int) -> tuple[int | None, int | None]:
         """For row `index`: the first row with its id, and with its custom_id, when earlier."""
         found: list[int | None] = [None, None]
@@ -92,22 +100,20 @@ class IdScan:
         count = len(self._rows)
         if count == 0:
             return DuplicateIds.none()
-        halves = np.frombuffer(bytes(self._digests), dtype=np.uint64).reshape(count, 2)
-        # lexsort is stable: equal digests stay in the order they were added, row order.
+        halves = np.frombuffer(self._digests, dtype=np.uint64).reshape(count, 2)
+        rows = np.frombuffer(self._rows, dtype=np.int64)
+        kinds = np.frombuffer(self._kinds, dtype=np.uint8)
+        # lexsort is stable: equal digests stay in the order they were added, row order, so
+        # the first of each run of equal digests is the first row with that identity.
         order = np.lexsort((halves[:, 1], halves[:, 0]))
         ordered = halves[order]
         starts = np.ones(count, dtype=bool)
         starts[1:] = np.any(ordered[1:] != ordered[:-1], axis=1)
-        group_start = np.maximum.accumulate(np.where(starts, np.arange(count), 0))
-        rows = np.frombuffer(self._rows, dtype=np.int64)
+        run_start = np.maximum.accumulate(np.where(starts, np.arange(count), 0))
         repeats = order[~starts]
-        firsts = rows[order[group_start[~starts]]]
-        by_row = np.lexsort((np.frombuffer(self._kinds, dtype=np.uint8)[repeats], rows[repeats]))
-        return DuplicateIds(
-            rows[repeats][by_row],
-            np.frombuffer(self._kinds, dtype=np.uint8)[repeats][by_row],
-            firsts[by_row],
-        )
+        firsts = rows[order[run_start[~starts]]]
+        by_row = np.lexsort((kinds[repeats], rows[repeats]))
+        return DuplicateIds(rows[repeats][by_row], kinds[repeats][by_row], firsts[by_row])
 
 
 @dataclass(frozen=True)

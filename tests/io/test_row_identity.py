@@ -5,11 +5,13 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from astrai_batch.io import InputRow, open_input
-from astrai_batch.io.row_ids import IdScan
+from astrai_batch.io.row_ids import DuplicateIds, IdScan
 
 
 def rows_of(path: Path, **options) -> list[tuple[str | None, str | None, str | None]]:
@@ -115,6 +117,7 @@ def test_duplicate_ids_in_a_parquet_directory(tmp_path: Path) -> None:
         pa.table({"id": [3, 1, None], "prompt": ["c", "d", "e"]}), data / "part-1.parquet"
     )
     source = open_input(data)
+    source.check_invariants()
     assert list(source.iter_rows(start=3)) == [
         InputRow(index=3, id=None, error="duplicate id '1' (first at row 0)"),
         InputRow(index=4, id=None, error="id is missing"),
@@ -144,6 +147,7 @@ def test_duplicates_agree_with_a_brute_force_count() -> None:
     for index, (row_id, custom_id) in enumerate(identities):
         scan.add(index, row_id, custom_id)
     duplicates = scan.duplicates()
+    duplicates.check_invariants()
 
     first_row: dict[str, int] = {}
     expected = []
@@ -155,3 +159,18 @@ def test_duplicates_agree_with_a_brute_force_count() -> None:
             first_row.setdefault(text, index)
     assert [duplicates.first_rows(index) for index in range(len(identities))] == expected
     assert len(duplicates) == sum(first is not None for pair in expected for first in pair)
+
+
+def test_duplicate_invariants_catch_unsorted_or_later_first_rows() -> None:
+    def ids(rows: list[int], kinds: list[int], firsts: list[int]) -> DuplicateIds:
+        return DuplicateIds(
+            np.array(rows, dtype=np.int64),
+            np.array(kinds, dtype=np.uint8),
+            np.array(firsts, dtype=np.int64),
+        )
+
+    ids([2, 2, 5], [0, 1, 0], [0, 1, 2]).check_invariants()
+    with pytest.raises(ValueError, match="^duplicate entries are not sorted"):
+        ids([5, 2], [0, 0], [0, 0]).check_invariants()
+    with pytest.raises(ValueError, match="^a duplicate's first row is not an earlier row$"):
+        ids([2], [0], [2]).check_invariants()
