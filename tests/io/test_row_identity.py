@@ -170,7 +170,7 @@ def test_duplicate_invariants_catch_unsorted_or_later_first_rows() -> None:
         )
 
     ids([2, 2, 5], [0, 1, 0], [0, 1, 2]).check_invariants()
-    with pytest.raises(ValueError, match="^duplicate entries are not sorted"):
+    with pytest.raises(ValueError, match=r"^duplicate entries are not sorted"):
         ids([5, 2], [0, 0], [0, 0]).check_invariants()
-    with pytest.raises(ValueError, match="^a duplicate's first row is not an earlier row$"):
+    with pytest.raises(ValueError, match=r"^a duplicate's first row is not an earlier row$"):
         ids([2], [0], [2]).check_invariants()
