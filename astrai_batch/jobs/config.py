@@ -136,9 +136,7 @@ class JobConfig:
             raise ConfigError(f"keep_columns must be column names, got {self.keep_columns!r}")
         kwargs = self.chat_template_kwargs
         if kwargs is not None and not isinstance(kwargs, dict):
-            raise ConfigError(
-                f"chat_template_kwargs must be a JSON object, got {json_type(kwargs)}"
-            )
+            raise ConfigError(f"chat_template_kwargs must be an object, got {json_type(kwargs)}")
         if not isinstance(self.sampling, SamplingParams):
             raise ConfigError(
                 f"sampling must be SamplingParams, got {type(self.sampling).__name__}"
