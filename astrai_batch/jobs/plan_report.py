@@ -97,6 +97,7 @@ def plan_input(
     prompt_column: str | None = None,
     id_column: str | None = None,
     workers: int | None = None,
+    chat_template_kwargs: dict[str, Any] | None = None,
 ) -> PlanReport:
     """The prefix statistics of INPUT; with `workers`, also the hit rates that prefix-aware
     shards and input-order blocks would give (this keeps every row's token ids in memory)."""
@@ -105,7 +106,7 @@ def plan_input(
     )
     builder = PrefixStatsBuilder(page_size, top)  # checks page_size and top before loading
     tokenizer, _ = load_tokenizer(model)
-    encoder = PromptEncoder(tokenizer, model)
+    encoder = PromptEncoder(tokenizer, model, chat_template_kwargs=chat_template_kwargs)
     if source.shape == "messages" and not encoder.has_chat_template:
         raise UnsupportedModelError(no_chat_template_message(model))
     if workers is not None and workers < 1:

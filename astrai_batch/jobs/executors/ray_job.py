@@ -88,7 +88,10 @@ def run_ray_job(
     from astrai_batch.jobs.tokenize import PromptEncoder, no_chat_template_message
 
     tokenizer, tokenizer_source = load_tokenizer(config.model)
-    if source.shape == "messages" and not PromptEncoder(tokenizer, config.model).has_chat_template:
+    encoder = PromptEncoder(
+        tokenizer, config.model, chat_template_kwargs=config.chat_template_kwargs
+    )
+    if source.shape == "messages" and not encoder.has_chat_template:
         raise ConfigError(no_chat_template_message(config.model))
     fingerprint = source.fingerprint()
     identity = {

@@ -75,7 +75,9 @@ class ChunkReader:
         config = self.config
         source = open_input(self.input_path, **config.input_options())
         tokenizer, _ = load_tokenizer(config.model)
-        encoder = PromptEncoder(tokenizer, self.model_name)
+        encoder = PromptEncoder(
+            tokenizer, self.model_name, chat_template_kwargs=config.chat_template_kwargs
+        )
         out: list[dict[str, Any]] = []
         for chunk in batch.column("id").to_pylist():
             start = int(chunk) * self.chunk_rows
@@ -91,7 +93,6 @@ class ChunkReader:
                 page_size=config.page_size,
                 group_offset=0,
                 grouping=config.grouping,
-                row_ids_as_custom_ids=source.shape != "openai",
             )
             out.extend(keyed_record(row, config.page_size) for row in window.rows)
         return pa.Table.from_pylist(out, schema=KEYED_SCHEMA)
