@@ -40,15 +40,6 @@ RESULT_COLUMNS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def ray_address():
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
-    try:
-        yield ray.get_runtime_context().gcs_address
-    finally:
-        ray.shutdown()
-
-
 def ray_args(*extra: str) -> list[str]:
     return ["--executor", "ray", "--workers", "2", "--worker-threads", "1", *extra]
 

@@ -15,7 +15,6 @@ from astrai_batch.errors import OutputError
 from astrai_batch.io.filesystems import AtomicObject, resolve
 
 moto_server = pytest.importorskip("moto.server")
-ray = pytest.importorskip("ray")
 
 
 def free_port() -> int:
@@ -69,17 +68,8 @@ def test_an_aborted_object_write_leaves_nothing(s3) -> None:
         AtomicObject(target)
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
-    try:
-        yield
-    finally:
-        ray.shutdown()
-
-
 def test_a_sharded_job_writes_to_s3_and_a_failed_one_leaves_no_output(
-    s3, ray_cluster, tiny_llama_dir, tmp_path
+    s3, ray_address, tiny_llama_dir, tmp_path
 ) -> None:
     fs, uri = s3
     rows = [{"id": f"r{i}", "prompt": p} for i, p in enumerate(shared_prefix_prompts(12))]
