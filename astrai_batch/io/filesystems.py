@@ -118,9 +118,13 @@ def resolve(target: str | Path) -> Location:
         fs, path = pafs.FileSystem.from_uri(text)
     except (OSError, pa.ArrowException, ValueError) as exc:
         raise InputError(f"cannot open {text}: {exc}") from exc
-    # Messages name the object, never the credentials or options of the URI.
+    return Location(fs, path, shown_uri(text))
+
+
+def shown_uri(text: str) -> str:
+    """A URI as messages name it: without its credentials (``user:secret@``) or options."""
     scheme, rest = text.split("?", 1)[0].split("://", 1)
-    return Location(fs, path, f"{scheme}://{rest.rpartition('@')[2]}")
+    return f"{scheme}://{rest.rpartition('@')[2]}"
 
 
 class AtomicObject:
