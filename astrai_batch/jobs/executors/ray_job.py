@@ -160,6 +160,9 @@ def _start_ray(ray: Any, config: JobConfig) -> bool:
     }
     if config.ray_address is not None:
         options["address"] = config.ray_address
+    else:
+        # A cluster of our own, for this process only: its processes talk over loopback.
+        options["_node_ip_address"] = "127.0.0.1"
     try:
         ray.init(**options)
     except (ConnectionError, RuntimeError, ValueError) as exc:
