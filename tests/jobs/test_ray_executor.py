@@ -160,7 +160,8 @@ def test_a_killed_driver_resumes_without_recomputing_finished_shards(
     assert len(done_before) == 1, done_before
     assert not output.exists()
 
-    rerun = start_process(*command)
+    # The output format may change on a resume: the rerun writes a directory of parts.
+    rerun = start_process(*command, "--output-format", "parquet-dir")
     stdout, stderr = rerun.communicate(timeout=240)
     assert rerun.returncode == 0, stderr
     summary = summary_of(stdout)
@@ -171,6 +172,7 @@ def test_a_killed_driver_resumes_without_recomputing_finished_shards(
     expected, got = pq.read_table(local), pq.read_table(output)
     assert got.select(RESULT_COLUMNS).to_pylist() == expected.select(RESULT_COLUMNS).to_pylist()
     assert not checkpoint.exists()
+    assert json.loads((output / "_index.json").read_text())["rows"] == 10
 
 
 def test_without_ray_the_error_names_the_extra(
