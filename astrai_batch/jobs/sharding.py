@@ -8,9 +8,10 @@ would make every worker that holds a part compute the shared pages again.
 Shards are balanced by estimated work, not by row count: a group's work is the prefill it
 needs once shared pages are reused (rows in sorted order, each computing what it does not
 share with the row before it, in whole pages) plus the tokens its rows may generate. A group
-whose work exceeds a worker's share (total / workers) is split at a subtree boundary: the
-first page at which its rows branch. Each subtree ("piece") keeps all of its own sharing;
-only the pages above the branch point are computed once per worker that holds a piece.
+whose work exceeds a worker's share (total / workers) by half again is split at a subtree
+boundary: the first page at which its rows branch. Each subtree ("piece") keeps all of its
+own sharing; only the pages above the branch point are computed once per worker that holds
+a piece.
 Assignment is longest-processing-time first (largest item to the least loaded shard), with
 ties broken by keys, so the same input always gives the same shards, which is what lets a
 rerun skip the shards that are already done.
@@ -28,6 +29,9 @@ from dataclasses import dataclass
 from astrai_batch.errors import AstraiBatchError, ConfigError
 
 KEY_BYTES = 12
+# A group up to this many times a worker's share stays whole: splitting it costs its shared
+# pages once more per extra worker, while a somewhat uneven shard costs little.
+SPLIT_ABOVE = 1.5
 
 
 def page_key(token_ids: Sequence[int], pages: int, page_size: int) -> str:
@@ -192,7 +196,7 @@ def assign_shards(groups: Sequence[GroupSummary], workers: int, page_size: int) 
     # (work, tie-break, group key, piece key or "") in assignment order.
     items: list[tuple[int, tuple[tuple[int, ...], int], str, str]] = []
     for group in groups:
-        if workers > 1 and group.work > share and len(group.pieces) >= 2:
+        if workers > 1 and group.work > SPLIT_ABOVE * share and len(group.pieces) >= 2:
             items.extend((p.work, group.order_key(), group.key, p.key) for p in group.pieces)
         else:
             items.append((group.work, group.order_key(), group.key, ""))

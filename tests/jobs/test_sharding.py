@@ -86,6 +86,19 @@ def test_a_group_larger_than_a_share_splits_at_its_first_branch() -> None:
     assert sorted(len(s) for s in shards) == [4, 4, 5]
 
 
+def test_a_group_a_little_over_a_share_stays_whole() -> None:
+    # Four groups that branch after their first page; group 0 has one row more (1.25 shares).
+    prompts = [[g] * 4 + [i] * 4 for g in range(4) for i in range(4)] + [[0] * 4 + [9] * 4]
+    rows = rows_of(prompts)
+    shards = shards_of(rows, 4)
+    assert sorted({prompts[i][0] for i in shard} for shard in map(tuple, shards)) == [
+        {0},
+        {1},
+        {2},
+        {3},
+    ]
+
+
 def test_identical_rows_are_never_split_and_plans_are_deterministic() -> None:
     rows = rows_of([[7] * 8] * 5 + [[8] * 8], max_new=3)
     assert sorted(map(sorted, shards_of(rows, 2))) == [[0, 1, 2, 3, 4], [5]]
