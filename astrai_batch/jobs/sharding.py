@@ -29,6 +29,9 @@ from dataclasses import dataclass
 from astrai_batch.errors import AstraiBatchError, ConfigError
 
 KEY_BYTES = 12
+# Part of a sharded job's identity: a change to how rows are assigned must not let a rerun
+# take shards that an older assignment finished.
+SHARDING_VERSION = 1
 # A group up to this many times a worker's share stays whole: splitting it costs its shared
 # pages once more per extra worker, while a somewhat uneven shard costs little.
 SPLIT_ABOVE = 1.5

@@ -46,7 +46,7 @@ from astrai_batch.jobs.output import RUN_ID_KEY, output_metadata
 from astrai_batch.jobs.parquet_dir import check_output_location
 from astrai_batch.jobs.progress import make_progress
 from astrai_batch.jobs.records import output_schema, part_schema
-from astrai_batch.jobs.sharding import assign_shards
+from astrai_batch.jobs.sharding import SHARDING_VERSION, assign_shards
 from astrai_batch.jobs.stats import total
 from astrai_batch.jobs.summary import JobSummary
 
@@ -97,6 +97,7 @@ def run_ray_job(
     identity = {
         **job_identity(config, fingerprint, config.model, tokenizer_source),
         "shards": config.workers,
+        "sharding": SHARDING_VERSION,
     }
     store = ShardStore(output.sibling(f".{output.name}.ckpt"), job_hash(identity), config.workers)
     if _already_written(output, store, config):

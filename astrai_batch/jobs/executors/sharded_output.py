@@ -52,10 +52,21 @@ def ordered_tables(
         table = pa.concat_tables(parts).sort_by(
             [(INDEX_COLUMN, "ascending"), ("sample_index", "ascending")]
         )
-        found = len(set(table.column(INDEX_COLUMN).to_pylist()))
+        keys = list(
+            zip(
+                table.column(INDEX_COLUMN).to_pylist(),
+                table.column("sample_index").to_pylist(),
+                strict=True,
+            )
+        )
+        found = len({index for index, _ in keys})
         if found != end - first:
             raise OutputError(
                 f"the shards hold {found} of the {end - first} rows {first}..{end - 1}"
+            )
+        if len(set(keys)) != len(keys):
+            raise OutputError(
+                f"two shards hold the same rows in {first}..{end - 1}; rerun with --restart"
             )
         yield table.select(columns)
 
