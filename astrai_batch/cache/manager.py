@@ -21,11 +21,12 @@ from astrai_batch.errors import ConfigError
 class _OpenRequest:
     """A request's pages by position, and its pinned match over the published leading pages."""
 
-    __slots__ = ("match", "pages")
+    __slots__ = ("match", "pages", "version")
 
-    def __init__(self, match: PrefixMatch | None, pages: list[int]) -> None:
+    def __init__(self, match: PrefixMatch | None, pages: list[int], version: int) -> None:
         self.match = match
         self.pages = pages
+        self.version = version  # changes whenever `pages` does (see `pages_version`)
 
     def num_published_pages(self) -> int:
         return 0 if self.match is None else len(self.match.pages)
@@ -50,6 +51,7 @@ class KVCacheManager:
         self._inserted_pages = 0
         self._evicted_pages = 0
         self._peak_pages_in_use = 0
+        self._page_table_stamp = 0  # last version handed out; versions never repeat
 
     def open(self, request_id: Hashable, tokens: Sequence[int], max_cached_tokens: int) -> int:
         """Register a request and give it the cached pages of its prompt; returns hit tokens.
@@ -67,7 +69,7 @@ class KVCacheManager:
             match = self.index.match(tokens, max_cached_tokens)
             self.allocator.incref(match.pages)
             pages = list(match.pages)
-        self._requests[request_id] = _OpenRequest(match, pages)
+        self._requests[request_id] = _OpenRequest(match, pages, self._next_version())
         hit = 0 if match is None else match.num_tokens
         self._lookups += 1
         self._hit_tokens += hit
@@ -107,6 +109,7 @@ class KVCacheManager:
                 "outside the manager without a pin"
             )
         request.pages.extend(new_pages)
+        request.version = self._next_version()
         self._note_usage()
         return True
 
@@ -139,6 +142,8 @@ class KVCacheManager:
                 switch_to.append(canonical)
                 switch_from.append(own[position])
                 own[position] = canonical
+        if switch_to:
+            request.version = self._next_version()
         self.allocator.incref(switch_to)
         self.allocator.decref(switch_from)
         self._inserted_pages += num_full - first - len(switch_to)
@@ -169,6 +174,8 @@ class KVCacheManager:
         keep = -(-num_tokens // self.page_size)
         dropped = request.pages[keep:]
         del request.pages[keep:]
+        if dropped:
+            request.version = self._next_version()
         self.allocator.decref(dropped)
 
     def evict(self, num_pages: int) -> list[int]:
@@ -182,6 +189,12 @@ class KVCacheManager:
     def pages(self, request_id: Hashable) -> list[int]:
         """A copy of the request's page table: page of position p is `pages[p // page_size]`."""
         return list(self._request(request_id).pages)
+
+    def pages_version(self, request_id: Hashable) -> int:
+        """A stamp that changes whenever the request's page table changes, and that no other
+        page table (of this or any request, before or after) ever had: a caller that keeps a
+        copy of the table rewrites it only when the stamp differs from the copy's."""
+        return self._request(request_id).version
 
     def __contains__(self, request_id: Hashable) -> bool:
         return request_id in self._requests
@@ -254,6 +267,10 @@ class KVCacheManager:
                 f"{in_use} pages are held by requests, but free/evictable counts imply "
                 f"{self._pages_in_use()}"
             )
+
+    def _next_version(self) -> int:
+        self._page_table_stamp += 1
+        return self._page_table_stamp
 
     def _request(self, request_id: Hashable) -> _OpenRequest:
         request = self._requests.get(request_id)

@@ -184,11 +184,15 @@ class EngineCore:
     def _chunk(self, item: ScheduledWork) -> ScheduledChunk:
         seq = item.seq
         start = seq.num_computed
+        seq_id = seq.seq_id
+        version = self.cache.pages_version(seq_id)
         return ScheduledChunk(
             token_ids=seq.tokens[start : start + item.num_tokens],
             start=start,
-            pages=self.cache.pages(seq.seq_id),
+            pages=self.cache.pages(seq_id),
             wants_logits=item.completes_known_tokens,
+            seq_key=seq_id,
+            pages_version=version,
         )
 
     def _sample(self, work: list[ScheduledWork], logits: torch.Tensor) -> list[GenerationResult]:

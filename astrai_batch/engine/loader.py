@@ -229,6 +229,13 @@ def _require_fast(tokenizer: PreTrainedTokenizerBase, model_spec: ModelSpec) -> 
         )
 
 
+def describe_model(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, name: str, source: str
+) -> LoadedModel:
+    """A `LoadedModel` for a model built in memory (random weights for checks and benches)."""
+    return _describe(model, tokenizer, ModelSpec("directory", name, source))
+
+
 def _describe(
     model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, model_spec: ModelSpec
 ) -> LoadedModel:
