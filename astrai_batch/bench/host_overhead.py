@@ -74,7 +74,9 @@ def measure_host_overhead(
     context), so shared-prefix decode attention is planned every step too."""
     vocab = loaded.model.config.vocab_size
     rng = random.Random(seed)
-    prefixes = [[rng.randrange(3, vocab) for _ in range(context // 2)] for _ in range(prefix_groups)]
+    prefixes = [
+        [rng.randrange(3, vocab) for _ in range(context // 2)] for _ in range(prefix_groups)
+    ]
     # slack for sequences that decode while others wait for shared prefix pages
     max_tokens = warmup + steps + 64
     config = EngineConfig(

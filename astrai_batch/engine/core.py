@@ -31,21 +31,34 @@ from astrai_batch.engine.types import (
 
 
 class _Output:
-    """Text and stop-string state of a sequence that has stop strings."""
+    """Text and stop-string state of a sequence that has stop strings.
+
+    Each token's new text is searched together with the last `max_stop_len - 1` characters
+    before it (a stop string may span the two), never the whole text: the cost per token is
+    the new text's, however long the output grows.
+    """
 
     def __init__(self, tokenizer, stops: tuple[str, ...]) -> None:
         self.detokenizer = IncrementalDetokenizer(tokenizer, [])
         self.matcher = StopStringMatcher(stops)
-        self.checked = 0
+        self._tail = ""  # the checked text's last max_stop_len - 1 characters
+        self._tail_start = 0  # where `_tail` starts in the text
         self.cut: int | None = None
 
     def append(self, token_id: int) -> bool:
         """Returns True when a stop string has appeared."""
-        self.detokenizer.append(token_id)
-        text = self.detokenizer.text
-        self.cut = self.matcher.find(text, self.checked)
-        self.checked = len(text)
-        return self.cut is not None
+        new = self.detokenizer.append(token_id)
+        if not new:
+            return False
+        window = self._tail + new
+        found = self.matcher.find(window, len(self._tail))
+        if found is not None:
+            self.cut = self._tail_start + found
+            return True
+        keep = min(self.matcher.max_stop_len - 1, len(window))
+        self._tail = window[len(window) - keep :]
+        self._tail_start += len(window) - keep
+        return False
 
 
 class EngineCore:
@@ -168,14 +181,18 @@ class EngineCore:
                     f"running={len(self.scheduler.running)})"
                 )
             return []
-        chunks = [self._chunk(item) for item in plan.work]
+        chunks: list[ScheduledChunk] = []
+        sampling: list[ScheduledWork] = []
+        for item in plan.work:
+            chunk = self._chunk(item)
+            chunks.append(chunk)
+            if chunk.wants_logits:
+                sampling.append(item)
+            if item.num_tokens > 1 or chunk.start < item.seq.prompt_len:
+                self._prefill_tokens += item.num_tokens
         output = self.runner.forward(chunks)
         self._forward_seconds += output.forward_seconds
         self._steps += 1
-        sampling = [item for item in plan.work if item.completes_known_tokens]
-        for item in plan.work:
-            if item.seq.in_prefill or item.num_tokens > 1:
-                self._prefill_tokens += item.num_tokens
         self.scheduler.after_step(plan.work)
         results = self._sample(sampling, output.logits) if sampling else []
         self._busy_seconds += time.perf_counter() - started
@@ -184,15 +201,17 @@ class EngineCore:
     def _chunk(self, item: ScheduledWork) -> ScheduledChunk:
         seq = item.seq
         start = seq.num_computed
+        end = start + item.num_tokens
         seq_id = seq.seq_id
-        version = self.cache.pages_version(seq_id)
+        cache = self.cache
+        # positional: token_ids, start, pages, wants_logits, seq_key, pages_version
         return ScheduledChunk(
-            token_ids=seq.tokens[start : start + item.num_tokens],
-            start=start,
-            pages=self.cache.pages(seq_id),
-            wants_logits=item.completes_known_tokens,
-            seq_key=seq_id,
-            pages_version=version,
+            seq.tokens[start:end],
+            start,
+            cache.pages(seq_id),
+            end == len(seq.tokens),
+            seq_id,
+            cache.pages_version(seq_id),
         )
 
     def _sample(self, work: list[ScheduledWork], logits: torch.Tensor) -> list[GenerationResult]:
@@ -200,6 +219,7 @@ class EngineCore:
         tokens = sample_next_tokens(logits, [seq.sampler for seq in seqs])
         now = time.perf_counter()
         results = []
+        self._decode_tokens += len(seqs)
         for seq, sampled in zip(seqs, tokens, strict=True):
             token = sampled.token_id
             seq.tokens.append(token)
@@ -208,7 +228,6 @@ class EngineCore:
                 seq.logprobs.append(sampled.logprob)
             if seq.first_token_at is None:
                 seq.first_token_at = now
-            self._decode_tokens += 1
             reason = self._finish_reason(seq, token)
             if reason is not None:
                 results.append(self._finish(seq, reason))

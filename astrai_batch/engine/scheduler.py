@@ -22,14 +22,16 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from astrai_batch.cache import KVCacheManager
 from astrai_batch.engine.config import EngineConfig
 from astrai_batch.engine.sequence import Sequence, SequenceStatus
 
 
-@dataclass(frozen=True)
-class ScheduledWork:
+class ScheduledWork(NamedTuple):
+    """`num_tokens` more tokens of `seq` this step (a named tuple: one per sequence per step)."""
+
     seq: Sequence
     num_tokens: int
 
@@ -64,20 +66,35 @@ class Scheduler:
         return len(self.waiting) + len(self.running)
 
     def finish(self, seq: Sequence) -> None:
-        """Releases a finished sequence's pages, publishing everything it computed."""
+        """Releases a finished sequence's pages.
+
+        Everything it computed is published already: `after_step` publishes every page
+        filled, and a sequence finishes after the step that computed its last tokens.
+        """
         self._untrack_inflight(seq)
         self.running.remove(seq)
-        self.cache.close(seq.seq_id, seq.tokens[: seq.num_computed])
+        self.cache.close(seq.seq_id)
         seq.status = SequenceStatus.FINISHED
 
     def after_step(self, work: list[ScheduledWork]) -> None:
-        """Advances progress by what was computed and publishes the filled pages."""
-        for item in work:
-            seq = item.seq
-            self._untrack_inflight(seq)
-            seq.num_computed += item.num_tokens
-            self.cache.publish(seq.seq_id, seq.tokens[: seq.num_computed])
-            self._track_inflight(seq)
+        """Advances progress by what was computed and publishes the filled pages.
+
+        The token list is copied for `publish` only when a page filled up: the pages before
+        the old `num_computed // page_size` were published by the previous call (or matched
+        at admission), so `publish` would do nothing otherwise.
+        """
+        page = self.cache.page_size
+        publish = self.cache.publish
+        for seq, num_tokens in work:
+            before = seq.num_computed
+            prefilling = before < len(seq.prompt_token_ids)
+            if prefilling:
+                self._untrack_inflight(seq)
+            seq.num_computed = after = before + num_tokens
+            if after // page > before // page:
+                publish(seq.seq_id, seq.tokens[:after])
+            if prefilling:
+                self._track_inflight(seq)
 
     # -- one step ------------------------------------------------------------------------
 

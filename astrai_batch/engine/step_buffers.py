@@ -209,12 +209,12 @@ def partition_rows(
     _, first_seen, inverse, sizes = np.unique(
         tables[eligible, 0], return_index=True, return_inverse=True, return_counts=True
     )
+    small = sizes[inverse] < min_group
+    rest.extend(eligible[small].tolist())
     groups = []
-    for g in np.argsort(first_seen, kind="stable"):
+    big = np.flatnonzero(sizes >= min_group)
+    for g in big[np.argsort(first_seen[big], kind="stable")].tolist():
         members = eligible[inverse == g]
-        if sizes[g] < min_group:
-            rest.extend(members.tolist())
-            continue
         limit = int(((lengths[members] - 1) // page_size).min())
         alike = (tables[members, :limit] == tables[members[0], :limit]).all(axis=0)
         shared = limit if alike.all() else int(np.argmin(alike))

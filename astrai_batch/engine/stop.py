@@ -83,19 +83,21 @@ class IncrementalDetokenizer:
         self._window: list[int] = list(prompt_token_ids[-PROMPT_CONTEXT_TOKENS:])
         self._read = len(self._window)
         self._prefix_text = self._decode(self._window)
-        self._text = ""
+        self._pieces: list[str] = []  # the stable text, joined on demand (appending is O(1))
         self._pending = ""
         self._num_tokens = 0
 
     @property
     def text(self) -> str:
         """The stable completion text: never ends inside an unfinished character."""
-        return self._text
+        if len(self._pieces) > 1:
+            self._pieces = ["".join(self._pieces)]
+        return self._pieces[0] if self._pieces else ""
 
     @property
     def full_text(self) -> str:
         """The completion text including whatever held-back tokens decode to now."""
-        return self._text + self._pending
+        return self.text + self._pending
 
     @property
     def num_tokens(self) -> int:
@@ -113,14 +115,14 @@ class IncrementalDetokenizer:
         self._window = self._window[self._read :]
         self._read = len(self._window)
         self._prefix_text = self._decode(self._window)
-        self._text += new_text
+        self._pieces.append(new_text)
         self._pending = ""
         return new_text
 
     def check_invariants(self) -> None:
         if not 0 <= self._read <= len(self._window):
             raise ValueError(f"read offset {self._read} outside window of {len(self._window)}")
-        if self._text.endswith(REPLACEMENT_CHAR):
+        if self.text.endswith(REPLACEMENT_CHAR):
             raise ValueError("stable text ends in U+FFFD")
 
     def _decode(self, token_ids: list[int]) -> str:
