@@ -184,7 +184,7 @@ class EngineCore:
         chunks: list[ScheduledChunk] = []
         sampling: list[ScheduledWork] = []
         for item in plan.work:
-            chunk = self._chunk(item)
+            chunk = chunk_for(item, self.cache)
             chunks.append(chunk)
             if chunk.wants_logits:
                 sampling.append(item)
@@ -197,22 +197,6 @@ class EngineCore:
         results = self._sample(sampling, output.logits) if sampling else []
         self._busy_seconds += time.perf_counter() - started
         return results
-
-    def _chunk(self, item: ScheduledWork) -> ScheduledChunk:
-        seq = item.seq
-        start = seq.num_computed
-        end = start + item.num_tokens
-        seq_id = seq.seq_id
-        cache = self.cache
-        # positional: token_ids, start, pages, wants_logits, seq_key, pages_version
-        return ScheduledChunk(
-            seq.tokens[start:end],
-            start,
-            cache.pages(seq_id),
-            end == len(seq.tokens),
-            seq_id,
-            cache.pages_version(seq_id),
-        )
 
     def _sample(self, work: list[ScheduledWork], logits: torch.Tensor) -> list[GenerationResult]:
         seqs = [item.seq for item in work]
@@ -297,6 +281,23 @@ class EngineCore:
         for seq in self.scheduler.running:
             if len(self.cache.pages(seq.seq_id)) * self.config.page_size < seq.num_computed:
                 raise RuntimeError(f"sequence {seq.seq_id} computed past its pages")
+
+
+def chunk_for(item: ScheduledWork, cache: KVCacheManager) -> ScheduledChunk:
+    """What the runner computes for a scheduled sequence: its next tokens and page table."""
+    seq, num_tokens = item
+    start = seq.num_computed
+    end = start + num_tokens
+    seq_id = seq.seq_id
+    # positional: token_ids, start, pages, wants_logits, seq_key, pages_version
+    return ScheduledChunk(
+        seq.tokens[start:end],
+        start,
+        cache.pages(seq_id),
+        end == len(seq.tokens),
+        seq_id,
+        cache.pages_version(seq_id),
+    )
 
 
 def _fallback_seed(engine_seed: int, request_id: Hashable, sample_index: int) -> int:
