@@ -2,15 +2,17 @@
 
 The engine is filled with `num_seqs` sequences of `context` prompt tokens and stepped until
 all of them decode; then `steps` decode-only steps are timed. A step's host time is its
-wall time inside `EngineCore.step` minus the model forward (`forward_seconds`, which on
-CUDA is timed with a device synchronization, so kernels still running count as forward):
-scheduling, building the step's batch, sampling and bookkeeping. The parts are timed
-separately too, so a regression names its place.
+wall time inside `EngineCore.step` minus the model forward (`forward_seconds`, which on CUDA
+is timed with a device synchronization, so kernels still running count as forward):
+scheduling, building the step's batch, sampling and bookkeeping. The headline figure is the
+median over the timed steps (a shared machine's stalls hit single steps), the mean is beside
+it, and the parts are timed separately too, so a regression names its place.
 """
 
 from __future__ import annotations
 
 import random
+import statistics
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -26,7 +28,8 @@ SAMPLING_MODES = ("greedy", "seeded", "stop")
 
 @dataclass(frozen=True)
 class HostOverhead:
-    host_ms_per_step: float
+    host_ms_per_step: float  # median over the timed steps (robust to a shared machine)
+    host_ms_mean: float
     forward_ms_per_step: float
     parts_ms_per_step: dict[str, float]
     num_seqs: int
@@ -37,6 +40,7 @@ class HostOverhead:
     def to_dict(self) -> dict[str, object]:
         return {
             "host_ms_per_step": round(self.host_ms_per_step, 4),
+            "host_ms_mean": round(self.host_ms_mean, 4),
             "forward_ms_per_step": round(self.forward_ms_per_step, 4),
             "parts_ms_per_step": {k: round(v, 4) for k, v in self.parts_ms_per_step.items()},
             "num_seqs": self.num_seqs,
@@ -98,18 +102,23 @@ def measure_host_overhead(
     for _ in range(warmup):
         core.step()
     parts = _time_parts(core)
-    before = core.stats()
+    host: list[float] = []
+    forward: list[float] = []
     started = time.perf_counter()
     for _ in range(steps):
+        before = core.stats()
         if core.step():
             raise RuntimeError("a sequence finished during the timed steps")
+        delta = core.stats() - before
+        if delta.steps != 1 or delta.decode_tokens != num_seqs:
+            raise RuntimeError("the timed steps were not all full decode steps")
+        host.append(delta.busy_seconds - delta.forward_seconds)
+        forward.append(delta.forward_seconds)
     wall = time.perf_counter() - started
-    delta = core.stats() - before
-    if delta.steps != steps or delta.decode_tokens != steps * num_seqs:
-        raise RuntimeError("the timed steps were not all full decode steps")
     return HostOverhead(
-        host_ms_per_step=1000 * (delta.busy_seconds - delta.forward_seconds) / steps,
-        forward_ms_per_step=1000 * delta.forward_seconds / steps,
+        host_ms_per_step=1000 * statistics.median(host),
+        host_ms_mean=1000 * statistics.fmean(host),
+        forward_ms_per_step=1000 * statistics.median(forward),
         parts_ms_per_step={
             **{name: 1000 * seconds / steps for name, seconds in parts.items()},
             "wall": 1000 * wall / steps,
