@@ -14,6 +14,7 @@ import torch
 from astrai_batch.cache import KVCacheManager, KVPool
 from astrai_batch.engine.config import EngineConfig
 from astrai_batch.engine.loader import LoadedModel
+from astrai_batch.engine.memory_budget import capped, default_kv_budget, profile_activation_peak
 from astrai_batch.engine.model_runner import ModelRunner, ScheduledChunk
 from astrai_batch.engine.sampling import SequenceSampler, sample_next_tokens
 from astrai_batch.engine.scheduler import ScheduledWork, Scheduler
@@ -81,11 +82,23 @@ class EngineCore:
         else:
             budget = config.kv_cache_memory
             if budget is None:
-                # never more than max_num_seqs full-length sequences can use
                 page_args = {k: v for k, v in pool_args.items() if k != "device"}
-                most = KVPool.bytes_per_page(**page_args)
-                most *= config.max_num_seqs * -(-self.max_model_len // config.page_size)
-                budget = min(config.default_kv_cache_memory, most)
+                budget = capped(
+                    default_kv_budget(
+                        param.device,
+                        gpu_memory_utilization=config.gpu_memory_utilization,
+                        profile_activation_peak=lambda: profile_activation_peak(
+                            loaded.model,
+                            pool_args,
+                            max_num_batched_tokens=config.max_num_batched_tokens,
+                            max_num_seqs=config.max_num_seqs,
+                            max_model_len=self.max_model_len,
+                        ),
+                    ),
+                    bytes_per_page=KVPool.bytes_per_page(**page_args),
+                    max_num_seqs=config.max_num_seqs,
+                    pages_per_seq=-(-self.max_model_len // config.page_size),
+                )
             self.pool = KVPool.from_memory_budget(budget, **pool_args)
         self.cache = KVCacheManager(
             self.pool.num_pages, config.page_size, enable_prefix_cache=config.enable_prefix_cache

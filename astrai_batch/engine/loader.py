@@ -83,8 +83,12 @@ class LoadedModel:
             )
 
 
-def resolve_dtype(name: str | torch.dtype, *, config: Any | None = None) -> torch.dtype:
-    """The torch dtype for a name; "auto" means the checkpoint's own (float32 if unrecorded)."""
+def resolve_dtype(name: str | torch.dtype, *, device: torch.device | str = "cpu") -> torch.dtype:
+    """The torch dtype for a name; "auto" is bfloat16 on CUDA and float32 elsewhere.
+
+    Whatever the checkpoint was saved in: bfloat16 is what a GPU runs fast (and what the KV
+    pool then stores), float32 what a CPU runs exactly and at least as fast.
+    """
     if isinstance(name, torch.dtype):
         if name in _DTYPES.values():
             return name
@@ -93,19 +97,12 @@ def resolve_dtype(name: str | torch.dtype, *, config: Any | None = None) -> torc
         raise ConfigError(f"dtype must be a string or torch.dtype, got {type(name).__name__}")
     key = name.strip().lower()
     if key == "auto":
-        return _checkpoint_dtype(config)
+        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
     if key in _DTYPES:
         return _DTYPES[key]
     raise ConfigError(
         f"unknown dtype {name!r}; expected one of: {', '.join(_DTYPES)}, auto",
     )
-
-
-def _checkpoint_dtype(config: Any | None) -> torch.dtype:
-    recorded = getattr(config, "dtype", None) if config is not None else None
-    if isinstance(recorded, str):
-        recorded = getattr(torch, recorded, None)
-    return recorded if recorded in _DTYPES.values() else torch.float32
 
 
 def _load_error(
@@ -147,8 +144,8 @@ def load_model(
     A GGUF file (or the `smollm2-135m` alias) is converted once into the cache under
     `cache_dir` (default `$ASTRAI_BATCH_CACHE`, else ~/.cache/astrai-batch) and loaded from there.
     """
-    resolve_dtype(dtype)  # reject a bad name before any slow work; "auto" needs the config
     target_device = _resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, device=target_device)  # a bad name fails before slow work
     model_spec = resolve_model_spec(spec)
     if model_spec.kind == "gguf":
         converted = ensure_converted(Path(model_spec.location), cache_dir)
@@ -160,7 +157,6 @@ def load_model(
     except Exception as err:
         raise _load_error(model_spec, "config", err, first_contact=True) from err
     check_supported(config)
-    torch_dtype = resolve_dtype(dtype, config=config)
     tokenizer = _load_tokenizer_at(model_spec, trust_remote_code, first_contact=False)
     weights: dict[str, Any] = {"config": config, "dtype": torch_dtype}
     if model_spec.kind == "directory" and any(Path(model_spec.location).glob("*.safetensors")):

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from astrai_batch.engine.config import check_utilization
 from astrai_batch.engine.sampling_params import SamplingParams
 from astrai_batch.errors import ConfigError
 from astrai_batch.jobs.option_values import ErrorLimit, parse_columns, parse_size
@@ -60,6 +61,7 @@ class JobConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 1024
     kv_cache_memory: int | None = None
+    gpu_memory_utilization: float = 0.9
     prefix_cache: bool = True
     grouping: bool = True
     group_window: int = 100_000
@@ -96,6 +98,7 @@ class JobConfig:
                 _check_positive_int(name, getattr(self, name))
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ConfigError(f"seed must be a non-negative int, got {self.seed!r}")
+        check_utilization(self.gpu_memory_utilization)
         for name in (
             "prefix_cache",
             "grouping",
@@ -159,6 +162,7 @@ class JobConfig:
         return {
             "page_size": self.page_size,
             "kv_cache_memory": self.kv_cache_memory,
+            "gpu_memory_utilization": self.gpu_memory_utilization,
             "max_num_seqs": self.max_num_seqs,
             "max_num_batched_tokens": self.max_num_batched_tokens,
             "enable_prefix_cache": self.prefix_cache,
