@@ -61,7 +61,7 @@ def _run_options(function: Any) -> Any:
         _option(
             "--kv-cache-memory",
             None,
-            "KV cache size, e.g. 2GiB or 512MiB [default: half the available RAM on CPU, "
+            "KV cache size, e.g. 2GiB or 512MiB [default: 30% of the available RAM on CPU, "
             "--gpu-memory-utilization on CUDA; less if the model needs less].",
         ),
         _option(

@@ -85,7 +85,7 @@ _ENGINE = EngineConfig()
 @click.option(
     "--kv-cache-memory",
     default=None,
-    help="KV cache size, e.g. 2GiB [default: half the available RAM on CPU; on CUDA see "
+    help="KV cache size, e.g. 2GiB [default: 30% of the available RAM on CPU; on CUDA see "
     "--gpu-memory-utilization].",
 )
 @click.option(

@@ -23,7 +23,10 @@ import torch
 
 from astrai_batch.errors import ConfigError
 
-CPU_RAM_SHARE = 0.5  # of MemAvailable at start: the rest stays for activations, I/O, the OS
+# Of MemAvailable at start. The pool is zero-filled, so it is resident at once: the rest stays
+# for a step's activations (GBs for a 1B model at 1024 tokens in float32), I/O and whatever
+# else runs on the machine.
+CPU_RAM_SHARE = 0.3
 _MEMINFO = Path("/proc/meminfo")
 GIB = 1024**3
 

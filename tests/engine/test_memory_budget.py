@@ -49,7 +49,7 @@ def test_utilization_outside_0_1_is_refused(value) -> None:
 
 
 def test_cpu_budget_is_a_share_of_available_ram_and_capped_by_what_sequences_use() -> None:
-    assert cpu_kv_budget(24 * GIB) == 12 * GIB
+    assert cpu_kv_budget(20 * GIB) == 6 * GIB
     assert capped(12 * GIB, bytes_per_page=1024, max_num_seqs=4, pages_per_seq=8) == 4 * 8 * 1024
     assert capped(1000, bytes_per_page=1024, max_num_seqs=4, pages_per_seq=8) == 1000
 
@@ -60,7 +60,7 @@ def test_cpu_default_reads_available_ram(monkeypatch) -> None:
     budget = default_kv_budget(
         torch.device("cpu"), gpu_memory_utilization=0.9, profile_activation_peak=never
     )
-    assert budget == 5 * GIB
+    assert budget == 3 * GIB
 
 
 def test_available_ram_reads_meminfo_without_psutil(monkeypatch, tmp_path) -> None:
