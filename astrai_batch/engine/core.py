@@ -13,6 +13,7 @@ import torch
 
 from astrai_batch.cache import KVCacheManager, KVPool
 from astrai_batch.engine.config import EngineConfig
+from astrai_batch.engine.forward_timer import ForwardTimer
 from astrai_batch.engine.loader import LoadedModel
 from astrai_batch.engine.memory_budget import capped, default_kv_budget, profile_activation_peak
 from astrai_batch.engine.model_runner import ModelRunner, ScheduledChunk
@@ -114,6 +115,7 @@ class EngineCore:
         self._finished = 0
         self._failed = 0
         self._forward_seconds = 0.0
+        self._pending_timers: list[ForwardTimer] = []  # forwards not yet read (see step)
         self._busy_seconds = 0.0
 
     # -- requests ------------------------------------------------------------------------
@@ -204,10 +206,16 @@ class EngineCore:
             if item.num_tokens > 1 or chunk.start < item.seq.prompt_len:
                 self._prefill_tokens += item.num_tokens
         output = self.runner.forward(chunks)
-        self._forward_seconds += output.forward_seconds
         self._steps += 1
         self.scheduler.after_step(plan.work)
-        results = self._sample(sampling, output.logits) if sampling else []
+        self._pending_timers.append(output.timer)
+        if sampling:
+            results = self._sample(sampling, output.logits)
+            # on CUDA the tokens' read waited for this forward (and every earlier one), so
+            # reading the timers costs no synchronization
+            self._read_timers()
+        else:
+            results = []
         self._busy_seconds += time.perf_counter() - started
         return results
 
@@ -276,7 +284,13 @@ class EngineCore:
 
     # -- statistics ------------------------------------------------------------------------
 
+    def _read_timers(self) -> None:
+        for timer in self._pending_timers:
+            self._forward_seconds += timer.seconds()
+        self._pending_timers.clear()
+
     def stats(self) -> EngineStats:
+        self._read_timers()
         return EngineStats(
             steps=self._steps,
             prefill_tokens=self._prefill_tokens,

@@ -8,7 +8,6 @@ their sequence's last known token.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -28,6 +27,7 @@ from astrai_batch.engine.attention import (
 )
 from astrai_batch.engine.cascade import DecodePartition
 from astrai_batch.engine.cascade_plan import CascadeBatch, plan_cascade
+from astrai_batch.engine.forward_timer import ForwardTimer
 from astrai_batch.engine.page_gather import PageGatherer
 from astrai_batch.engine.step_buffers import StepArrays, StepBuffers, partition_rows, to_device
 
@@ -53,7 +53,12 @@ class ScheduledChunk(NamedTuple):
 @dataclass(frozen=True)
 class ForwardOutput:
     logits: torch.Tensor  # [number of chunks with wants_logits, vocab], float32
-    forward_seconds: float
+    timer: ForwardTimer
+
+    @property
+    def forward_seconds(self) -> float:
+        """The model's time (device time on CUDA: read after the step's sync, it costs none)."""
+        return self.timer.seconds()
 
 
 class ModelRunner:
@@ -73,7 +78,8 @@ class ModelRunner:
         if not chunks:
             raise ValueError("forward needs at least one chunk")
         batch, input_ids, positions, logit_rows = self._build_batch(chunks)
-        started = time.perf_counter()
+        timer = ForwardTimer(self.device)
+        timer.start()
         outputs = self.model(
             input_ids=input_ids.unsqueeze(0),
             position_ids=positions.unsqueeze(0),
@@ -82,7 +88,8 @@ class ModelRunner:
             **{BATCH_KWARG: batch},
         )
         logits = outputs.logits[0].float()
-        return ForwardOutput(logits=logits, forward_seconds=time.perf_counter() - started)
+        timer.stop()
+        return ForwardOutput(logits=logits, timer=timer)
 
     def _build_batch(self, chunks: Sequence[ScheduledChunk]):
         device = self.device
