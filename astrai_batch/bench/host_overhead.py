@@ -30,6 +30,7 @@ SAMPLING_MODES = ("greedy", "seeded", "stop")
 class HostOverhead:
     host_ms_per_step: float  # median over the timed steps (robust to a shared machine)
     host_ms_mean: float
+    host_cpu_ms_per_step: float  # this thread's CPU time in the same work (median)
     forward_ms_per_step: float
     parts_ms_per_step: dict[str, float]
     num_seqs: int
@@ -41,6 +42,7 @@ class HostOverhead:
         return {
             "host_ms_per_step": round(self.host_ms_per_step, 4),
             "host_ms_mean": round(self.host_ms_mean, 4),
+            "host_cpu_ms_per_step": round(self.host_cpu_ms_per_step, 4),
             "forward_ms_per_step": round(self.forward_ms_per_step, 4),
             "parts_ms_per_step": {k: round(v, 4) for k, v in self.parts_ms_per_step.items()},
             "num_seqs": self.num_seqs,
@@ -102,11 +104,14 @@ def measure_host_overhead(
     for _ in range(warmup):
         core.step()
     parts = _time_parts(core)
+    cpu = _cpu_clocks(core)
     host: list[float] = []
+    host_cpu: list[float] = []
     forward: list[float] = []
     started = time.perf_counter()
     for _ in range(steps):
         before = core.stats()
+        cpu_before = dict(cpu)
         if core.step():
             raise RuntimeError("a sequence finished during the timed steps")
         delta = core.stats() - before
@@ -114,10 +119,13 @@ def measure_host_overhead(
             raise RuntimeError("the timed steps were not all full decode steps")
         host.append(delta.busy_seconds - delta.forward_seconds)
         forward.append(delta.forward_seconds)
+        spent = {name: cpu[name] - cpu_before[name] for name in cpu}
+        host_cpu.append(spent["step"] - spent["forward"] + spent["build"])
     wall = time.perf_counter() - started
     return HostOverhead(
         host_ms_per_step=1000 * statistics.median(host),
         host_ms_mean=1000 * statistics.fmean(host),
+        host_cpu_ms_per_step=1000 * statistics.median(host_cpu),
         forward_ms_per_step=1000 * statistics.median(forward),
         parts_ms_per_step={
             **{name: 1000 * seconds / steps for name, seconds in parts.items()},
@@ -131,23 +139,36 @@ def measure_host_overhead(
 
 
 def _time_parts(core: EngineCore) -> dict[str, float]:
-    """Wraps the step's parts on this engine instance with timers; returns the totals."""
+    """Wraps the step's parts on this engine instance with wall timers; returns the totals."""
     totals: dict[str, float] = defaultdict(float)
-
-    def timed(owner, attribute: str, name: str) -> None:
-        inner = getattr(owner, attribute)
-
-        def wrapper(*args, **kwargs):
-            started = time.perf_counter()
-            try:
-                return inner(*args, **kwargs)
-            finally:
-                totals[name] += time.perf_counter() - started
-
-        setattr(owner, attribute, wrapper)
-
-    timed(core.scheduler, "schedule", "schedule")
-    timed(core.runner, "_build_batch", "build_batch")
-    timed(core.scheduler, "after_step", "after_step")
-    timed(core, "_sample", "sample_and_finish")
+    _wrap(core.scheduler, "schedule", "schedule", totals, time.perf_counter)
+    _wrap(core.runner, "_build_batch", "build_batch", totals, time.perf_counter)
+    _wrap(core.scheduler, "after_step", "after_step", totals, time.perf_counter)
+    _wrap(core, "_sample", "sample_and_finish", totals, time.perf_counter)
     return totals
+
+
+def _cpu_clocks(core: EngineCore) -> dict[str, float]:
+    """This thread's CPU time in the step, the runner's forward and its batch build: host CPU
+    is step - forward + build (the step runs on this thread; waiting for a core, as on a
+    shared machine, is not CPU time)."""
+    totals: dict[str, float] = defaultdict(float)
+    _wrap(core, "step", "step", totals, time.thread_time)
+    _wrap(core.runner, "forward", "forward", totals, time.thread_time)
+    _wrap(core.runner, "_build_batch", "build", totals, time.thread_time)
+    for name in ("step", "forward", "build"):
+        totals[name] += 0.0
+    return totals
+
+
+def _wrap(owner, attribute: str, name: str, totals: dict[str, float], clock) -> None:
+    inner = getattr(owner, attribute)
+
+    def wrapper(*args, **kwargs):
+        started = clock()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            totals[name] += clock() - started
+
+    setattr(owner, attribute, wrapper)
