@@ -190,6 +190,11 @@ class KVCacheManager:
         """A copy of the request's page table: page of position p is `pages[p // page_size]`."""
         return list(self._request(request_id).pages)
 
+    def pages_and_version(self, request_id: Hashable) -> tuple[list[int], int]:
+        """`pages` and `pages_version` in one lookup (asked for every sequence every step)."""
+        request = self._request(request_id)
+        return list(request.pages), request.version
+
     def pages_version(self, request_id: Hashable) -> int:
         """A stamp that changes whenever the request's page table changes, and that no other
         page table (of this or any request, before or after) ever had: a caller that keeps a

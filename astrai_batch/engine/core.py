@@ -315,15 +315,10 @@ def chunk_for(item: ScheduledWork, cache: KVCacheManager) -> ScheduledChunk:
     seq, num_tokens = item
     start = seq.num_computed
     end = start + num_tokens
-    seq_id = seq.seq_id
+    pages, version = cache.pages_and_version(seq.seq_id)
     # positional: token_ids, start, pages, wants_logits, seq_key, pages_version
     return ScheduledChunk(
-        seq.tokens[start:end],
-        start,
-        cache.pages(seq_id),
-        end == len(seq.tokens),
-        seq_id,
-        cache.pages_version(seq_id),
+        seq.tokens[start:end], start, pages, end == len(seq.tokens), seq.seq_id, version
     )
 
 

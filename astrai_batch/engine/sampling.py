@@ -81,6 +81,8 @@ class SequenceSampler:
             or params.presence_penalty != 0.0
             or params.frequency_penalty != 0.0
         )
+        # what never changes of `is_plain_greedy`, decided once (it is asked every step)
+        self._plain_greedy = params.greedy and not self.has_penalties and not params.logprobs
         self._num_generated = 0
         # A preallocated tensor, so a step gathers all rows' history with one `torch.cat`.
         self._generated = (
@@ -105,11 +107,8 @@ class SequenceSampler:
     @property
     def is_plain_greedy(self) -> bool:
         """True when the next token is exactly the argmax of the raw logits."""
-        return (
-            self.params.greedy
-            and not self.has_penalties
-            and not self.params.logprobs
-            and not self.masks_early_stops
+        return self._plain_greedy and not (
+            self._num_generated < self.params.min_tokens and self.early_stop_ids
         )
 
     def append(self, token_id: int) -> None:

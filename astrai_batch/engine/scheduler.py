@@ -103,13 +103,19 @@ class Scheduler:
         work: list[ScheduledWork] = []
         preempted_before = self.preemptions
         index = 0
-        while index < len(self.running) and budget > 0:
-            seq = self.running[index]
-            num = min(seq.num_uncomputed, budget)
+        running = self.running
+        reserve = self.cache.reserve
+        while index < len(running) and budget > 0:
+            seq = running[index]
+            computed = seq.num_computed
+            num = min(len(seq.tokens) - computed, budget)
             if num == 0:
                 index += 1
                 continue
-            if not self._reserve_or_preempt(seq, seq.num_computed + num):
+            # the plain reserve first: it succeeds for nearly every sequence of nearly every step
+            if not reserve(seq.seq_id, computed + num) and not self._reserve_or_preempt(
+                seq, computed + num
+            ):
                 continue  # seq itself was preempted; running[index] is now the next one
             work.append(ScheduledWork(seq, num))
             budget -= num
