@@ -333,6 +333,7 @@ def test_packaged_gguf_validation():
     [
         transformers.LlamaConfig(),
         transformers.MistralConfig(sliding_window=None),
+        transformers.MistralConfig(),  # its window is checked against the context at load
         transformers.Qwen2Config(),
         transformers.Qwen3Config(),
         transformers.GemmaConfig(),
@@ -357,29 +358,9 @@ def test_supported_configs(config):
             "model type 't5' is not supported: it is an encoder-decoder model",
         ),
         (
-            transformers.MistralConfig(),
-            "model type 'mistral' is not supported: it uses sliding-window attention "
-            "(sliding_window=4096 < max_position_embeddings=131072)",
-        ),
-        (
-            transformers.Phi3Config(sliding_window=2047, max_position_embeddings=4096),
-            "model type 'phi3' is not supported: it uses sliding-window attention "
-            "(sliding_window=2047 < max_position_embeddings=4096)",
-        ),
-        (
-            # Every layer below max_window_layers is full attention, but the flag is still set.
-            transformers.Qwen2Config(
-                use_sliding_window=True, num_hidden_layers=4, max_window_layers=4
-            ),
-            "model type 'qwen2' is not supported: it uses sliding-window attention "
-            "(use_sliding_window=True)",
-        ),
-        (
-            transformers.Qwen2Config(
-                use_sliding_window=True, num_hidden_layers=4, max_window_layers=2
-            ),
-            "model type 'qwen2' is not supported: it has layers without full attention "
-            "(layer_types: sliding_attention)",
+            transformers.GemmaConfig(use_bidirectional_attention=True),
+            "model type 'gemma' is not supported: it uses bidirectional attention "
+            "(use_bidirectional_attention=True)",
         ),
         (
             transformers.Gemma2Config(),
