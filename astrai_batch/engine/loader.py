@@ -24,6 +24,7 @@ from transformers import (
 
 from astrai_batch.engine.converted_models import is_complete
 from astrai_batch.engine.gguf_models import converted_dir_for, ensure_converted, error_summary
+from astrai_batch.engine.library_progress import library_progress_off
 from astrai_batch.engine.model_spec import ModelSpec, alias_list, resolve_model_spec
 from astrai_batch.engine.model_support import check_supported
 from astrai_batch.errors import ConfigError, ModelLoadError
@@ -134,6 +135,7 @@ def _resolve_device(device: str) -> torch.device:
     return resolved
 
 
+@library_progress_off()
 def load_model(
     spec: str | os.PathLike[str],
     *,
@@ -189,6 +191,7 @@ def load_model(
     return _describe(model, tokenizer, model_spec, context)
 
 
+@library_progress_off()
 def load_tokenizer(
     spec: str | os.PathLike[str],
     *,
