@@ -28,18 +28,35 @@ if TYPE_CHECKING:
 
 # Decoder-only model types whose attention goes through transformers' attention interface
 # with full causal attention, so the engine's paged attention can stand in for it.
+# Each has a tiny-model greedy test against transformers (tests/engine/test_architectures_exact.py).
 SUPPORTED_MODEL_TYPES: frozenset[str] = frozenset(
     {
+        "apertus",
+        "arcee",
+        "cohere",
+        "ernie4_5",
         "gemma",
+        "glm",
         "granite",
+        "granitemoe",
+        "helium",
+        "hunyuan_v1_dense",
         "llama",
         "mistral",
+        "mixtral",
         "olmo",
         "olmo2",
+        "olmo3",
+        "olmoe",
+        "phi",
         "phi3",
         "qwen2",
+        "qwen2_moe",
         "qwen3",
+        "qwen3_moe",
+        "seed_oss",
         "smollm3",
+        "starcoder2",
     }
 )
 
@@ -130,9 +147,11 @@ def exact_context_limit(config: Any) -> tuple[int, str] | None:
     when no feature of the config limits it."""
     limits: list[tuple[int, str]] = []
     window = getattr(config, "sliding_window", None)
-    if window is not None:
+    if window:  # None, or 0 where a config says "off" that way (Qwen2-MoE)
         # Keys at positions > q - window are seen (transformers' sliding_window_overlay), so
-        # the window cuts nothing while every sequence holds at most `window` tokens.
+        # the window cuts nothing while every sequence holds at most `window` tokens. Some
+        # models apply it only on "sliding_attention" layers, others on every layer whatever
+        # `layer_types` says; counting it whenever it is set is right for both.
         limits.append((int(window), f"sliding-window attention (sliding_window={window})"))
     for params in _rope_parameter_sets(config):
         rope_type = str(params.get("rope_type", params.get("type", "default")))

@@ -54,8 +54,9 @@ CASES: dict[str, tuple[str, dict, int | None]] = {
         {"use_sliding_window": True, "sliding_window": 1024, "max_window_layers": 1},
         None,
     ),
-    "qwen3": ("qwen3", {"head_dim": HEAD_DIM}, None),
-    "gemma": ("gemma", {"head_dim": HEAD_DIM}, None),
+    # An explicit head_dim other than hidden_size / heads (64 / 4 = 16).
+    "qwen3": ("qwen3", {"head_dim": 32}, None),
+    "gemma": ("gemma", {"head_dim": 32}, None),
     "granite": (
         "granite",
         {
@@ -83,6 +84,40 @@ CASES: dict[str, tuple[str, dict, int | None]] = {
         256,
     ),
     "smollm3": ("smollm3", {}, None),
+    "mixtral": ("mixtral", {"num_local_experts": 4, "num_experts_per_tok": 2}, None),
+    "qwen2-moe": (
+        "qwen2_moe",
+        {
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+            "shared_expert_intermediate_size": 64,
+        },
+        None,
+    ),
+    "qwen3-moe": (
+        "qwen3_moe",
+        {
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+            "head_dim": HEAD_DIM,
+        },
+        None,
+    ),
+    "olmoe": ("olmoe", {"num_experts": 4, "num_experts_per_tok": 2}, None),
+    "granitemoe": ("granitemoe", {"num_local_experts": 4, "num_experts_per_tok": 2}, None),
+    "olmo3-sliding-layers": ("olmo3", {"sliding_window": 4096}, None),
+    "starcoder2": ("starcoder2", {"sliding_window": None}, None),
+    "phi": ("phi", {"partial_rotary_factor": 0.5, "qk_layernorm": True}, None),
+    "cohere": ("cohere", {"use_qk_norm": True, "logit_scale": 0.5}, None),
+    "glm": ("glm", {"head_dim": HEAD_DIM}, None),
+    "helium": ("helium", {"head_dim": HEAD_DIM}, None),
+    "arcee": ("arcee", {}, None),
+    "apertus": ("apertus", {}, None),
+    "seed-oss": ("seed_oss", {"head_dim": HEAD_DIM}, None),
+    "ernie4_5": ("ernie4_5", {}, None),
+    "hunyuan-v1-dense": ("hunyuan_v1_dense", {"head_dim": HEAD_DIM}, None),
 }
 
 

@@ -36,7 +36,11 @@ from astrai_batch.engine.model_support import check_supported, require_chat_temp
 from astrai_batch.errors import ConfigError, ModelLoadError, UnsupportedModelError
 
 PROMPT = "The quick brown fox jumps over the lazy dog."
-SUPPORTED_LIST = "gemma, granite, llama, mistral, olmo, olmo2, phi3, qwen2, qwen3, smollm3"
+SUPPORTED_LIST = (
+    "apertus, arcee, cohere, ernie4_5, gemma, glm, granite, granitemoe, helium, "
+    "hunyuan_v1_dense, llama, mistral, mixtral, olmo, olmo2, olmo3, olmoe, phi, phi3, qwen2, "
+    "qwen2_moe, qwen3, qwen3_moe, seed_oss, smollm3, starcoder2"
+)
 
 
 def logits_for(loaded: LoadedModel, text: str = PROMPT) -> torch.Tensor:
