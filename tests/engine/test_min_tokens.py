@@ -10,6 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from click.testing import CliRunner
+from engine.stop_reference import prefix_texts, vllm_stop
 from engine_reference import _reference_model, mixed_prompts
 
 from astrai_batch.cli import main
@@ -37,31 +38,6 @@ def free_run(loaded, prompt):
     params = SamplingParams(max_tokens=MAX_NEW, ignore_eos=True)
     results, _ = generate_sync(loaded, [GenerationRequest(0, prompt, params)], CONFIG)
     return results[0].token_ids
-
-
-def prefix_texts(tokenizer, ids) -> list[str]:
-    """texts[k]: the first k tokens decoded whole (not incrementally)."""
-    return [
-        tokenizer.decode(
-            list(ids[:k]), skip_special_tokens=True, clean_up_tokenization_spaces=False
-        )
-        for k in range(len(ids) + 1)
-    ]
-
-
-def vllm_stop(texts: list[str], stop: str, min_tokens: int) -> tuple[int, str] | None:
-    """(tokens generated, text) where vLLM's rule stops, by listing every occurrence of `stop`.
-
-    vLLM searches token k's new text (and the len(stop) - 1 characters before it) only for
-    k > min_tokens: the stop is the earliest occurrence that ends inside the text token k added.
-    """
-    for k in range(min_tokens + 1, len(texts)):
-        text, before = texts[k], len(texts[k - 1])
-        starts = [i for i in range(len(text) - len(stop) + 1) if text.startswith(stop, i)]
-        ending_here = [i for i in starts if i + len(stop) > before]
-        if ending_here:
-            return k, text[: min(ending_here)]
-    return None
 
 
 def run(loaded, prompt, **params):
