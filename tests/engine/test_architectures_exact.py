@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import build_tiny_tokenizer
+from conftest import build_tiny_tokenizer, tiny_config_kwargs
 from engine_reference import hf_greedy, mixed_prompts
 from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -123,22 +123,7 @@ CASES: dict[str, tuple[str, dict, int | None]] = {
 
 def save_tiny(path: Path, model_type: str, overrides: dict) -> Path:
     tokenizer = build_tiny_tokenizer()
-    config = AutoConfig.for_model(
-        model_type,
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        tie_word_embeddings=False,
-        initializer_range=0.3,  # varied greedy continuations with wide top-1 margins
-        **overrides,
-    )
+    config = AutoConfig.for_model(model_type, **{**tiny_config_kwargs(tokenizer), **overrides})
     config.architectures = [AutoModelForCausalLM._model_mapping[type(config)].__name__]
     torch.manual_seed(99)
     AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(path)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from conftest import build_tiny_tokenizer
+from conftest import build_tiny_tokenizer, tiny_config_kwargs
 
 from astrai_batch.cache import KVPool
 from astrai_batch.engine.loader import load_model
@@ -131,13 +131,7 @@ def mistral(window: int) -> transformers.MistralConfig:
     return transformers.MistralConfig(
         architectures=["MistralForCausalLM"],
         sliding_window=window,
-        max_position_embeddings=1024,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=384,
+        **tiny_config_kwargs(build_tiny_tokenizer()),
     )
 
 

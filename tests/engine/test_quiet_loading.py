@@ -85,8 +85,17 @@ class _Terminal(io.StringIO):
         return True
 
 
-def test_the_switch_is_scoped_and_leaves_terminals_alone():
-    assert transformers_logging.is_progress_bar_enabled()
+@pytest.fixture
+def bars_on():
+    """Bars on, as in a fresh process (an in-process `--quiet` run switches them off)."""
+    was_on = transformers_logging.is_progress_bar_enabled()
+    transformers_logging.enable_progress_bar()
+    yield
+    if not was_on:
+        transformers_logging.disable_progress_bar()
+
+
+def test_the_switch_is_scoped_and_leaves_terminals_alone(bars_on):
     assert not hub_utils.are_progress_bars_disabled()
     with library_progress_off(io.StringIO()):
         assert not transformers_logging.is_progress_bar_enabled()
