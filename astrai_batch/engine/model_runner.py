@@ -112,6 +112,7 @@ class ModelRunner:
             value_cache=self.pool.value_cache,
             page_size=page,
             write_slots=to_device(step.write_slots, device),
+            longest_context=int(step.lengths.max()),
             decode=decode,
             cascade=cascade,
             prefills=prefills,
