@@ -242,8 +242,12 @@ def _require_fast(tokenizer: PreTrainedTokenizerBase, model_spec: ModelSpec) -> 
 def describe_model(
     model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, name: str, source: str
 ) -> LoadedModel:
-    """A `LoadedModel` for a model built in memory (random weights for checks and benches)."""
-    return _describe(model, tokenizer, ModelSpec("directory", name, source))
+    """A `LoadedModel` for a model built in memory (random weights for checks and benches),
+    checked like a loaded one."""
+    spec = ModelSpec("directory", name, source)
+    context = _max_model_len(model.config, tokenizer, spec)
+    check_supported(model.config, max_model_len=context)
+    return _describe(model, tokenizer, spec, context)
 
 
 def _describe(
