@@ -13,14 +13,13 @@ import random
 import numpy as np
 import pytest
 import torch
+from engine_reference import make_sequence
 
 from astrai_batch.cache import KVCacheManager
 from astrai_batch.engine.cascade import partition_decodes
 from astrai_batch.engine.config import EngineConfig
 from astrai_batch.engine.core import chunk_for
 from astrai_batch.engine.model_runner import ScheduledChunk
-from astrai_batch.engine.sampling import SequenceSampler
-from astrai_batch.engine.sampling_params import SamplingParams
 from astrai_batch.engine.scheduler import Scheduler
 from astrai_batch.engine.sequence import Sequence
 from astrai_batch.engine.step_buffers import StepArrays, StepBuffers, partition_rows, to_device
@@ -76,17 +75,7 @@ def assert_same(arrays: StepArrays, expected: dict[str, np.ndarray]) -> None:
 
 
 def make_seq(seq_id: int, prompt: list[int], max_tokens: int) -> Sequence:
-    params = SamplingParams(max_tokens=max_tokens)
-    return Sequence(
-        seq_id=seq_id,
-        request_id=seq_id,
-        sample_index=0,
-        prompt_token_ids=tuple(prompt),
-        params=params,
-        sampler=SequenceSampler(params, prompt),
-        arrival=seq_id,
-        page_size=PAGE,
-    )
+    return make_sequence(seq_id, prompt, page_size=PAGE, max_tokens=max_tokens)
 
 
 @pytest.mark.parametrize("seed", range(6))
