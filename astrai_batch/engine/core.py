@@ -169,12 +169,13 @@ class EngineCore:
             return []
         chunks: list[ScheduledChunk] = []
         sampling: list[ScheduledWork] = []
+        cache = self.cache
         for item in plan.work:
-            chunk = chunk_for(item, self.cache)
+            chunk = chunk_for(item, cache)
             chunks.append(chunk)
             if chunk.wants_logits:
                 sampling.append(item)
-            if item.num_tokens > 1 or chunk.start < item.seq.prompt_len:
+            if item.num_tokens > 1 or chunk.start < len(item.seq.prompt_token_ids):
                 self._prefill_tokens += item.num_tokens
         output = self.runner.forward(chunks)
         self._steps += 1
@@ -211,7 +212,8 @@ class EngineCore:
 
     def _finish_reason(self, seq: Sequence, token: int) -> FinishReason | None:
         params = seq.params
-        generated = seq.num_tokens - seq.prompt_len
+        num_tokens = len(seq.tokens)
+        generated = num_tokens - len(seq.prompt_token_ids)
         output = self._outputs.get(seq.seq_id)
         if output is not None and output.append(token):
             return "stop"
@@ -222,7 +224,7 @@ class EngineCore:
                 return "stop"
             if not params.ignore_eos and token in self.loaded.eos_token_ids:
                 return "stop"
-        if generated >= params.max_tokens or seq.num_tokens >= self.max_model_len:
+        if generated >= params.max_tokens or num_tokens >= self.max_model_len:
             return "length"
         return None
 

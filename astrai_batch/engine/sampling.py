@@ -11,7 +11,8 @@ processed in this order, always in float32:
 2. min_tokens. While fewer than `min_tokens` tokens were generated, the `stop_token_ids` and
    the EOS ids get -inf, so the sequence cannot end early. With `ignore_eos` EOS does not end
    a sequence, so it is not masked (only the stop ids are).
-3. Greedy rows (temperature 0) take the argmax: bit-for-bit `torch.argmax` of the logits when
+3. Greedy rows (temperature 0) take the argmax (the first maximal index, as `torch.argmax`;
+   computed by numpy on CPU, several times faster there): of the raw logits when
    no penalty or mask applies, and of the penalised logits otherwise.
 4. Other rows are divided by the temperature, then filtered like Hugging Face's warpers, in
    their order: top-k (keep logits >= the k-th largest), top-p (drop the tokens whose
@@ -196,7 +197,7 @@ def sample_next_tokens(
             f"logits must have shape [{len(samplers)}, vocab], got {list(logits.shape)}"
         )
     if all(sampler.is_plain_greedy for sampler in samplers):
-        return [SampledToken(token, None) for token in logits.argmax(dim=-1).tolist()]
+        return [SampledToken(token, None) for token in row_argmax(logits).tolist()]
     scores = adjusted_scores(logits, samplers)
     device = scores.device
     token_ids = torch.empty(len(samplers), dtype=torch.long, device=device)
@@ -205,7 +206,7 @@ def sample_next_tokens(
     drawn = [i for i, sampler in enumerate(samplers) if not sampler.params.greedy]
     if greedy:
         greedy_scores = _rows(scores, greedy)
-        chosen = greedy_scores.argmax(dim=-1)
+        chosen = row_argmax(greedy_scores)
         token_ids[_index(greedy, device)] = chosen
         _fill_logprobs(logprobs, greedy, greedy_scores, chosen, samplers)
     if drawn:
@@ -224,6 +225,14 @@ def sample_next_tokens(
         SampledToken(token, value if want else None)
         for token, value, want in zip(tokens, values, wants, strict=True)
     ]
+
+
+def row_argmax(scores: torch.Tensor) -> torch.Tensor:
+    """The first index of each row's maximum. On CPU numpy's argmax (measured 16x faster than
+    torch's at 256 x 384 and 6x at 256 x 49,152, one thread); both return the first maximum."""
+    if scores.device.type == "cpu" and scores.dtype in (torch.float32, torch.float64):
+        return torch.from_numpy(scores.numpy().argmax(axis=-1))
+    return scores.argmax(dim=-1)
 
 
 def adjusted_scores(logits: torch.Tensor, samplers: Sequence[SequenceSampler]) -> torch.Tensor:

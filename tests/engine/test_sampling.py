@@ -508,3 +508,15 @@ def test_uniform_draws_are_splitmix64_of_seed_and_draw_count() -> None:
         assert first[row] == splitmix64_reference(sampler.seed, 0)
         assert second[row] == splitmix64_reference(sampler.seed, 1)
     assert samplers[0].next_uniform() == splitmix64_reference(samplers[0].seed, 2)
+
+
+def test_row_argmax_is_torch_argmax_ties_included() -> None:
+    from astrai_batch.engine.sampling import row_argmax
+
+    logits = random_logits(64, seed=9)
+    logits[:, 5] = logits.max(dim=-1).values  # every row: a tie between column 5 and another
+    logits[3] = 1.0  # a row that is all ties
+    assert torch.equal(row_argmax(logits), logits.argmax(dim=-1))
+    assert torch.equal(row_argmax(logits.double()), logits.double().argmax(dim=-1))
+    half = logits.to(torch.bfloat16)  # numpy has no bfloat16: torch's own argmax
+    assert torch.equal(row_argmax(half), half.argmax(dim=-1))
