@@ -79,9 +79,10 @@ class Scheduler:
     def after_step(self, work: list[ScheduledWork]) -> None:
         """Advances progress by what was computed and publishes the filled pages.
 
-        The token list is copied for `publish` only when a page filled up: the pages before
-        the old `num_computed // page_size` were published by the previous call (or matched
-        at admission), so `publish` would do nothing otherwise.
+        `publish` is called only when a page filled up: the pages before the old
+        `num_computed // page_size` were published by the previous call (or matched at
+        admission), so it would do nothing otherwise. It gets the token list itself when every
+        token is computed (a decode), else a copy of the computed ones.
         """
         page = self.cache.page_size
         publish = self.cache.publish
@@ -92,7 +93,9 @@ class Scheduler:
                 self._untrack_inflight(seq)
             seq.num_computed = after = before + num_tokens
             if after // page > before // page:
-                publish(seq.seq_id, seq.tokens[:after])
+                tokens = seq.tokens
+                # a decode has computed every token it has (its next one is not sampled yet)
+                publish(seq.seq_id, tokens if len(tokens) == after else tokens[:after])
             if prefilling:
                 self._track_inflight(seq)
 
