@@ -5,7 +5,8 @@ files (``part-000001.parquet``, records in the part schema of `records`) and
 ``manifest.json``. Both kinds of file are written atomically (temporary file, fsync, rename),
 and a part counts only once the manifest lists it, so a crash at any moment leaves either the
 old state or the new one; files the manifest does not list are removed when the checkpoint is
-opened again.
+opened again (except the run lock's file, see `run_lock`: only the run holding that lock
+opens the checkpoint).
 
 The manifest records the job's identity (input fingerprint, model, result-affecting options),
 each window's planning (first row, row count, prefix-group offset and count) and each part's
@@ -31,6 +32,7 @@ from astrai_batch.errors import CheckpointError, OutputError
 from astrai_batch.io import AtomicFile, write_table_atomic
 from astrai_batch.jobs.fingerprint import job_differences
 from astrai_batch.jobs.records import INDEX_COLUMN
+from astrai_batch.jobs.run_lock import LOCK_NAME
 from astrai_batch.jobs.stats import WorkStats, total
 
 MANIFEST_NAME = "manifest.json"
@@ -101,8 +103,8 @@ class Checkpoint:
         """
         job = json.loads(json.dumps(job))  # compare as stored: tuples are lists in JSON
         manifest_path = directory / MANIFEST_NAME
-        if directory.exists() and restart:
-            shutil.rmtree(directory)
+        if restart:
+            _remove_entries(directory, keep={LOCK_NAME})
         if manifest_path.exists():
             checkpoint = cls(directory, read_manifest(manifest_path))
             differences = job_differences(checkpoint.job, job)
@@ -181,6 +183,18 @@ class Checkpoint:
             done.update(table.column(INDEX_COLUMN).to_pylist())
         return done
 
+    def first_error(self) -> tuple[int, str] | None:
+        """(input index, message) of the earliest failed row saved, or None."""
+        first: tuple[int, str] | None = None
+        for path in self.part_paths():
+            table = pq.read_table(path, columns=[INDEX_COLUMN, "finish_reason", "error"])
+            for index, reason, error in zip(
+                *(table.column(name).to_pylist() for name in table.column_names), strict=True
+            ):
+                if reason == "error" and (first is None or index < first[0]):
+                    first = (index, error or "")
+        return first
+
     def part_paths(self, window: int | None = None) -> list[Path]:
         """Part files in writing order, of one window or of all."""
         return [
@@ -258,18 +272,26 @@ class Checkpoint:
         manifest.commit()
 
     def _remove_unlisted_files(self) -> None:
-        listed = {part.file for part in self._parts} | {MANIFEST_NAME}
-        for entry in self.directory.iterdir():
-            if entry.name not in listed:
-                if entry.is_dir():
-                    shutil.rmtree(entry, ignore_errors=True)
-                else:
-                    entry.unlink(missing_ok=True)
+        listed = {part.file for part in self._parts} | {MANIFEST_NAME, LOCK_NAME}
+        _remove_entries(self.directory, keep=listed)
 
     def _require_parts(self) -> None:
         for path in self.part_paths():
             if not path.is_file():
                 raise CheckpointError(f"checkpoint part {path} is missing; {RESTART_HINT}")
+
+
+def _remove_entries(directory: Path, *, keep: set[str]) -> None:
+    """Remove everything in `directory` except the names in `keep` (the run lock's file
+    among them: the run that holds it is the one calling this)."""
+    if not directory.is_dir():
+        return
+    for entry in directory.iterdir():
+        if entry.name not in keep:
+            if entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
 
 
 def read_manifest(path: Path) -> dict[str, Any]:

@@ -41,6 +41,7 @@ from astrai_batch.jobs.output import (
 )
 from astrai_batch.jobs.progress import Progress, make_progress
 from astrai_batch.jobs.records import output_schema, part_schema
+from astrai_batch.jobs.run_lock import RunLock
 from astrai_batch.jobs.signals import interrupt_exit_code
 from astrai_batch.jobs.summary import JobSummary
 
@@ -76,13 +77,20 @@ def run_job(
     cannot start or fails (a `--max-errors` abort is a summary with status 'aborted')."""
     started = time.monotonic()
     paths = JobPaths.for_output(input_path, output_path)
-    progress = make_progress(
-        stderr or sys.stderr, quiet=config.quiet, interval=config.progress_seconds
-    )
+    _check_output_path(paths)
+    # Before anything is touched: a second run on this output must change nothing.
+    lock = RunLock(paths.checkpoint, str(paths.output))
+    lock.acquire()
     try:
-        return _run(config, paths, progress, started)
+        progress = make_progress(
+            stderr or sys.stderr, quiet=config.quiet, interval=config.progress_seconds
+        )
+        try:
+            return _run(config, paths, progress, started)
+        finally:
+            progress.close()
     finally:
-        progress.close()
+        lock.release()
 
 
 def _run(config: JobConfig, paths: JobPaths, progress: Progress, started: float) -> JobSummary:
@@ -177,7 +185,7 @@ class _Report:
     def summary(
         self, status: str, exit_code: int, run: ExecutionResult | None, message: str | None = None
     ) -> JobSummary:
-        written = status.startswith("completed")
+        written = status.startswith("completed") or status == "failed"
         return JobSummary(
             status=status,
             exit_code=exit_code,
@@ -195,19 +203,27 @@ class _Report:
         )
 
     def completed(self, run: ExecutionResult | None) -> JobSummary:
-        """Exit 0, or 3 with --fail-on-row-errors when some rows failed."""
+        """Exit 0, or 3 with --fail-on-row-errors when some rows failed, or 1 (status
+        'failed') when every row failed: a job that produced nothing is not a success."""
         failed = self.checkpoint.total_stats().failed_rows
         if failed == 0:
             return self.summary("completed", EXIT_OK, run)
+        if failed == self.total_rows:
+            index, error = self.checkpoint.first_error() or (0, "")
+            return self.summary(
+                "failed",
+                EXIT_FAILED,
+                run,
+                f"all {failed} rows failed; first error (row {index}): {error}",
+            )
         code = EXIT_ROW_ERRORS if self.config.fail_on_row_errors else EXIT_OK
         return self.summary(
             "completed_with_errors", code, run, f"{failed} of {self.total_rows} rows failed"
         )
 
 
-def _check_output(paths: JobPaths, config: JobConfig) -> str | None:
-    """Refuse an output that cannot be written. Returns the run id of an existing output that
-    the checkpoint beside it produced (its job finished but was killed before cleaning up)."""
+def _check_output_path(paths: JobPaths) -> None:
+    """Refuse an output path that can never be written (checks that touch nothing)."""
     output = paths.output
     if not output.parent.is_dir():
         raise OutputError(f"output directory does not exist: {output.parent}")
@@ -215,6 +231,13 @@ def _check_output(paths: JobPaths, config: JobConfig) -> str | None:
         raise OutputError(f"output {output} is a directory; give a file name")
     if output.resolve() == paths.input.resolve():
         raise OutputError(f"output {output} is the input file")
+
+
+def _check_output(paths: JobPaths, config: JobConfig) -> str | None:
+    """Refuse an existing output (without --overwrite) and remove temporary files a killed
+    run left. Returns the run id of an existing output that the checkpoint beside it produced
+    (its job finished but was killed before cleaning up)."""
+    output = paths.output
     for target in (output, paths.stats):
         remove_stale_temp_files(target)
     if not output.exists() or config.overwrite:
