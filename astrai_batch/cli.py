@@ -35,6 +35,19 @@ def _option(flag: str, default: Any = None, help: str | None = None, **kwargs: A
     return click.option(flag, default=default, show_default=shown, help=help, **kwargs)
 
 
+def _model_source_options() -> list[Any]:
+    """Where a model's files come from: shared by `run` and `plan`."""
+    return [
+        _option("--revision", None, "Branch, tag or commit of a hub model."),
+        _option(
+            "--trust-remote-code",
+            help="Allow a model's own Python code to run while it loads.",
+            is_flag=True,
+            default=False,
+        ),
+    ]
+
+
 def _run_options(function: Any) -> Any:
     """The options of `run`, each named as its JobConfig / TOML key."""
     d, s = _DEFAULTS, _DEFAULTS.sampling
@@ -44,8 +57,15 @@ def _run_options(function: Any) -> Any:
         _option("--config", None, "TOML file of options (flags win).", type=path),
         # Model and engine.
         _option("--model", d.model, "Model directory, .gguf file, alias or hub id."),
+        *_model_source_options(),
         _option("--device", d.device),
         _option("--dtype", d.dtype, "float32, bfloat16, float16 or auto."),
+        _option(
+            "--max-model-len",
+            None,
+            "Cap on prompt + output tokens [default: the model's context].",
+            type=int,
+        ),
         _option(
             "--threads",
             None,
@@ -191,9 +211,13 @@ def _explicit_options(ctx: click.Context, params: dict[str, Any]) -> tuple[dict[
 @click.option("--input-format", type=click.Choice(["parquet", "jsonl"]), default=None)
 @click.option("--prompt-column", default=None)
 @click.option("--id-column", default=None)
+@_model_source_options()[0]
+@_model_source_options()[1]
 def plan(
     input_path: Path,
     model: str,
+    revision: str | None,
+    trust_remote_code: bool,
     page_size: int,
     top: int,
     as_json: bool,
@@ -208,6 +232,8 @@ def plan(
         report = plan_input(
             input_path,
             model=model,
+            revision=revision,
+            trust_remote_code=trust_remote_code,
             page_size=page_size,
             top=top,
             input_format=input_format,

@@ -24,7 +24,7 @@ from astrai_batch.engine import keep_freed_memory, load_model, set_cpu_threads
 from astrai_batch.engine.loader import LoadedModel
 from astrai_batch.engine.model_support import require_chat_template
 from astrai_batch.engine.threads import describe_threads
-from astrai_batch.errors import AstraiBatchError, JobAbortedError, OutputError
+from astrai_batch.errors import AstraiBatchError, ConfigError, JobAbortedError, OutputError
 from astrai_batch.io import open_input
 from astrai_batch.jobs.checkpoint import Checkpoint, checkpoint_dir_for, peek_run_id
 from astrai_batch.jobs.config import JobConfig
@@ -112,12 +112,21 @@ def _run(config: JobConfig, paths: JobPaths, progress: Progress, started: float)
     threads = set_cpu_threads(config.threads)
     keep_freed_memory()
     progress.message(f"loading model {config.model} ({describe_threads(threads)})")
-    loaded = load_model(config.model, device=config.device, dtype=config.dtype)
+    loaded = load_model(config.model, **config.model_options())
+    if config.max_model_len is not None and config.max_model_len > loaded.max_model_len:
+        raise ConfigError(
+            f"--max-model-len {config.max_model_len} exceeds the context of model "
+            f"{loaded.name!r} ({loaded.max_model_len} tokens)"
+        )
     if source.shape == "messages":
         require_chat_template(loaded)
     input_fingerprint = source.fingerprint()
-    identity = job_identity(config, input_fingerprint, loaded.name, loaded.source)
-    checkpoint = Checkpoint.open(paths.checkpoint, identity, restart=config.restart)
+    identity = job_identity(config, input_fingerprint, loaded)
+    checkpoint = Checkpoint.open(
+        paths.checkpoint, identity, planning=config.planning_options(), restart=config.restart
+    )
+    if checkpoint.planning != config.planning_options():
+        progress.message(f"planning as the checkpoint's job did: {checkpoint.planning.describe()}")
 
     resumed_rows = checkpoint.total_stats().input_rows
     report = _Report(config, paths, loaded.name, total_rows, resumed_rows, started, checkpoint)
@@ -161,7 +170,7 @@ def _run(config: JobConfig, paths: JobPaths, progress: Progress, started: float)
     progress.message(f"writing {paths.output}")
     metadata = output_metadata(
         config=config.to_dict(),
-        model={"name": loaded.name, "source": loaded.source, "architecture": loaded.architecture},
+        model={**identity["model"], "architecture": loaded.architecture},
         input_fingerprint=input_fingerprint,
         run_id=checkpoint.run_id,
     )
