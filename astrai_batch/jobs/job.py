@@ -132,8 +132,9 @@ def _run(config: JobConfig, paths: JobPaths, progress: Progress, started: float)
     report = _Report(config, paths, loaded.name, total_rows, resumed_rows, started, checkpoint)
     if already_written and checkpoint.run_id == already_written:
         # A previous run wrote the output and died before removing its checkpoint.
+        summary = report.completed(None)
         checkpoint.remove()
-        return report.completed(None)
+        return summary
     if resumed_rows:
         progress.message(
             f"resuming from {paths.checkpoint}: {resumed_rows} of {total_rows} rows are done"
@@ -175,8 +176,9 @@ def _run(config: JobConfig, paths: JobPaths, progress: Progress, started: float)
         run_id=checkpoint.run_id,
     )
     _write_outputs(config, paths, checkpoint, final_schema, metadata, loaded)
+    summary = report.completed(run)  # reads the checkpoint: before it is removed
     checkpoint.remove()
-    return report.completed(run)
+    return summary
 
 
 @dataclass(frozen=True)
