@@ -129,6 +129,7 @@ def test_revision_is_for_hub_models(tiny_llama_dir: Path, tmp_path: Path) -> Non
     for command in (
         ["run", source, tmp_path / "out.parquet", *engine_args(tiny_llama_dir)],
         ["plan", source, "--model", tiny_llama_dir],
+        ["bench", "--model", tiny_llama_dir, "--quiet"],
     ):
         result = run_cli(*command, "--revision", "v1")
         assert result.exit_code == 1
