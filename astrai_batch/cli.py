@@ -1,8 +1,9 @@
 """The command line: a thin click layer over `jobs/`.
 
-Exit codes of `run`: 0 success, 1 the job failed (or was aborted by --max-errors),
-2 usage error, 3 finished with failed rows when --fail-on-row-errors is given, 130 / 143
-interrupted by SIGINT / SIGTERM (rerun the same command to resume).
+Exit codes of `run`: 0 success, 1 the job failed (could not start, every row failed, or
+aborted by --max-errors), 2 usage error, 3 finished with failed rows when
+--fail-on-row-errors is given, 130 / 143 interrupted by SIGINT / SIGTERM (rerun the same
+command to resume).
 """
 
 from __future__ import annotations
