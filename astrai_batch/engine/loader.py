@@ -216,6 +216,18 @@ def load_tokenizer(
     return tokenizer, model_spec.location
 
 
+def model_files_dir(loaded: LoadedModel, revision: str | None = None) -> Path | None:
+    """The local directory holding the files `loaded` was read from: its own directory, or
+    for a hub model the cached snapshot of `revision` (None when it is not in the cache)."""
+    source = Path(loaded.source)
+    if source.is_dir():
+        return source
+    from huggingface_hub import try_to_load_from_cache
+
+    config_file = try_to_load_from_cache(loaded.source, "config.json", revision=revision)
+    return Path(config_file).parent if isinstance(config_file, str) else None
+
+
 def _hub_options(
     model_spec: ModelSpec, revision: str | None, trust_remote_code: bool
 ) -> dict[str, Any]:

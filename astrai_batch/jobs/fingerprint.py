@@ -1,18 +1,17 @@
 """A job's identity for resuming: what defines its results, and nothing else.
 
-The identity holds the input's content (`io.fingerprint`: not its path or mtime), the model's
-files (a digest of the directory it was loaded from, or the hub commit it resolved to; not
-its name or path) and the result options (`config.RESULT_OPTIONS`). A checkpoint is resumed
-only by a job with an equal identity; otherwise every difference is named, one short phrase
-in the user's terms each, in the refusal message. Paths and names are stored beside the
-digests only to write those phrases.
+The identity holds the input's content (`io.fingerprint`: not its path or mtime), the
+model's files (a digest of the directory it was loaded from; for a hub model, the cached
+snapshot of its revision; not its name or path) and the result options
+(`config.RESULT_OPTIONS`). A checkpoint is resumed only by a job with an equal identity;
+otherwise every difference is named, one short phrase in the user's terms each, in the
+refusal message. Paths and names are stored beside the digests only to write those phrases.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from astrai_batch.io.fingerprint import directory_fingerprint, same_content
@@ -27,20 +26,21 @@ def job_identity(
 ) -> dict[str, Any]:
     return {
         "input": dict(input_fingerprint),
-        "model": model_identity(loaded),
+        "model": model_identity(loaded, config.revision),
         "options": config.result_options(),
     }
 
 
-def model_identity(loaded: LoadedModel) -> dict[str, Any]:
-    """{name, source, digest}: `digest` names the files the model was loaded from."""
-    source = Path(loaded.source)
-    if source.is_dir():
-        digest = f"files:{directory_fingerprint(source)}"
+def model_identity(loaded: LoadedModel, revision: str | None) -> dict[str, Any]:
+    """{name, source, digest}: `digest` names the files the model was loaded from (for a hub
+    model, its cached snapshot of `revision`; by name and revision if none is found)."""
+    from astrai_batch.engine.loader import model_files_dir
+
+    files = model_files_dir(loaded, revision)
+    if files is not None:
+        digest = f"files:{directory_fingerprint(files)}"
     else:
-        # A hub model: transformers records the commit its files were resolved from.
-        commit = getattr(loaded.model.config, "_commit_hash", None)
-        digest = f"commit:{commit}" if commit else f"hub:{loaded.source}"
+        digest = f"hub:{loaded.source}@{revision or 'main'}"
     return {"name": loaded.name, "source": loaded.source, "digest": digest}
 
 

@@ -14,6 +14,7 @@ from jobs.jobkit import (
     listing,
     read_rows,
     run_cli,
+    start_process,
     summary_of,
     write_jsonl,
     write_parquet,
@@ -170,3 +171,42 @@ def test_a_model_with_its_own_code_needs_trust_remote_code(
     assert trusted.exit_code == plain.exit_code == 0, trusted.stderr
     completions = [row["completion"] for row in read_rows(tmp_path / "out.parquet")]
     assert completions == [row["completion"] for row in read_rows(tmp_path / "plain.parquet")]
+
+
+def fake_hub_cache(cache: Path, repo: str, revisions: dict[str, Path]) -> None:
+    """A Hugging Face hub cache holding `repo` at the given revisions (branch -> files), laid
+    out as the hub client writes it, so an offline load reads it as a hub model."""
+    root = cache / f"models--{repo.replace('/', '--')}"
+    (root / "refs").mkdir(parents=True)
+    for number, (branch, files) in enumerate(sorted(revisions.items())):
+        commit = f"{number + 1:040x}"
+        (root / "refs" / branch).write_text(commit)
+        shutil.copytree(files, root / "snapshots" / commit)
+
+
+def test_revision_picks_a_hub_models_files(
+    tiny_llama_dir: Path, tiny_qwen2_dir: Path, tmp_path: Path, monkeypatch
+) -> None:
+    cache = tmp_path / "hub"
+    fake_hub_cache(cache, "astrai/tiny", {"main": tiny_llama_dir, "v2": tiny_qwen2_dir})
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    source = write_jsonl(tmp_path / "in.jsonl", token_rows(5, 7))
+
+    def completions(model: Path | str, name: str, *extra: str) -> list[str]:
+        output = tmp_path / f"{name}.parquet"
+        process = start_process("run", source, output, *engine_args(model), *extra)
+        _, stderr = process.communicate(timeout=300)
+        assert process.returncode == 0, stderr
+        return [row["completion"] for row in read_rows(output)]
+
+    main = completions("astrai/tiny", "main")
+    v2 = completions("astrai/tiny", "v2", "--revision", "v2")
+
+    assert main == completions(tiny_llama_dir, "llama")
+    assert v2 == completions(tiny_qwen2_dir, "qwen2")
+    assert main != v2
+    metadata = pq.read_schema(tmp_path / "v2.parquet").metadata
+    assert json.loads(metadata[b"astrai_batch.config"])["revision"] == "v2"
+    model = json.loads(metadata[b"astrai_batch.model"])
+    assert (model["name"], model["digest"][:6]) == ("astrai/tiny", "files:")
