@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -156,3 +157,13 @@ def wait_for_parts(process: subprocess.Popen[str], checkpoint_dir: Path, parts: 
 
 def comparable(path: Path) -> list[dict[str, Any]]:
     return [{k: v for k, v in row.items() if k != "cached_tokens"} for row in read_rows(path)]
+
+
+def killed_part_way(model_dir: Path, job: dict[str, Path], parts: int = 3) -> tuple[list[Any], int]:
+    """Run `job` (see the `job` fixture) as a process and kill -9 it once `parts` parts are
+    saved. Returns the job's arguments and the number of rows saved."""
+    args = job_args(model_dir, job["source"], job["output"])
+    returncode, _, _ = stop_after_parts(args, job["checkpoint"], parts, signal.SIGKILL)
+    assert returncode == -signal.SIGKILL
+    assert not job["output"].exists()
+    return args, saved_rows(job["checkpoint"])

@@ -4,17 +4,16 @@ runs, the input and the model are known by their content, not their paths."""
 from __future__ import annotations
 
 import shutil
-import signal
 from pathlib import Path
 
 import pytest
 from jobs.jobkit import (
     comparable,
     job_args,
+    killed_part_way,
     listing,
     run_cli,
     saved_rows,
-    stop_after_parts,
     summary_of,
 )
 
@@ -40,9 +39,7 @@ RERUN_SETTINGS = {
 def test_a_rerun_with_other_budgets_or_planning_resumes_and_equals_an_uninterrupted_run(
     tiny_llama_dir: Path, job: dict[str, Path], settings: str
 ) -> None:
-    args = job_args(tiny_llama_dir, job["source"], job["output"])
-    stop_after_parts(args, job["checkpoint"], 3, signal.SIGKILL)
-    done_before = saved_rows(job["checkpoint"])
+    args, done_before = killed_part_way(tiny_llama_dir, job)
 
     result = run_cli(*args, *RERUN_SETTINGS[settings])
 
@@ -54,9 +51,7 @@ def test_a_rerun_with_other_budgets_or_planning_resumes_and_equals_an_uninterrup
 def test_the_same_input_and_model_at_new_paths_resume(
     tiny_llama_dir: Path, job: dict[str, Path], tmp_path: Path
 ) -> None:
-    args = job_args(tiny_llama_dir, job["source"], job["output"])
-    stop_after_parts(args, job["checkpoint"], 3, signal.SIGKILL)
-    done_before = saved_rows(job["checkpoint"])
+    _, done_before = killed_part_way(tiny_llama_dir, job)
     # A retry that downloads the same input again, and the model moved elsewhere.
     moved = tmp_path / "downloads"
     moved.mkdir()
@@ -74,9 +69,7 @@ def test_the_same_input_and_model_at_new_paths_resume(
 def test_one_changed_byte_of_the_input_is_refused_naming_the_input(
     tiny_llama_dir: Path, job: dict[str, Path], tmp_path: Path
 ) -> None:
-    args = job_args(tiny_llama_dir, job["source"], job["output"])
-    stop_after_parts(args, job["checkpoint"], 3, signal.SIGKILL)
-    done_before = saved_rows(job["checkpoint"])
+    _, done_before = killed_part_way(tiny_llama_dir, job)
     data = job["source"].read_bytes()
     at = data.index(b"Question 60")
     changed = tmp_path / "changed.jsonl"

@@ -14,11 +14,11 @@ from jobs.jobkit import (
     ROWS,
     comparable,
     job_args,
+    killed_part_way,
     listing,
     run_cli,
     saved_rows,
     start_process,
-    stop_after_parts,
     summary_of,
     wait_for_parts,
 )
@@ -111,12 +111,9 @@ def test_a_second_run_on_a_live_runs_output_exits_1_and_touches_nothing(
 def test_kill_9_of_the_holder_then_a_rerun_resumes(
     tiny_llama_dir: Path, job: dict[str, Path]
 ) -> None:
-    args = job_args(tiny_llama_dir, job["source"], job["output"])
-    returncode, _, _ = stop_after_parts(args, job["checkpoint"], 3, signal.SIGKILL)
-    assert returncode == -signal.SIGKILL
+    args, done_before = killed_part_way(tiny_llama_dir, job)
     # The dead holder's pid is still in the lock file, but the kernel dropped its lock.
     assert (job["checkpoint"] / LOCK_NAME).exists()
-    done_before = saved_rows(job["checkpoint"])
 
     result = run_cli(*args)
 
