@@ -51,6 +51,14 @@ class KVCacheManager:
         self._evicted_pages = 0
         self._peak_pages_in_use = 0
 
+    @property
+    def caches_prefixes(self) -> bool:
+        return self.index is not None
+
+    def can_open(self) -> bool:
+        """Always: a paged request takes pages only in `reserve`, which may refuse."""
+        return True
+
     def open(self, request_id: Hashable, tokens: Sequence[int], max_cached_tokens: int) -> int:
         """Register a request and give it the cached pages of its prompt; returns hit tokens.
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from astrai_batch.engine.config import KV_LAYOUTS
 from astrai_batch.engine.sampling_params import SamplingParams
 from astrai_batch.errors import ConfigError
 from astrai_batch.jobs.option_values import ErrorLimit, parse_columns, parse_size
@@ -61,6 +62,7 @@ class JobConfig:
     max_num_batched_tokens: int = 1024
     kv_cache_memory: int | None = None
     prefix_cache: bool = True
+    kv_layout: str = "paged"
     grouping: bool = True
     group_window: int = 100_000
     seed: int = 0
@@ -114,6 +116,10 @@ class JobConfig:
             value = getattr(self, name)
             if value is not None:
                 _check_type(name, value, str)
+        if self.kv_layout not in KV_LAYOUTS:
+            raise ConfigError(
+                f"kv_layout must be one of {', '.join(KV_LAYOUTS)}, got {self.kv_layout!r}"
+            )
         if self.input_format is not None and self.input_format not in INPUT_FORMAT_NAMES:
             raise ConfigError(f"input_format must be parquet or jsonl, got {self.input_format!r}")
         if self.output_format not in OUTPUT_FORMATS:
@@ -162,6 +168,7 @@ class JobConfig:
             "max_num_seqs": self.max_num_seqs,
             "max_num_batched_tokens": self.max_num_batched_tokens,
             "enable_prefix_cache": self.prefix_cache,
+            "kv_layout": self.kv_layout,
             "seed": self.seed,
         }
 
