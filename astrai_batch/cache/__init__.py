@@ -17,12 +17,12 @@ from astrai_batch.cache.seats import SeatTable
 from astrai_batch.cache.stats import CacheStats
 
 __all__ = [
+    "KV_LAYOUTS",
     "CacheStats",
     "CacheUsageError",
     "KVCacheManager",
     "KVLayout",
     "KVPool",
-    "KV_LAYOUTS",
     "PageAllocator",
     "PrefixIndex",
     "PrefixMatch",

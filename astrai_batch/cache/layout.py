@@ -75,7 +75,5 @@ def make_layout(
     if name == PAGED:
         return KVCacheManager(num_pages, page_size, enable_prefix_cache=enable_prefix_cache)
     if name == CONTIGUOUS:
-        return SeatTable(
-            num_pages, page_size, seat_tokens=max_model_len, max_seats=max_num_seqs
-        )
+        return SeatTable(num_pages, page_size, seat_tokens=max_model_len, max_seats=max_num_seqs)
     raise CacheUsageError(f"unknown KV layout {name!r}; known: {', '.join(KV_LAYOUTS)}")

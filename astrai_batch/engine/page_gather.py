@@ -3,11 +3,12 @@
 Attention reads each sequence's keys and values from scattered pages; `gather` copies whole
 pages (page_size * kv_heads * head_dim contiguous values each), several times faster on CPU
 than a per-slot gather. A single table that is one run of consecutive pages (a seat of the
-contiguous layout) is returned as a view of the pool: nothing to copy. The destination buffers are kept and reused across layers and steps:
-a decode batch's gathered context is tens of MB, and a fresh tensor that large is a fresh
-mmap whose pages the kernel zero-fills on first touch. Measured on the 2-core CI machine, 224
-sequences x 304 tokens of SmolLM2 keys: 17 ms per fresh gather vs 4.5 ms into a kept buffer,
-and the whole decode attention of a layer 46 ms vs 17 ms.
+contiguous layout) is returned as a view of the pool: nothing to copy. The destination
+buffers are kept and reused across layers and steps: a decode batch's gathered context is
+tens of MB, and a fresh tensor that large is a fresh mmap whose pages the kernel zero-fills
+on first touch. Measured on the 2-core CI machine, 224 sequences x 304 tokens of SmolLM2
+keys: 17 ms per fresh gather vs 4.5 ms into a kept buffer, and the whole decode attention
+of a layer 46 ms vs 17 ms.
 """
 
 from __future__ import annotations

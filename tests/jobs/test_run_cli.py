@@ -438,9 +438,7 @@ def test_contiguous_kv_layout_writes_the_rows_the_paged_one_does(
     rows = {}
     for layout in ("paged", "contiguous"):
         output = out_dir / f"{layout}.parquet"
-        result = run_cli(
-            "run", source, output, *engine_args(tiny_llama_dir, "--kv-layout", layout)
-        )
+        result = run_cli("run", source, output, *engine_args(tiny_llama_dir, "--kv-layout", layout))
         assert result.exit_code == 0, result.stderr
         rows[layout] = read_rows(output)
     assert [row["completion"] for row in rows["contiguous"]] == [
