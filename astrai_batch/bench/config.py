@@ -159,4 +159,3 @@ def parse_tolerance(text: str | float) -> float:
     if not 0 <= value < 1:
         raise ConfigError(f"tolerance must be at least 0% and below 100%, got {text!r}")
     return value
-

@@ -17,7 +17,6 @@ from astrai_batch.bench.results import read_results, write_results
 from astrai_batch.bench.summary import Spread, summarize
 from astrai_batch.errors import InputError
 
-
 CONTEXT = {
     "workload": "shared-prefix",
     "workload_fingerprint": "0123456789abcdef",
