@@ -15,7 +15,7 @@ from astrai_batch.cache.errors import CacheUsageError
 from astrai_batch.cache.prefix_index import PrefixIndex
 from astrai_batch.cache.radix_node import PrefixMatch
 from astrai_batch.cache.stats import CacheStats
-from astrai_batch.errors import ConfigError
+from astrai_batch.checks import require_positive_int
 
 
 class _OpenRequest:
@@ -35,8 +35,7 @@ class KVCacheManager:
     """Page allocator + prefix index + request table: the cache API the scheduler calls."""
 
     def __init__(self, num_pages: int, page_size: int, enable_prefix_cache: bool = True) -> None:
-        if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
-            raise ConfigError(f"page_size must be a positive integer, got {page_size!r}")
+        require_positive_int("page_size", page_size)
         self.page_size = page_size
         self.num_pages = num_pages
         self.allocator = PageAllocator(num_pages)
@@ -161,23 +160,6 @@ class KVCacheManager:
         if request.match is not None and self.index is not None:
             self.index.unpin(request.match)
         self.allocator.decref(request.pages)
-
-    def truncate(self, request_id: Hashable, num_tokens: int) -> None:
-        """Give back the pages past the first `num_tokens` positions (not published ones)."""
-        request = self._request(request_id)
-        if num_tokens < 0:
-            raise CacheUsageError(f"num_tokens must be >= 0, got {num_tokens}")
-        published = request.num_published_pages()
-        # A published page is shared and immutable: the next token must not be written into it.
-        if num_tokens < published * self.page_size:
-            raise CacheUsageError(
-                f"cannot truncate request {request_id!r} to {num_tokens} tokens: its first "
-                f"{published * self.page_size} tokens are published to the prefix index"
-            )
-        keep = -(-num_tokens // self.page_size)
-        dropped = request.pages[keep:]
-        del request.pages[keep:]
-        self.allocator.decref(dropped)
 
     def evict(self, num_pages: int) -> list[int]:
         """Free up to `num_pages` cached pages no request uses (LRU leaves first)."""

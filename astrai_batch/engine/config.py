@@ -7,6 +7,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from astrai_batch.cache.layout import KV_LAYOUTS
+from astrai_batch.checks import require_positive_int
 from astrai_batch.errors import ConfigError
 
 
@@ -35,14 +36,14 @@ class EngineConfig:
     default_kv_cache_memory = 2 * 1024**3
 
     def __post_init__(self) -> None:
-        _positive("page_size", self.page_size)
-        _positive("max_num_seqs", self.max_num_seqs)
-        _positive("max_num_batched_tokens", self.max_num_batched_tokens)
-        _positive("max_wait_steps", self.max_wait_steps)
+        require_positive_int("page_size", self.page_size)
+        require_positive_int("max_num_seqs", self.max_num_seqs)
+        require_positive_int("max_num_batched_tokens", self.max_num_batched_tokens)
+        require_positive_int("max_wait_steps", self.max_wait_steps)
         for name in ("num_pages", "kv_cache_memory", "max_model_len", "lookahead"):
             value = getattr(self, name)
             if value is not None:
-                _positive(name, value)
+                require_positive_int(name, value)
         if not isinstance(self.enable_prefix_cache, bool):
             raise ConfigError(
                 f"enable_prefix_cache must be a bool, got {type(self.enable_prefix_cache).__name__}"
@@ -65,10 +66,3 @@ class EngineConfig:
         if unknown:
             raise ConfigError(f"unknown engine option(s): {', '.join(unknown)}")
         return cls(**values)
-
-
-def _positive(name: str, value: object) -> None:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise ConfigError(f"{name} must be an int, got {type(value).__name__}")
-    if value < 1:
-        raise ConfigError(f"{name} must be >= 1, got {value}")

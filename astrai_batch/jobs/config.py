@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from astrai_batch.checks import require_positive_int
 from astrai_batch.engine.config import KV_LAYOUTS
 from astrai_batch.engine.sampling_params import SamplingParams
 from astrai_batch.errors import ConfigError
@@ -91,11 +92,11 @@ class JobConfig:
             if not getattr(self, name).strip():
                 raise ConfigError(f"{name} must not be empty")
         for name in ("page_size", "max_num_seqs", "max_num_batched_tokens", "group_window"):
-            _check_positive_int(name, getattr(self, name))
-        _check_positive_int("checkpoint_rows", self.checkpoint_rows)
+            require_positive_int(name, getattr(self, name))
+        require_positive_int("checkpoint_rows", self.checkpoint_rows)
         for name in ("kv_cache_memory", "threads"):
             if getattr(self, name) is not None:
-                _check_positive_int(name, getattr(self, name))
+                require_positive_int(name, getattr(self, name))
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ConfigError(f"seed must be a non-negative int, got {self.seed!r}")
         for name in (
@@ -232,10 +233,3 @@ def load_toml_options(path: str | Path) -> dict[str, Any]:
 def _check_type(name: str, value: Any, expected: type) -> None:
     if (expected is not bool and isinstance(value, bool)) or not isinstance(value, expected):
         raise ConfigError(f"{name} must be a {expected.__name__}, got {type(value).__name__}")
-
-
-def _check_positive_int(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"{name} must be an int, got {type(value).__name__}")
-    if value < 1:
-        raise ConfigError(f"{name} must be >= 1, got {value}")
