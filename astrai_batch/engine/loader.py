@@ -25,7 +25,7 @@ from transformers import (
 from astrai_batch.engine.converted_models import is_complete
 from astrai_batch.engine.gguf_models import converted_dir_for, ensure_converted, error_summary
 from astrai_batch.engine.model_spec import ModelSpec, alias_list, resolve_model_spec
-from astrai_batch.engine.model_support import check_supported
+from astrai_batch.engine.model_support import check_supported, has_chat_template
 from astrai_batch.errors import ConfigError, ModelLoadError
 
 _DTYPES: MappingProxyType[str, torch.dtype] = MappingProxyType(
@@ -254,7 +254,7 @@ def _describe(
         num_layers=int(config.num_hidden_layers),
         num_kv_heads=int(getattr(config, "num_key_value_heads", None) or num_heads),
         head_dim=int(head_dim),
-        has_chat_template=bool(getattr(tokenizer, "chat_template", None)),
+        has_chat_template=has_chat_template(tokenizer),
     )
 
 

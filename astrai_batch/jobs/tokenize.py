@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from astrai_batch.engine.model_support import has_chat_template, no_chat_template_message
 from astrai_batch.errors import AstraiBatchError
 from astrai_batch.io import InputRow
 
@@ -35,21 +36,13 @@ class Encoding:
             raise ValueError("exactly one of token_ids and error must be set")
 
 
-def no_chat_template_message(model_name: str) -> str:
-    """The row error for a chat row when the tokenizer has no chat template."""
-    return (
-        f"model {model_name!r} has no chat template, so chat messages cannot be turned into "
-        "a prompt; give plain-text prompts or use an instruct/chat model"
-    )
-
-
 class PromptEncoder:
     """Encodes `InputRow`s with one tokenizer; never raises for a bad row."""
 
     def __init__(self, tokenizer: Any, model_name: str) -> None:
         self.tokenizer = tokenizer
         self.model_name = model_name
-        self.has_chat_template = bool(getattr(tokenizer, "chat_template", None))
+        self.has_chat_template = has_chat_template(tokenizer)
 
     def encode(self, rows: Sequence[InputRow]) -> list[Encoding]:
         """One `Encoding` per row, in order. Rows that carry an error keep it."""
