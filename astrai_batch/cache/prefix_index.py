@@ -20,11 +20,11 @@ a pin see such a page dropped from the index but not freed.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from itertools import islice
 
 from astrai_batch.cache.allocator import PageAllocator
 from astrai_batch.cache.errors import CacheUsageError
 from astrai_batch.cache.eviction_queue import EvictionQueue
+from astrai_batch.cache.page_keys import full_pages
 from astrai_batch.cache.radix_node import PrefixMatch, RadixNode, as_token_sequence
 from astrai_batch.checks import require_positive_int
 
@@ -218,7 +218,7 @@ class PrefixIndex:
         """Walk/extend the path below `start` for pages `first..num_full-1`; canonical pages."""
         page_size = self.page_size
         span = tokens[first * page_size : num_full * page_size]
-        page_keys = zip(*[iter(span)] * page_size, strict=False)  # see `match`
+        page_keys = full_pages(span, page_size)
         children = self._roots if start is None else start.children
         existing: list[RadixNode] = []
         new_keys: list[tuple[int, ...]] = []
@@ -269,10 +269,7 @@ class PrefixIndex:
         tokens = as_token_sequence(tokens)
         if max_tokens is not None and max_tokens < 0:
             raise CacheUsageError(f"max_tokens must be >= 0, got {max_tokens}")
-        source = iter(tokens) if max_tokens is None else islice(tokens, max_tokens)
-        # zip over one iterator repeated page_size times yields the full pages as tuples, in C;
-        # a trailing partial page is dropped, as it should be.
-        return zip(*[source] * self.page_size, strict=False)
+        return full_pages(tokens, self.page_size, max_tokens)
 
     def _check_new_pages(self, new_pages: list[int]) -> None:
         if len(set(new_pages)) != len(new_pages):
