@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 
 from astrai_batch.cache.allocator import PageAllocator
-from astrai_batch.cache.errors import CacheUsageError
+from astrai_batch.cache.errors import CacheUsageError, lookup_open
 from astrai_batch.cache.prefix_index import PrefixIndex
 from astrai_batch.cache.radix_node import PrefixMatch
 from astrai_batch.cache.stats import CacheStats
@@ -246,10 +246,7 @@ class KVCacheManager:
             )
 
     def _request(self, request_id: Hashable) -> _OpenRequest:
-        request = self._requests.get(request_id)
-        if request is None:
-            raise CacheUsageError(f"request {request_id!r} is not open")
-        return request
+        return lookup_open(self._requests, request_id)
 
     def _pages_in_use(self) -> int:
         return self.num_pages - self.num_free_pages() - self.num_evictable_pages()

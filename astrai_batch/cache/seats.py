@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 
-from astrai_batch.cache.errors import CacheUsageError
+from astrai_batch.cache.errors import CacheUsageError, lookup_open
 from astrai_batch.cache.stats import CacheStats
 from astrai_batch.checks import require_positive_int
 from astrai_batch.errors import ConfigError
@@ -131,10 +131,7 @@ class SeatTable:
             )
 
     def _seat(self, request_id: Hashable) -> int:
-        seat = self._seat_of.get(request_id)
-        if seat is None:
-            raise CacheUsageError(f"request {request_id!r} is not open")
-        return seat
+        return lookup_open(self._seat_of, request_id)
 
     def __repr__(self) -> str:
         return (
