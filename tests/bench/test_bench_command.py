@@ -337,6 +337,12 @@ def test_usage_errors_exit_2_with_the_reason(tiny_llama_dir: Path) -> None:
     result = bench("--tolerance", "lots")
     assert result.exit_code == 2
     assert "tolerance must be like 5% or 0.05, got 'lots'" in result.stderr
+    result = bench("--kv-layout", "contiguous,ring")
+    assert result.exit_code == 2
+    assert "kv layout: unknown layout 'ring'; known layouts: paged, contiguous" in result.stderr
+    result = bench("--hf-batch-size", "lots")
+    assert result.exit_code == 2
+    assert "hf batch size must be auto or a positive int, got 'lots'" in result.stderr
 
 
 def test_a_missing_workload_file_fails_with_exit_1(tiny_llama_dir: Path, tmp_path: Path) -> None:
