@@ -69,6 +69,13 @@ def _run_options(function: Any) -> Any:
             "sequence, no prefix reuse.",
             type=click.Choice(list(KV_LAYOUTS)),
         ),
+        _option(
+            "--max-model-len",
+            None,
+            "Cap on prompt + output tokens [default: the model's context]; also the size of a "
+            "contiguous seat.",
+            type=int,
+        ),
         _option("--grouping/--no-grouping", d.grouping, "Run shared prefixes together."),
         _option("--group-window", d.group_window, "Rows read and ordered together.", type=int),
         # Input.

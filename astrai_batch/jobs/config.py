@@ -64,6 +64,7 @@ class JobConfig:
     kv_cache_memory: int | None = None
     prefix_cache: bool = True
     kv_layout: str = "paged"
+    max_model_len: int | None = None
     grouping: bool = True
     group_window: int = 100_000
     seed: int = 0
@@ -94,7 +95,7 @@ class JobConfig:
         for name in ("page_size", "max_num_seqs", "max_num_batched_tokens", "group_window"):
             require_positive_int(name, getattr(self, name))
         require_positive_int("checkpoint_rows", self.checkpoint_rows)
-        for name in ("kv_cache_memory", "threads"):
+        for name in ("kv_cache_memory", "threads", "max_model_len"):
             if getattr(self, name) is not None:
                 require_positive_int(name, getattr(self, name))
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
@@ -170,6 +171,7 @@ class JobConfig:
             "max_num_batched_tokens": self.max_num_batched_tokens,
             "enable_prefix_cache": self.prefix_cache,
             "kv_layout": self.kv_layout,
+            "max_model_len": self.max_model_len,
             "seed": self.seed,
         }
 
