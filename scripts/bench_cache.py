@@ -120,7 +120,7 @@ class IndexBench:
             match = self.index.match(tokens)
             full_match_timings.append((time.perf_counter_ns() - start) / 1e3)
             if match.num_tokens != PROMPT_TOKENS:
-                raise RuntimeError(f"inserted prompt hit only {match.num_tokens} tokens")
+                raise RuntimeError(f"published prompt hit only {match.num_tokens} tokens")
             self.index.unpin(match)
             freed = self.index.evict(new_pages)
             if len(freed) != new_pages:
@@ -160,7 +160,7 @@ def main() -> None:
     )
     insert_us, full_match_us, new_pages = bench.insert_us(repeats=200)
     print(
-        f"insert, new {PROMPT_TOKENS}-token prompt ({new_pages} new pages): "
+        f"publish (extend + unpin), new {PROMPT_TOKENS}-token prompt ({new_pages} new pages): "
         f"{insert_us:.1f} us median"
     )
     print(f"match, {PROMPT_TOKENS}-token prompt fully cached: {full_match_us:.1f} us median")
