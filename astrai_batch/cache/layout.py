@@ -41,7 +41,14 @@ class KVLayout(Protocol):
         """Whether `open` would find room for one more request now."""
         ...
 
-    def open(self, request_id: Hashable, tokens: Sequence[int], max_cached_tokens: int) -> int:
+    def open(
+        self,
+        request_id: Hashable,
+        tokens: Sequence[int],
+        max_cached_tokens: int,
+        *,
+        count_lookup: bool = True,
+    ) -> int:
         """Register a request; returns how many leading tokens it found cached."""
         ...
 

@@ -58,8 +58,18 @@ class SeatTable:
     def can_open(self) -> bool:
         return bool(self._free)
 
-    def open(self, request_id: Hashable, tokens: Sequence[int], max_cached_tokens: int) -> int:
-        """Give the request a free seat; nothing is ever cached, so the hit is 0."""
+    def open(
+        self,
+        request_id: Hashable,
+        tokens: Sequence[int],
+        max_cached_tokens: int,
+        *,
+        count_lookup: bool = True,
+    ) -> int:
+        """Give the request a free seat; nothing is ever cached, so the hit is 0.
+
+        `count_lookup=False` (a preempted request coming back) leaves the counters alone.
+        """
         if request_id in self._seat_of:
             raise CacheUsageError(f"request {request_id!r} is already open")
         if max_cached_tokens < 0:
@@ -67,8 +77,9 @@ class SeatTable:
         if not self._free:
             raise CacheUsageError(f"no free seat for request {request_id!r}; check can_open")
         self._seat_of[request_id] = self._free.pop()
-        self._lookups += 1
-        self._missed_tokens += len(tokens)
+        if count_lookup:
+            self._lookups += 1
+            self._missed_tokens += len(tokens)
         self._peak_seats = max(self._peak_seats, len(self._seat_of))
         return 0
 

@@ -105,8 +105,8 @@ def test_pages_out_of_range_are_rejected(page: int) -> None:
     [
         (0, "num_pages must be >= 1, got 0"),
         (-2, "num_pages must be >= 1, got -2"),
-        (1.5, "num_pages must be an int, got float"),
-        (True, "num_pages must be an int, got bool"),
+        (1.5, "num_pages must be an integer, got number"),
+        (True, "num_pages must be an integer, got boolean"),
     ],
 )
 def test_pool_size_must_be_a_positive_integer(num_pages: object, message: str) -> None:
