@@ -27,6 +27,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from astrai_batch.bench import synthetic_text as text
+from astrai_batch.checks import require_positive_int
 from astrai_batch.errors import ConfigError, OutputError
 
 WORKLOAD_NAMES = ("shared-prefix", "unique", "multi-turn", "long-prefill")
@@ -92,8 +93,8 @@ class WorkloadSpec:
             "max_tokens",
         ):
             value = getattr(self, field_name)
-            if value is not None and not (_is_int(value) and value >= 1):
-                raise ConfigError(f"{field_name} must be an integer >= 1, got {value!r}")
+            if value is not None:
+                require_positive_int(field_name, value)
         words = self.question_words
         if words is not None and not (
             isinstance(words, tuple)

@@ -223,9 +223,9 @@ def test_spec_validation() -> None:
         WorkloadSpec("x")
     with pytest.raises(ConfigError, match=r"^seed must be an integer, got True$"):
         WorkloadSpec("unique", seed=True)
-    with pytest.raises(ConfigError, match=r"^num_system_prompts must be an integer >= 1, got 0$"):
+    with pytest.raises(ConfigError, match=r"^num_system_prompts must be >= 1, got 0$"):
         WorkloadSpec("unique", num_system_prompts=0)
-    with pytest.raises(ConfigError, match=r"^max_tokens must be an integer >= 1, got 2.5$"):
+    with pytest.raises(ConfigError, match=r"^max_tokens must be an integer, got number$"):
         WorkloadSpec("unique", max_tokens=2.5)
     with pytest.raises(ConfigError, match=r"^question_words must be a pair \(low, high\)"):
         WorkloadSpec("unique", question_words=(9, 3))
