@@ -22,11 +22,12 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from astrai_batch.checks import require_positive_int
 from astrai_batch.engine.converted_models import is_complete
 from astrai_batch.engine.gguf_models import converted_dir_for, ensure_converted, error_summary
 from astrai_batch.engine.library_progress import library_progress_off
 from astrai_batch.engine.model_spec import ModelSpec, alias_list, resolve_model_spec
-from astrai_batch.engine.model_support import check_supported
+from astrai_batch.engine.model_support import check_supported, has_chat_template
 from astrai_batch.errors import ConfigError, ModelLoadError
 
 _DTYPES: MappingProxyType[str, torch.dtype] = MappingProxyType(
@@ -152,10 +153,8 @@ def load_model(
     `max_model_len` caps the context below the model's own; the model is checked at the
     context it will run at (a sliding window or longrope threshold above it never binds).
     """
-    if max_model_len is not None and (
-        isinstance(max_model_len, bool) or not isinstance(max_model_len, int) or max_model_len < 1
-    ):
-        raise ConfigError(f"max_model_len must be a positive integer, got {max_model_len!r}")
+    if max_model_len is not None:
+        require_positive_int("max_model_len", max_model_len)
     resolve_dtype(dtype)  # reject a bad name before any slow work; "auto" needs the config
     target_device = _resolve_device(device)
     model_spec = resolve_model_spec(spec)
@@ -271,7 +270,7 @@ def _describe(
         num_layers=int(config.num_hidden_layers),
         num_kv_heads=int(getattr(config, "num_key_value_heads", None) or num_heads),
         head_dim=int(head_dim),
-        has_chat_template=bool(getattr(tokenizer, "chat_template", None)),
+        has_chat_template=has_chat_template(tokenizer),
     )
 
 
