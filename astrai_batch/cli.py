@@ -15,6 +15,7 @@ import click
 from click.core import ParameterSource
 
 from astrai_batch import __version__
+from astrai_batch.engine.config import KV_LAYOUTS
 from astrai_batch.errors import AstraiBatchError, ConfigError
 from astrai_batch.jobs.config import DEFAULT_MODEL, OUTPUT_FORMATS, JobConfig, load_toml_options
 
@@ -62,12 +63,6 @@ def _run_options(function: Any) -> Any:
         _option("--device", d.device),
         _option("--dtype", d.dtype, "float32, bfloat16, float16 or auto."),
         _option(
-            "--max-model-len",
-            None,
-            "Cap on prompt + output tokens [default: the model's context].",
-            type=int,
-        ),
-        _option(
             "--threads",
             None,
             "CPU threads for torch [default: one per core]; fewer when other work shares them.",
@@ -82,6 +77,20 @@ def _run_options(function: Any) -> Any:
         ),
         _option("--page-size", d.page_size, "Tokens per KV page (prefix-cache unit).", type=int),
         _option("--prefix-cache/--no-prefix-cache", d.prefix_cache, "Reuse shared prefixes."),
+        _option(
+            "--kv-layout",
+            d.kv_layout,
+            "paged: pages on demand, prefix reuse; contiguous: one full-context seat per "
+            "sequence, no prefix reuse.",
+            type=click.Choice(list(KV_LAYOUTS)),
+        ),
+        _option(
+            "--max-model-len",
+            None,
+            "Cap on prompt + output tokens [default: the model's context]; also the size of a "
+            "contiguous seat.",
+            type=int,
+        ),
         _option("--grouping/--no-grouping", d.grouping, "Run shared prefixes together."),
         _option("--group-window", d.group_window, "Rows read and ordered together.", type=int),
         # Input.

@@ -11,21 +11,28 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 
 from astrai_batch.cache.allocator import PageAllocator
-from astrai_batch.cache.errors import CacheUsageError
+from astrai_batch.cache.errors import CacheUsageError, lookup_open
 from astrai_batch.cache.prefix_index import PrefixIndex
 from astrai_batch.cache.radix_node import PrefixMatch
 from astrai_batch.cache.stats import CacheStats
-from astrai_batch.errors import ConfigError
+from astrai_batch.checks import require_positive_int
 
 
 class _OpenRequest:
-    """A request's pages by position, and its pinned match over the published leading pages."""
+    """A request's pages by position, and its pinned match over the published leading pages.
 
-    __slots__ = ("match", "pages")
+    `lookup` holds the (hit, missed) tokens of its `open` until its first successful
+    `reserve`: only then is the request admitted and the lookup counted.
+    """
 
-    def __init__(self, match: PrefixMatch | None, pages: list[int]) -> None:
+    __slots__ = ("lookup", "match", "pages")
+
+    def __init__(
+        self, match: PrefixMatch | None, pages: list[int], lookup: tuple[int, int] | None
+    ) -> None:
         self.match = match
         self.pages = pages
+        self.lookup = lookup
 
     def num_published_pages(self) -> int:
         return 0 if self.match is None else len(self.match.pages)
@@ -35,8 +42,7 @@ class KVCacheManager:
     """Page allocator + prefix index + request table: the cache API the scheduler calls."""
 
     def __init__(self, num_pages: int, page_size: int, enable_prefix_cache: bool = True) -> None:
-        if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
-            raise ConfigError(f"page_size must be a positive integer, got {page_size!r}")
+        require_positive_int("page_size", page_size)
         self.page_size = page_size
         self.num_pages = num_pages
         self.allocator = PageAllocator(num_pages)
@@ -51,11 +57,31 @@ class KVCacheManager:
         self._evicted_pages = 0
         self._peak_pages_in_use = 0
 
-    def open(self, request_id: Hashable, tokens: Sequence[int], max_cached_tokens: int) -> int:
+    @property
+    def caches_prefixes(self) -> bool:
+        return self.index is not None
+
+    def can_open(self) -> bool:
+        """Always: a paged request takes pages only in `reserve`, which may refuse."""
+        return True
+
+    def open(
+        self,
+        request_id: Hashable,
+        tokens: Sequence[int],
+        max_cached_tokens: int,
+        *,
+        count_lookup: bool = True,
+    ) -> int:
         """Register a request and give it the cached pages of its prompt; returns hit tokens.
 
         Only `tokens[:max_cached_tokens]` may hit (the engine keeps at least one prompt token to
         compute), and only whole pages, so the result is a multiple of `page_size`.
+
+        The lookup is counted (`lookups`, `hit_tokens`, `missed_tokens`) when the request's
+        first `reserve` succeeds, i.e. when it is admitted: a request opened, refused pages and
+        closed again changes no counter. `count_lookup=False` opens without counting (a
+        preempted request coming back, whose lookup was counted at its first admission).
         """
         if request_id in self._requests:
             raise CacheUsageError(f"request {request_id!r} is already open")
@@ -67,12 +93,9 @@ class KVCacheManager:
             match = self.index.match(tokens, max_cached_tokens)
             self.allocator.incref(match.pages)
             pages = list(match.pages)
-        self._requests[request_id] = _OpenRequest(match, pages)
         hit = 0 if match is None else match.num_tokens
-        self._lookups += 1
-        self._hit_tokens += hit
-        self._missed_tokens += len(tokens) - hit
-        self._note_usage()
+        lookup = (hit, len(tokens) - hit) if count_lookup else None
+        self._requests[request_id] = _OpenRequest(match, pages, lookup)
         return hit
 
     def cached_prefix_length(self, tokens: Sequence[int], max_cached_tokens: int) -> int:
@@ -93,20 +116,25 @@ class KVCacheManager:
         if num_tokens < 0:
             raise CacheUsageError(f"num_tokens must be >= 0, got {num_tokens}")
         missing = -(-num_tokens // self.page_size) - len(request.pages)
-        if missing <= 0:
-            return True
-        shortfall = missing - self.allocator.num_free()
-        if shortfall > 0:
-            if self.index is None or shortfall > self.index.num_evictable_pages():
-                return False
-            self._evicted_pages += len(self.index.evict(shortfall))
-        new_pages = self.allocator.allocate(missing)
-        if new_pages is None:
-            raise CacheUsageError(
-                "eviction freed fewer pages than it counted evictable: a cached page is held "
-                "outside the manager without a pin"
-            )
-        request.pages.extend(new_pages)
+        if missing > 0:
+            shortfall = missing - self.allocator.num_free()
+            if shortfall > 0:
+                if self.index is None or shortfall > self.index.num_evictable_pages():
+                    return False
+                self._evicted_pages += len(self.index.evict(shortfall))
+            new_pages = self.allocator.allocate(missing)
+            if new_pages is None:
+                raise CacheUsageError(
+                    "eviction freed fewer pages than it counted evictable: a cached page is "
+                    "held outside the manager without a pin"
+                )
+            request.pages.extend(new_pages)
+        if request.lookup is not None:
+            hit, missed = request.lookup
+            request.lookup = None
+            self._lookups += 1
+            self._hit_tokens += hit
+            self._missed_tokens += missed
         self._note_usage()
         return True
 
@@ -153,23 +181,6 @@ class KVCacheManager:
         if request.match is not None and self.index is not None:
             self.index.unpin(request.match)
         self.allocator.decref(request.pages)
-
-    def truncate(self, request_id: Hashable, num_tokens: int) -> None:
-        """Give back the pages past the first `num_tokens` positions (not published ones)."""
-        request = self._request(request_id)
-        if num_tokens < 0:
-            raise CacheUsageError(f"num_tokens must be >= 0, got {num_tokens}")
-        published = request.num_published_pages()
-        # A published page is shared and immutable: the next token must not be written into it.
-        if num_tokens < published * self.page_size:
-            raise CacheUsageError(
-                f"cannot truncate request {request_id!r} to {num_tokens} tokens: its first "
-                f"{published * self.page_size} tokens are published to the prefix index"
-            )
-        keep = -(-num_tokens // self.page_size)
-        dropped = request.pages[keep:]
-        del request.pages[keep:]
-        self.allocator.decref(dropped)
 
     def evict(self, num_pages: int) -> list[int]:
         """Free up to `num_pages` cached pages no request uses (LRU leaves first)."""
@@ -256,10 +267,7 @@ class KVCacheManager:
             )
 
     def _request(self, request_id: Hashable) -> _OpenRequest:
-        request = self._requests.get(request_id)
-        if request is None:
-            raise CacheUsageError(f"request {request_id!r} is not open")
-        return request
+        return lookup_open(self._requests, request_id)
 
     def _pages_in_use(self) -> int:
         return self.num_pages - self.num_free_pages() - self.num_evictable_pages()

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from astrai_batch.checks import require_positive_int
+from astrai_batch.engine.config import KV_LAYOUTS
 from astrai_batch.engine.sampling_params import SamplingParams
 from astrai_batch.errors import ConfigError
 from astrai_batch.jobs.option_values import (
@@ -79,8 +81,9 @@ RESULT_OPTIONS = (
 # any row's completion. A job is planned once: a resumed run keeps the checkpoint's values
 # (the engine still uses the page size given now for its KV pages).
 PLANNING_OPTIONS = ("page_size", "grouping", "group_window")
-# RUN_OPTIONS may change between runs: memory, sequence and token budgets and the prefix
-# cache change which rows run together, never a row's result; the rest is operation.
+# RUN_OPTIONS may change between runs: memory, sequence and token budgets, the prefix cache
+# and the KV layout change which rows run together and where their KV lives, never a row's
+# result; the rest is operation.
 RUN_OPTIONS = (
     "model",
     "trust_remote_code",
@@ -89,6 +92,7 @@ RUN_OPTIONS = (
     "max_num_batched_tokens",
     "kv_cache_memory",
     "prefix_cache",
+    "kv_layout",
     "output_format",
     "save_tokens",
     "overwrite",
@@ -112,13 +116,14 @@ class JobConfig:
     trust_remote_code: bool = False
     device: str = "cpu"
     dtype: str = "float32"
-    max_model_len: int | None = None
     threads: int | None = None
     page_size: int = 16
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 1024
     kv_cache_memory: int | None = None
     prefix_cache: bool = True
+    kv_layout: str = "paged"
+    max_model_len: int | None = None
     grouping: bool = True
     group_window: int = 100_000
     seed: int = 0
@@ -149,11 +154,11 @@ class JobConfig:
             if not getattr(self, name).strip():
                 raise ConfigError(f"{name} must not be empty")
         for name in ("page_size", "max_num_seqs", "max_num_batched_tokens", "group_window"):
-            _check_positive_int(name, getattr(self, name))
-        _check_positive_int("checkpoint_rows", self.checkpoint_rows)
+            require_positive_int(name, getattr(self, name))
+        require_positive_int("checkpoint_rows", self.checkpoint_rows)
         for name in ("kv_cache_memory", "threads", "max_model_len"):
             if getattr(self, name) is not None:
-                _check_positive_int(name, getattr(self, name))
+                require_positive_int(name, getattr(self, name))
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ConfigError(f"seed must be a non-negative integer, got {self.seed!r}")
         for name in (
@@ -175,6 +180,10 @@ class JobConfig:
             value = getattr(self, name)
             if value is not None:
                 _check_type(name, value, str)
+        if self.kv_layout not in KV_LAYOUTS:
+            raise ConfigError(
+                f"kv_layout must be one of {', '.join(KV_LAYOUTS)}, got {self.kv_layout!r}"
+            )
         if self.input_format is not None and self.input_format not in INPUT_FORMAT_NAMES:
             raise ConfigError(f"input_format must be parquet or jsonl, got {self.input_format!r}")
         if self.output_format not in OUTPUT_FORMATS:
@@ -229,6 +238,7 @@ class JobConfig:
             "max_num_seqs": self.max_num_seqs,
             "max_num_batched_tokens": self.max_num_batched_tokens,
             "enable_prefix_cache": self.prefix_cache,
+            "kv_layout": self.kv_layout,
             "max_model_len": self.max_model_len,
             "seed": self.seed,
         }
@@ -240,6 +250,7 @@ class JobConfig:
             "dtype": self.dtype,
             "revision": self.revision,
             "trust_remote_code": self.trust_remote_code,
+            "max_model_len": self.max_model_len,
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -297,10 +308,3 @@ def _check_type(name: str, value: Any, expected: type[str] | type[bool]) -> None
     if (expected is not bool and isinstance(value, bool)) or not isinstance(value, expected):
         wanted = "a boolean" if expected is bool else "a string"
         raise ConfigError(f"{name} must be {wanted}, got {json_type(value)}")
-
-
-def _check_positive_int(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"{name} must be an integer, got {json_type(value)}")
-    if value < 1:
-        raise ConfigError(f"{name} must be >= 1, got {value}")

@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from astrai_batch.engine import load_tokenizer
+from astrai_batch.engine.model_support import no_chat_template_message
 from astrai_batch.errors import UnsupportedModelError
 from astrai_batch.io import InputRow, open_input
 from astrai_batch.jobs.prefix_stats import PrefixStats, PrefixStatsBuilder
-from astrai_batch.jobs.tokenize import ENCODE_BATCH_ROWS, PromptEncoder, no_chat_template_message
+from astrai_batch.jobs.tokenize import ENCODE_BATCH_ROWS, PromptEncoder
 from astrai_batch.jobs.window import read_window
 
 PREVIEW_CHARS = 60

@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
+from astrai_batch.checks import require_positive_int
 from astrai_batch.errors import AstraiBatchError, ConfigError
 
 
@@ -117,8 +118,7 @@ def plan_window(
     Pass `group_offset` = the previous windows' total `num_groups` to keep ids unique
     across windows.
     """
-    if page_size < 1:
-        raise ConfigError(f"page_size must be >= 1, got {page_size}")
+    require_positive_int("page_size", page_size)
     if group_offset < 0:
         raise ConfigError(f"group_offset must be >= 0, got {group_offset}")
     prompts = [tuple(ids) for ids in token_ids]

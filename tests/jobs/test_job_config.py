@@ -58,6 +58,7 @@ def test_from_options_routes_sampling_and_parses_strings() -> None:
         "max_num_seqs": 256,
         "max_num_batched_tokens": 1024,
         "enable_prefix_cache": True,
+        "kv_layout": "paged",
         "max_model_len": None,
         "seed": 0,
     }
