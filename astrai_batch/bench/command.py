@@ -33,6 +33,12 @@ _ENGINE = EngineConfig()
 
 @click.command()
 @click.option("--model", default=DEFAULT_MODEL, show_default=True, help="Model to benchmark.")
+@click.option("--revision", default=None, help="Branch, tag or commit of a hub model.")
+@click.option(
+    "--trust-remote-code",
+    is_flag=True,
+    help="Allow a model's own Python code to run while it loads.",
+)
 @click.option("--device", default="cpu", show_default=True)
 @click.option(
     "--threads",
@@ -178,6 +184,8 @@ def _config(options: dict[str, Any]) -> BenchConfig:
         model=options.pop("model"),
         device=options.pop("device"),
         dtype=options.pop("dtype"),
+        revision=options.pop("revision"),
+        trust_remote_code=options.pop("trust_remote_code"),
         threads=options.pop("threads"),
         workload=options.pop("workload"),
         repeat=options.pop("repeat"),

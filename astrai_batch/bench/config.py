@@ -46,6 +46,8 @@ class BenchConfig:
     seed: int = 0
     device: str = "cpu"
     dtype: str = "float32"
+    revision: str | None = None
+    trust_remote_code: bool = False
     threads: int | None = None
     engine: EngineConfig = field(default_factory=EngineConfig)
     hf_generate_batch_size: int | None = None  # None: the fastest of HF_GENERATE_BATCH_SIZES
@@ -58,6 +60,12 @@ class BenchConfig:
             value = getattr(self, name)
             if not isinstance(value, str) or not value:
                 raise ConfigError(f"{name} must be a non-empty string, got {value!r}")
+        if self.revision is not None and (not isinstance(self.revision, str) or not self.revision):
+            raise ConfigError(f"revision must be a non-empty string, got {self.revision!r}")
+        if not isinstance(self.trust_remote_code, bool):
+            raise ConfigError(
+                f"trust_remote_code must be true or false, got {self.trust_remote_code!r}"
+            )
         require_positive_int("repeat", self.repeat)
         for name in (
             "threads",

@@ -53,7 +53,13 @@ def run_bench(config: BenchConfig, progress: Progress) -> BenchOutcome:
     progress(
         f"loading {config.model} ({config.dtype}, {config.device}, {describe_threads(threads)})"
     )
-    loaded = load_model(config.model, device=config.device, dtype=config.dtype)
+    loaded = load_model(
+        config.model,
+        device=config.device,
+        dtype=config.dtype,
+        revision=config.revision,
+        trust_remote_code=config.trust_remote_code,
+    )
     prompts = load_prompts(config, loaded.tokenizer, loaded.name)
     machine = machine_info(next(loaded.model.parameters()).device)
     progress(

@@ -24,6 +24,7 @@ from astrai_batch.jobs.option_values import (
     parse_json_object,
     parse_size,
 )
+from astrai_batch.jobs.planning import PlanningOptions
 from astrai_batch.json_types import json_type
 
 if sys.version_info >= (3, 11):
@@ -57,12 +58,62 @@ OBJECT_OPTIONS = ("chat_template_kwargs",)
 # The CLI default for max_tokens; SamplingParams' own default happens to agree.
 DEFAULT_MAX_TOKENS = 256
 
+# What a checkpoint shares with the run that resumes it; every option is in exactly one of
+# the three lists (a test checks it), so a new option must be placed deliberately.
+# RESULT_OPTIONS define a row's result: a resume under other values is refused, naming them.
+# The model is compared by its files (`jobs/fingerprint.py`), not by its name, so it is
+# absent here; `device` is compared by its kind (cpu, cuda), not its index. A numerics mode,
+# when one exists, belongs here.
+RESULT_OPTIONS = (
+    "device",
+    "dtype",
+    "revision",
+    "max_model_len",
+    "seed",
+    "input_format",
+    "prompt_column",
+    "id_column",
+    "keep_columns",
+    "chat_template_kwargs",
+    *SAMPLING_OPTIONS,
+)
+# PLANNING_OPTIONS decide the windows and the prefix groups (the `prefix_group` column), not
+# any row's completion. A job is planned once: a resumed run keeps the checkpoint's values
+# (the engine still uses the page size given now for its KV pages).
+PLANNING_OPTIONS = ("page_size", "grouping", "group_window")
+# RUN_OPTIONS may change between runs: memory, sequence and token budgets, the prefix cache
+# and the KV layout change which rows run together and where their KV lives, never a row's
+# result; the rest is operation.
+RUN_OPTIONS = (
+    "model",
+    "trust_remote_code",
+    "threads",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "kv_cache_memory",
+    "prefix_cache",
+    "kv_layout",
+    "output_format",
+    "save_tokens",
+    "overwrite",
+    "restart",
+    "max_errors",
+    "fail_on_row_errors",
+    "checkpoint_rows",
+    "checkpoint_seconds",
+    "progress_seconds",
+    "quiet",
+    "summary_json",
+)
+
 
 @dataclass(frozen=True)
 class JobConfig:
     """Every option of a run. Construct with `from_options`, which parses and checks types."""
 
     model: str = DEFAULT_MODEL
+    revision: str | None = None
+    trust_remote_code: bool = False
     device: str = "cpu"
     dtype: str = "float32"
     threads: int | None = None
@@ -111,6 +162,7 @@ class JobConfig:
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ConfigError(f"seed must be a non-negative integer, got {self.seed!r}")
         for name in (
+            "trust_remote_code",
             "prefix_cache",
             "grouping",
             "save_tokens",
@@ -124,7 +176,7 @@ class JobConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ConfigError(f"{name} must be a number of seconds > 0, got {value!r}")
-        for name in ("input_format", "prompt_column", "id_column", "summary_json"):
+        for name in ("revision", "input_format", "prompt_column", "id_column", "summary_json"):
             value = getattr(self, name)
             if value is not None:
                 _check_type(name, value, str)
@@ -191,13 +243,24 @@ class JobConfig:
             "seed": self.seed,
         }
 
+    def model_options(self) -> dict[str, Any]:
+        """Keyword arguments of `load_model` beside the model itself."""
+        return {
+            "device": self.device,
+            "dtype": self.dtype,
+            "revision": self.revision,
+            "trust_remote_code": self.trust_remote_code,
+            "max_model_len": self.max_model_len,
+        }
+
     def to_dict(self) -> dict[str, Any]:
         """The effective configuration as JSON-ready flat options (stored in output metadata)."""
         out: dict[str, Any] = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if f.name == "sampling":
-                out.update(value.to_dict())
+                # The job seed is `seed`; the sampling params' own seed is a per-row field.
+                out.update({k: v for k, v in value.to_dict().items() if k in SAMPLING_OPTIONS})
             elif f.name == "max_errors":
                 out[f.name] = None if value is None else value.describe()
             else:
@@ -205,26 +268,15 @@ class JobConfig:
         return out
 
     def result_options(self) -> dict[str, Any]:
-        """The options that can change a result row: what a resumed run must share.
+        """The values of `RESULT_OPTIONS`: what a resumed run must share (see there)."""
+        options = self.to_dict()
+        out = {name: options[name] for name in RESULT_OPTIONS}
+        out["device"] = self.device.split(":", 1)[0].strip().lower()
+        return out
 
-        Output format, token saving (checkpoints always keep token ids), error limits and
-        operational settings are left out, so changing them does not block a resume.
-        """
-        operational = {
-            "threads",
-            "output_format",
-            "save_tokens",
-            "overwrite",
-            "restart",
-            "max_errors",
-            "fail_on_row_errors",
-            "checkpoint_rows",
-            "checkpoint_seconds",
-            "progress_seconds",
-            "quiet",
-            "summary_json",
-        }
-        return {k: v for k, v in self.to_dict().items() if k not in operational}
+    def planning_options(self) -> PlanningOptions:
+        """The values of `PLANNING_OPTIONS`, as a new checkpoint records them."""
+        return PlanningOptions.from_dict({name: getattr(self, name) for name in PLANNING_OPTIONS})
 
 
 def load_toml_options(path: str | Path) -> dict[str, Any]:
