@@ -22,7 +22,7 @@ import torch
 from astrai_batch.bench.host_overhead import measure_host_overhead
 from astrai_batch.bench.machine import machine_info
 from astrai_batch.bench.ours import run_ours
-from astrai_batch.bench.peers import run_hf_generate, run_hf_generate_batch
+from astrai_batch.bench.peers import BatchSizeChoice, run_hf_generate, run_hf_generate_batch
 from astrai_batch.bench.prompts import BenchPrompts
 from astrai_batch.bench.random_models import LLAMA_1B, SMOLLM2_135M, TINY, ModelShape, build_model
 from astrai_batch.engine.config import EngineConfig
@@ -232,12 +232,13 @@ def _bench(plan: CheckPlan, device: torch.device) -> dict:
     )
     warm = bench_prompts.head(8, 4)  # first calls at new shapes allocate and tune kernels
     pages = run_ours(loaded, warm, engine, repeat=None).engine.kv_pool_pages
-    run_hf_generate(loaded, warm, batch_size=32, repeat=None)
+    choice = BatchSizeChoice(32)  # left-padded batches of 32, as the CPU bench's default was
+    run_hf_generate(loaded, warm, choice, repeat=None)
     run_hf_generate_batch(loaded, warm, engine, pages, repeat=None)
     _empty_cache(device)
     ours = run_ours(loaded, bench_prompts, engine, repeat=0)
     _empty_cache(device)
-    generate = run_hf_generate(loaded, bench_prompts, batch_size=32, repeat=0)
+    generate = run_hf_generate(loaded, bench_prompts, choice, repeat=0)
     _empty_cache(device)
     pages = ours.engine.kv_pool_pages
     batch = run_hf_generate_batch(loaded, bench_prompts, engine, pages, repeat=0)

@@ -11,7 +11,7 @@ from collections.abc import Hashable
 
 import torch
 
-from astrai_batch.cache import KVCacheManager, KVPool
+from astrai_batch.cache import KVLayout, KVPool, make_layout
 from astrai_batch.engine.config import EngineConfig
 from astrai_batch.engine.forward_timer import ForwardTimer
 from astrai_batch.engine.loader import LoadedModel
@@ -70,8 +70,13 @@ class EngineCore:
                     pages_per_seq=-(-self.max_model_len // config.page_size),
                 )
             self.pool = KVPool.from_memory_budget(budget, **pool_args)
-        self.cache = KVCacheManager(
-            self.pool.num_pages, config.page_size, enable_prefix_cache=config.enable_prefix_cache
+        self.cache = make_layout(
+            config.kv_layout,
+            num_pages=self.pool.num_pages,
+            page_size=config.page_size,
+            max_model_len=self.max_model_len,
+            max_num_seqs=config.max_num_seqs,
+            enable_prefix_cache=config.enable_prefix_cache,
         )
         self.runner = ModelRunner(loaded.model, self.pool)
         self.scheduler = Scheduler(config, self.cache)
@@ -285,7 +290,7 @@ class EngineCore:
                 raise RuntimeError(f"sequence {seq.seq_id} computed past its pages")
 
 
-def chunk_for(item: ScheduledWork, cache: KVCacheManager) -> ScheduledChunk:
+def chunk_for(item: ScheduledWork, cache: KVLayout) -> ScheduledChunk:
     """What the runner computes for a scheduled sequence: its next tokens and page table."""
     seq, num_tokens = item
     start = seq.num_computed
