@@ -91,6 +91,7 @@ RUN_OPTIONS = (
     "max_num_seqs",
     "max_num_batched_tokens",
     "kv_cache_memory",
+    "gpu_memory_utilization",
     "prefix_cache",
     "kv_layout",
     "output_format",
