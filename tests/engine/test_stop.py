@@ -3,11 +3,13 @@ from __future__ import annotations
 import random
 
 import pytest
+from engine.stop_reference import prefix_texts, vllm_stop
 
 from astrai_batch.engine.stop import (
     REPLACEMENT_CHAR,
     IncrementalDetokenizer,
     StopStringMatcher,
+    StopStringTracker,
 )
 from astrai_batch.errors import ConfigError
 
@@ -101,6 +103,41 @@ def test_incremental_search_never_misses_a_match(seed: int) -> None:
         found += expected is not None
     # Both outcomes occur, so the comparison is not vacuous.
     assert 0 < found < 300
+
+
+class ChunkTokenizer:
+    """Token id i decodes to chunks[i]; a sequence decodes to their concatenation."""
+
+    def __init__(self, chunks: list[str]) -> None:
+        self.chunks = chunks
+
+    def decode(self, token_ids, skip_special_tokens, clean_up_tokenization_spaces):
+        return "".join(self.chunks[i] for i in token_ids)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_tracker_searches_only_new_text_and_a_tail(seed: int) -> None:
+    rng = random.Random(seed)
+    found = 0
+    for _ in range(200):
+        stops = [
+            "".join(rng.choice("abc") for _ in range(rng.randint(1, 4)))
+            for _ in range(rng.randint(1, 3))
+        ]
+        chunks = [
+            "".join(rng.choice("abc") for _ in range(rng.randint(0, 3)))
+            for _ in range(rng.randint(1, 12))
+        ]
+        output = StopStringTracker(ChunkTokenizer(chunks), tuple(stops), min_tokens=0)
+        got = None
+        for index in range(len(chunks)):
+            if output.append(index):
+                got = (index, output.cut)
+                break
+        expected = first_stop_by_brute_force(chunks, stops)
+        assert got == expected, (stops, chunks)
+        found += got is not None
+    assert 0 < found < 200
 
 
 # -- IncrementalDetokenizer --------------------------------------------------------------------
@@ -225,3 +262,34 @@ def test_sentencepiece_style_spaces_match_whole_decoding() -> None:
     assert pieces[0] == "the"
     assert detokenizer.text == tokenizer.decode(ids, skip_special_tokens=True)
     assert detokenizer.text == "the lazy dog jumps over a brown fox"
+
+
+# -- StopStringTracker: min_tokens holds stop strings off ------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_tracker_stops_where_vllm_does_with_min_tokens(tiny_tokenizer, seed: int) -> None:
+    rng = random.Random(seed)
+    # Tokens that decode to short plain ASCII, so whole-prefix decodes are the stable text.
+    plain = [
+        token_id
+        for token_id in range(3, len(tiny_tokenizer))
+        if (text := tiny_tokenizer.decode([token_id])).isascii() and text.isprintable()
+    ]
+    stopped = 0
+    for _ in range(60):
+        ids = [rng.choice(plain) for _ in range(rng.randint(1, 12))]
+        texts = prefix_texts(tiny_tokenizer, ids)
+        full = texts[-1]
+        start = rng.randrange(len(full))
+        stop = full[start : start + rng.randint(1, 4)]
+        min_tokens = rng.randint(0, len(ids))
+        tracker = StopStringTracker(tiny_tokenizer, [stop], min_tokens)
+        got = None
+        for count, token_id in enumerate(ids, start=1):
+            if tracker.append(token_id):
+                got = (count, tracker.text)
+                break
+        assert got == vllm_stop(texts, stop, min_tokens), (ids, stop, min_tokens)
+        stopped += got is not None
+    assert 0 < stopped < 60  # both outcomes occur

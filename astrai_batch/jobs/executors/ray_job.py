@@ -41,7 +41,6 @@ from astrai_batch.jobs.executors.sharded_output import (
     stats_location,
     write_sharded_outputs,
 )
-from astrai_batch.jobs.fingerprint import job_identity
 from astrai_batch.jobs.output import RUN_ID_KEY, output_metadata
 from astrai_batch.jobs.parquet_dir import check_output_location
 from astrai_batch.jobs.progress import make_progress
@@ -85,17 +84,23 @@ def run_ray_job(
     total_rows = source.count_rows()
     progress.message(f"{total_rows} rows ({source.shape}) in {input_path}")
     from astrai_batch.engine import load_tokenizer
-    from astrai_batch.jobs.tokenize import PromptEncoder, no_chat_template_message
+    from astrai_batch.engine.model_support import no_chat_template_message
+    from astrai_batch.jobs.tokenize import PromptEncoder
 
-    tokenizer, tokenizer_source = load_tokenizer(config.model)
+    tokenizer, tokenizer_source = load_tokenizer(
+        config.model, revision=config.revision, trust_remote_code=config.trust_remote_code
+    )
     encoder = PromptEncoder(
         tokenizer, config.model, chat_template_kwargs=config.chat_template_kwargs
     )
     if source.shape == "messages" and not encoder.has_chat_template:
         raise ConfigError(no_chat_template_message(config.model))
     fingerprint = source.fingerprint()
+    # The model by name, revision and tokenizer location: the driver loads no weights.
     identity = {
-        **job_identity(config, fingerprint, config.model, tokenizer_source),
+        "input": fingerprint,
+        "model": {"name": config.model, "revision": config.revision, "source": tokenizer_source},
+        "options": config.result_options(),
         "shards": config.workers,
         "sharding": SHARDING_VERSION,
     }

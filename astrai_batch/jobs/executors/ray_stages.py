@@ -74,7 +74,9 @@ class ChunkReader:
 
         config = self.config
         source = open_input(self.input_path, **config.input_options())
-        tokenizer, _ = load_tokenizer(config.model)
+        tokenizer, _ = load_tokenizer(
+            config.model, revision=config.revision, trust_remote_code=config.trust_remote_code
+        )
         encoder = PromptEncoder(
             tokenizer, self.model_name, chat_template_kwargs=config.chat_template_kwargs
         )

@@ -33,7 +33,7 @@ class ShardWorker:
         self.config = config
         self.store = store
         self.part_schema = part_schema
-        self.loaded = load_model(config.model, device=config.device, dtype=config.dtype)
+        self.loaded = load_model(config.model, **config.model_options())
         self.model: dict[str, Any] = {
             "name": self.loaded.name,
             "source": self.loaded.source,
