@@ -16,9 +16,12 @@ from typing import Any
 
 from astrai_batch.engine import load_tokenizer
 from astrai_batch.engine.model_support import no_chat_template_message
-from astrai_batch.errors import UnsupportedModelError
+from astrai_batch.errors import ConfigError, UnsupportedModelError
 from astrai_batch.io import InputRow, open_input
+from astrai_batch.jobs.config import DEFAULT_MAX_TOKENS
 from astrai_batch.jobs.prefix_stats import PrefixStats, PrefixStatsBuilder
+from astrai_batch.jobs.shard_prediction import ShardPrediction, predict_shards
+from astrai_batch.jobs.sharding import KeyedRow
 from astrai_batch.jobs.tokenize import ENCODE_BATCH_ROWS, PromptEncoder
 from astrai_batch.jobs.window import read_window
 
@@ -33,6 +36,7 @@ class PlanReport:
     bad_rows: int
     stats: PrefixStats
     previews: tuple[str, ...]  # decoded preview of each top shared prefix
+    shards: ShardPrediction | None = None  # with --workers
 
     def to_dict(self) -> dict[str, Any]:
         stats = self.stats.to_dict()
@@ -45,6 +49,7 @@ class PlanReport:
             "model": self.model,
             "bad_rows": self.bad_rows,
             **stats,
+            **({"shards": self.shards.to_dict()} if self.shards else {}),
         }
 
     def to_json(self) -> str:
@@ -62,6 +67,14 @@ class PlanReport:
             f"tokens to prefill         {stats.unique_tokens:,}",
             f"predicted prefill saving  {stats.predicted_prefill_saving:.1%}",
         ]
+        if self.shards is not None:
+            shards = self.shards
+            lines += [
+                f"workers                   {shards.workers}",
+                f"predicted hit rate        {shards.one_worker_hit_rate:.1%} on one worker, "
+                f"{shards.prefix_aware_hit_rate:.1%} with prefix-aware shards, "
+                f"{shards.input_order_hit_rate:.1%} with blocks in input order",
+            ]
         if stats.top_shared_prefixes:
             lines.append("largest shared prefixes:")
             lines.append(f"  {'tokens':>8} {'rows':>8} {'saved':>10}  preview")
@@ -86,8 +99,11 @@ def plan_input(
     input_format: str | None = None,
     prompt_column: str | None = None,
     id_column: str | None = None,
+    workers: int | None = None,
     chat_template_kwargs: dict[str, Any] | None = None,
 ) -> PlanReport:
+    """The prefix statistics of INPUT; with `workers`, also the hit rates that prefix-aware
+    shards and input-order blocks would give (this keeps every row's token ids in memory)."""
     source = open_input(
         input_path, input_format=input_format, prompt_column=prompt_column, id_column=id_column
     )
@@ -96,13 +112,18 @@ def plan_input(
     encoder = PromptEncoder(tokenizer, model, chat_template_kwargs=chat_template_kwargs)
     if source.shape == "messages" and not encoder.has_chat_template:
         raise UnsupportedModelError(no_chat_template_message(model))
+    if workers is not None and workers < 1:
+        raise ConfigError(f"workers must be >= 1, got {workers}")
     bad_rows = 0
+    keyed: list[KeyedRow] = []
     for batch in _batches(source.iter_rows()):
-        for encoding in encoder.encode(batch):
+        for row, encoding in zip(batch, encoder.encode(batch), strict=True):
             if encoding.token_ids is None:
                 bad_rows += 1
             else:
                 builder.add(encoding.token_ids)
+                if workers is not None:
+                    keyed.append(KeyedRow(row.index, encoding.token_ids, DEFAULT_MAX_TOKENS))
     stats = builder.result()
     previews = tuple(
         tokenizer.decode(list(prefix.preview_token_ids)) for prefix in stats.top_shared_prefixes
@@ -114,6 +135,7 @@ def plan_input(
         bad_rows=bad_rows,
         stats=stats,
         previews=previews,
+        shards=predict_shards(keyed, workers, page_size) if workers is not None else None,
     )
 
 
