@@ -22,9 +22,12 @@ import hashlib
 import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from astrai_batch.errors import InputError
+
+if TYPE_CHECKING:
+    from astrai_batch.io.filesystems import Location
 
 SAMPLE_BYTES = 1 << 20
 _CHUNK_BYTES = 1 << 20
@@ -34,16 +37,16 @@ _MODEL_DOC_SUFFIXES = (".md", ".txt.license")
 _MODEL_DOC_NAMES = ("license", "notice", "use_policy")
 
 
-def file_fingerprint(path: Path) -> dict[str, Any]:
+def file_fingerprint(path: Path | Location) -> dict[str, Any]:
     """{path, size, sha256} of a whole file, streamed."""
     digest = hashlib.sha256()
     with _opened(path) as (handle, size):
         while chunk := handle.read(_CHUNK_BYTES):
             digest.update(chunk)
-    return {"path": str(path.resolve()), "size": size, "sha256": digest.hexdigest()}
+    return {"path": _named(path), "size": size, "sha256": digest.hexdigest()}
 
 
-def sampled_fingerprint(path: Path) -> dict[str, Any]:
+def sampled_fingerprint(path: Path | Location) -> dict[str, Any]:
     """{path, size, sample_sha256}: a digest of the file's first and last MiB, and, for a
     Parquet file, of its whole footer (which may be larger than a MiB)."""
     digest = hashlib.sha256()
@@ -59,10 +62,10 @@ def sampled_fingerprint(path: Path) -> dict[str, Any]:
             handle.seek(start)
             digest.update(b"footer")
             digest.update(handle.read(length))
-    return {"path": str(path.resolve()), "size": size, "sample_sha256": digest.hexdigest()}
+    return {"path": _named(path), "size": size, "sample_sha256": digest.hexdigest()}
 
 
-def files_fingerprint(input_format: str, paths: list[Path]) -> dict[str, Any]:
+def files_fingerprint(input_format: str, paths: list[Path] | list[Location]) -> dict[str, Any]:
     """The fingerprint of a whole input: its format and every file, in reading order."""
     identify = sampled_fingerprint if input_format == "parquet" else file_fingerprint
     return {"format": input_format, "files": [identify(path) for path in paths]}
@@ -112,11 +115,24 @@ def _parquet_footer_range(handle: BinaryIO, size: int) -> tuple[int, int] | None
     return (start, length) if start >= 4 else None
 
 
+def _named(path: Path | Location) -> str:
+    """How an entry records where it was read from (never compared, see `same_content`)."""
+    if isinstance(path, Path):
+        return str(path.resolve())
+    return str(Path(path.path).resolve()) if path.is_local else path.shown
+
+
 @contextlib.contextmanager
-def _opened(path: Path) -> Iterator[tuple[BinaryIO, int]]:
-    """The file opened for reading, and its size; any failure an `InputError`."""
+def _opened(path: Path | Location) -> Iterator[tuple[BinaryIO, int]]:
+    """The file opened for reading (random access: a remote object is read by ranges), and
+    its size; any failure an `InputError`."""
     try:
-        with path.open("rb") as handle:
-            yield handle, os.fstat(handle.fileno()).st_size
-    except OSError as exc:
-        raise InputError(f"cannot read {path}: {exc.strerror or exc}") from exc
+        if isinstance(path, Path):
+            with path.open("rb") as handle:
+                yield handle, os.fstat(handle.fileno()).st_size
+        else:
+            with path.fs.open_input_file(path.path) as remote:
+                yield remote, remote.size()
+    except OSError as exc:  # pyarrow's I/O errors are OSErrors too
+        shown = path if isinstance(path, Path) else path.shown
+        raise InputError(f"cannot read {shown}: {exc.strerror or exc}") from exc

@@ -11,8 +11,9 @@ import pyarrow.parquet as pq
 import pytest
 from jobs.jobkit import engine_args, run_cli, shared_prefix_prompts, summary_of, write_jsonl
 
-from astrai_batch.errors import OutputError
+from astrai_batch.errors import InputError, OutputError
 from astrai_batch.io.filesystems import AtomicObject, resolve
+from astrai_batch.io.fingerprint import file_fingerprint, same_content, sampled_fingerprint
 
 moto_server = pytest.importorskip("moto.server")
 
@@ -94,3 +95,18 @@ def test_a_sharded_job_writes_to_s3_and_a_failed_one_leaves_no_output(
     columns = ["id", "completion", "finish_reason", "error", "prefix_group"]
     assert got.select(columns).to_pylist() == expected.select(columns).to_pylist()
     assert isinstance(got, pa.Table)
+
+
+def test_an_input_object_has_the_same_content_identity_as_its_local_copy(s3, tmp_path) -> None:
+    fs, uri = s3
+    table = pa.table({"prompt": [f"p{i}" for i in range(50)]})
+    local = tmp_path / "in.parquet"
+    pq.write_table(table, local)
+    pq.write_table(table, "bucket/fp/in.parquet", filesystem=fs)
+    remote = resolve(uri("fp/in.parquet"))
+    for identify in (file_fingerprint, sampled_fingerprint):
+        here, there = identify(local), identify(remote)
+        assert there["path"] == "s3://bucket/fp/in.parquet"
+        assert same_content(here, there)
+    with pytest.raises(InputError, match=r"cannot read s3://bucket/fp/missing\.parquet"):
+        file_fingerprint(resolve(uri("fp/missing.parquet")))
