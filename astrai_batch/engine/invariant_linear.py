@@ -1,0 +1,70 @@
+"""Linear layers whose per-row result never depends on the other rows of the step.
+
+A CPU GEMM picks its blocking (and with it the order in which a row's products are summed)
+from the matrix sizes, among them M, the number of rows: the step's token count. The same
+token then gets last-bit-different activations in a step of 7 tokens and in a step of 300,
+and a sampled token near a boundary of the distribution flips. Here every projection runs
+as a sequence of GEMMs of exactly `tile_rows` rows (the last tile padded with zeros), so the
+kernel sees one shape whatever the step holds, and rows never interact inside a GEMM.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+DEFAULT_TILE_ROWS = 128  # measured on SmolLM2: see README "Batch-invariant numerics"
+
+
+class RowTiledLinear(nn.Module):
+    """`nn.Linear` computed in fixed-size row tiles; shares the wrapped layer's parameters."""
+
+    def __init__(self, linear: nn.Linear, tile_rows: int) -> None:
+        super().__init__()
+        if tile_rows < 2:
+            # one-row GEMMs go to the BLAS's matrix-vector kernel, a different reduction
+            raise ValueError(f"tile_rows must be >= 2, got {tile_rows}")
+        self.weight = linear.weight
+        self.bias = linear.bias
+        self.in_features = linear.in_features
+        self.out_features = linear.out_features
+        self.tile_rows = tile_rows
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        rows = x.reshape(-1, self.in_features)
+        n = rows.shape[0]
+        tile = self.tile_rows
+        padded_rows = -(-max(n, 1) // tile) * tile
+        if padded_rows != n or not rows.is_contiguous():
+            staged = rows.new_zeros(padded_rows, self.in_features)
+            staged[:n] = rows
+            rows = staged
+        # inference only: the tiles are written in place (out=), which autograd refuses
+        weight_t = self.weight.detach().t()
+        bias = None if self.bias is None else self.bias.detach()
+        out = rows.new_empty(padded_rows, self.out_features)
+        for start in range(0, padded_rows, tile):
+            part = out[start : start + tile]
+            if bias is None:
+                torch.mm(rows[start : start + tile], weight_t, out=part)
+            else:
+                torch.addmm(bias, rows[start : start + tile], weight_t, out=part)
+        return out[:n].view(*lead, self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, tile_rows={self.tile_rows}"
+
+
+def tile_linear_layers(model: nn.Module, tile_rows: int = DEFAULT_TILE_ROWS) -> int:
+    """Replaces every plain `nn.Linear` of `model` by a `RowTiledLinear`; returns how many.
+
+    Subclasses of nn.Linear (quantized or otherwise special layers) are left alone: their
+    forward is not the plain GEMM this module reproduces.
+    """
+    targets = [
+        name for name, module in model.named_modules() if type(module) is nn.Linear and name
+    ]
+    for name in targets:
+        model.set_submodule(name, RowTiledLinear(model.get_submodule(name), tile_rows))
+    return len(targets)
