@@ -24,9 +24,19 @@ from astrai_batch.engine.attention import (
     offset_causal_mask,
     register_paged_attention,
 )
+from astrai_batch.engine.block_plan import (
+    BlockBatch,
+    QuerySpan,
+    block_tokens_for,
+    key_valid_mask,
+    plan_blocks,
+)
 from astrai_batch.engine.cascade import DecodePartition, partition_decodes
 from astrai_batch.engine.cascade_plan import CascadeBatch, padded_tables, plan_cascade
+from astrai_batch.engine.invariant_linear import tile_linear_layers
 from astrai_batch.engine.page_gather import PageGatherer
+
+NUMERICS = ("invariant", "fast")
 
 
 @dataclass(frozen=True)
@@ -46,9 +56,24 @@ class ForwardOutput:
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, pool: KVPool, *, use_cascade: bool = True) -> None:
+    """numerics="invariant": a row's logits never depend on the rest of the step (row-tiled
+    linear layers, block-ordered attention); "fast": the step-shaped kernels."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        pool: KVPool,
+        *,
+        use_cascade: bool = True,
+        numerics: str = "invariant",
+    ) -> None:
+        if numerics not in NUMERICS:
+            raise ValueError(f"numerics must be one of {NUMERICS}, got {numerics!r}")
         register_paged_attention()
         model.set_attn_implementation(ATTENTION_NAME)
+        if numerics == "invariant":
+            tile_linear_layers(model)
+        self.numerics = numerics
         self.model = model
         self.pool = pool
         self.device = pool.key_cache[0].device
@@ -109,21 +134,51 @@ class ModelRunner:
             else:
                 mask = offset_causal_mask(n, end, device)
                 prefills.append(PrefillSpan(row, row + n, chunk.start, table.to(device), mask))
+        input_ids = torch.tensor(token_ids, dtype=torch.long, device=device)
+        position_ids = torch.tensor(positions, dtype=torch.long, device=device)
+        rows = torch.tensor(logit_rows, dtype=torch.long, device=device)
+        slots = torch.cat(write_slots).to(device)
+        if self.numerics == "invariant":
+            return self._block_batch(chunks, position_ids, slots), input_ids, position_ids, rows
         decode, cascade = self._decode_groups(decode_rows, decode_tables, decode_lengths)
         batch = AttentionBatch(
             key_cache=self.pool.key_cache,
             value_cache=self.pool.value_cache,
             page_size=page,
-            write_slots=torch.cat(write_slots).to(device),
+            write_slots=slots,
             decode=decode,
             cascade=cascade,
             prefills=prefills,
             gatherer=self.gatherer,
         )
-        input_ids = torch.tensor(token_ids, dtype=torch.long, device=device)
-        position_ids = torch.tensor(positions, dtype=torch.long, device=device)
-        rows = torch.tensor(logit_rows, dtype=torch.long, device=device)
         return batch, input_ids, position_ids, rows
+
+    def _block_batch(
+        self, chunks: Sequence[ScheduledChunk], positions: torch.Tensor, slots: torch.Tensor
+    ) -> BlockBatch:
+        spans = []
+        row = 0
+        for chunk in chunks:
+            spans.append(QuerySpan(row, chunk.start, len(chunk.token_ids), chunk.pages))
+            row += len(chunk.token_ids)
+        runs, unit_rows, unit_blocks, unit_tables, num_blocks = plan_blocks(
+            spans, self.page_size, self.use_cascade, self.device
+        )
+        block = block_tokens_for(self.page_size)
+        return BlockBatch(
+            key_cache=self.pool.key_cache,
+            value_cache=self.pool.value_cache,
+            page_size=self.page_size,
+            block_tokens=block,
+            write_slots=slots,
+            key_valid=key_valid_mask(positions, num_blocks, block),
+            num_blocks=num_blocks,
+            runs=runs,
+            unit_rows=unit_rows,
+            unit_blocks=unit_blocks,
+            unit_tables=unit_tables,
+            gatherer=self.gatherer,
+        )
 
     def _decode_groups(
         self, rows: list[int], tables: list[list[int]], lengths: list[int]
