@@ -28,6 +28,9 @@ class EngineConfig:
     seed: int = 0
     lookahead: int | None = None  # waiting requests pulled ahead; None = 2 * max_num_seqs
     max_wait_steps: int = 64  # a waiting request older than this many admissions goes first
+    # "invariant": a row's logits never depend on what runs beside it; "fast": step-shaped
+    # kernels (last bits move with the batch; for jobs that neither sample nor resume)
+    numerics: str = "invariant"
 
     default_kv_cache_memory = 2 * 1024**3
 
@@ -46,6 +49,8 @@ class EngineConfig:
             )
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
             raise ConfigError(f"seed must be a non-negative int, got {self.seed!r}")
+        if self.numerics not in ("invariant", "fast"):
+            raise ConfigError(f"numerics must be 'invariant' or 'fast', got {self.numerics!r}")
 
     @property
     def waiting_capacity(self) -> int:

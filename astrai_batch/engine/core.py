@@ -7,7 +7,7 @@ Everything here runs on one thread (the async engine calls `step` from a worker 
 from __future__ import annotations
 
 import time
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 
 import torch
 
@@ -77,7 +77,10 @@ class EngineCore:
         self.cache = KVCacheManager(
             self.pool.num_pages, config.page_size, enable_prefix_cache=config.enable_prefix_cache
         )
-        self.runner = ModelRunner(loaded.model, self.pool)
+        self.runner = ModelRunner(loaded.model, self.pool, numerics=config.numerics)
+        # (request id, sample index, logits row) of every sampled position; tests of the
+        # batch-invariance promise compare these bitwise
+        self.logits_observer: Callable[[Hashable, int, torch.Tensor], None] | None = None
         self.scheduler = Scheduler(config, self.cache)
         self._outputs: dict[int, _Output] = {}
         self._next_seq_id = 0
@@ -193,6 +196,9 @@ class EngineCore:
 
     def _sample(self, work: list[ScheduledWork], logits: torch.Tensor) -> list[GenerationResult]:
         seqs = [item.seq for item in work]
+        if self.logits_observer is not None:
+            for seq, row in zip(seqs, logits, strict=True):
+                self.logits_observer(seq.request_id, seq.sample_index, row)
         tokens = sample_next_tokens(logits, [seq.sampler for seq in seqs])
         now = time.perf_counter()
         results = []

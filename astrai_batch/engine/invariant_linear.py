@@ -56,15 +56,31 @@ class RowTiledLinear(nn.Module):
         return f"in={self.in_features}, out={self.out_features}, tile_rows={self.tile_rows}"
 
 
-def tile_linear_layers(model: nn.Module, tile_rows: int = DEFAULT_TILE_ROWS) -> int:
-    """Replaces every plain `nn.Linear` of `model` by a `RowTiledLinear`; returns how many.
+def set_row_tiling(model: nn.Module, tiled: bool, tile_rows: int = DEFAULT_TILE_ROWS) -> int:
+    """Swaps every plain `nn.Linear` of `model` for a `RowTiledLinear` (or back); returns how
+    many layers were swapped. A model serves one engine at a time, in either mode.
 
     Subclasses of nn.Linear (quantized or otherwise special layers) are left alone: their
     forward is not the plain GEMM this module reproduces.
     """
-    targets = [
-        name for name, module in model.named_modules() if type(module) is nn.Linear and name
-    ]
-    for name in targets:
-        model.set_submodule(name, RowTiledLinear(model.get_submodule(name), tile_rows))
-    return len(targets)
+    swapped = 0
+    for name, module in list(model.named_modules()):
+        if not name:
+            continue
+        if tiled and type(module) is nn.Linear:
+            model.set_submodule(name, RowTiledLinear(module, tile_rows))
+        elif not tiled and isinstance(module, RowTiledLinear):
+            model.set_submodule(name, _plain_linear(module))
+        else:
+            continue
+        swapped += 1
+    return swapped
+
+
+def _plain_linear(tiled: RowTiledLinear) -> nn.Linear:
+    linear = nn.Linear(
+        tiled.in_features, tiled.out_features, bias=tiled.bias is not None, device="meta"
+    )
+    linear.weight = tiled.weight
+    linear.bias = tiled.bias
+    return linear

@@ -33,7 +33,7 @@ from astrai_batch.engine.block_plan import (
 )
 from astrai_batch.engine.cascade import DecodePartition, partition_decodes
 from astrai_batch.engine.cascade_plan import CascadeBatch, padded_tables, plan_cascade
-from astrai_batch.engine.invariant_linear import tile_linear_layers
+from astrai_batch.engine.invariant_linear import set_row_tiling
 from astrai_batch.engine.page_gather import PageGatherer
 
 NUMERICS = ("invariant", "fast")
@@ -71,8 +71,7 @@ class ModelRunner:
             raise ValueError(f"numerics must be one of {NUMERICS}, got {numerics!r}")
         register_paged_attention()
         model.set_attn_implementation(ATTENTION_NAME)
-        if numerics == "invariant":
-            tile_linear_layers(model)
+        set_row_tiling(model, numerics == "invariant")
         self.numerics = numerics
         self.model = model
         self.pool = pool
