@@ -112,6 +112,7 @@ class EngineCore:
             self._failed += params.n
             return [error_result(request, problem, i) for i in range(params.n)]
         self._arrivals += 1
+        seed_key = request.request_id if request.seed_key is None else request.seed_key
         for sample_index in range(params.n):
             seq_id = self._next_seq_id
             self._next_seq_id += 1
@@ -120,7 +121,7 @@ class EngineCore:
                 prompt,
                 sample_index=sample_index,
                 eos_token_ids=self.loaded.eos_token_ids,
-                fallback_seed=_fallback_seed(self.config.seed, request.request_id, sample_index),
+                fallback_seed=_fallback_seed(self.config.seed, seed_key, sample_index),
             )
             seq = Sequence(
                 seq_id=seq_id,
@@ -282,9 +283,10 @@ class EngineCore:
                 raise RuntimeError(f"sequence {seq.seq_id} computed past its pages")
 
 
-def _fallback_seed(engine_seed: int, request_id: Hashable, sample_index: int) -> int:
-    """A per-sample seed for unseeded sampling that does not depend on arrival order."""
+def _fallback_seed(engine_seed: int, seed_key: Hashable, sample_index: int) -> int:
+    """A per-sample seed for unseeded sampling that depends on neither arrival order nor
+    batch: only the engine seed, the request's seed key and the sample index."""
     import hashlib
 
-    digest = hashlib.sha256(f"{engine_seed}:{request_id!r}:{sample_index}".encode()).digest()
+    digest = hashlib.sha256(f"{engine_seed}:{seed_key!r}:{sample_index}".encode()).digest()
     return int.from_bytes(digest[:8], "little") >> 1

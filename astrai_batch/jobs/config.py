@@ -61,6 +61,7 @@ class JobConfig:
     max_num_batched_tokens: int = 1024
     kv_cache_memory: int | None = None
     prefix_cache: bool = True
+    fast_numerics: bool = False  # step-shaped kernels: a row's last bits move with the batch
     grouping: bool = True
     group_window: int = 100_000
     seed: int = 0
@@ -98,6 +99,7 @@ class JobConfig:
             raise ConfigError(f"seed must be a non-negative int, got {self.seed!r}")
         for name in (
             "prefix_cache",
+            "fast_numerics",
             "grouping",
             "save_tokens",
             "overwrite",
@@ -163,6 +165,7 @@ class JobConfig:
             "max_num_batched_tokens": self.max_num_batched_tokens,
             "enable_prefix_cache": self.prefix_cache,
             "seed": self.seed,
+            "numerics": "fast" if self.fast_numerics else "invariant",
         }
 
     def to_dict(self) -> dict[str, Any]:
