@@ -7,12 +7,14 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 from click.testing import CliRunner, Result
 
 from astrai_batch.cli import main
@@ -92,3 +94,35 @@ def start_process(*args: Any) -> subprocess.Popen[str]:
 def summary_of(stdout: str) -> dict[str, Any]:
     """The JSON summary: the last line of stdout."""
     return json.loads(stdout.strip().splitlines()[-1])
+
+
+def saved_parts(checkpoint_dir: Path) -> int:
+    try:
+        return len(json.loads((checkpoint_dir / "manifest.json").read_text())["parts"])
+    except (OSError, ValueError):
+        return 0  # not created yet (or, on some filesystems, mid-rename)
+
+
+def saved_rows(checkpoint_dir: Path) -> int:
+    manifest = json.loads((checkpoint_dir / "manifest.json").read_text())
+    return sum(part["stats"]["input_rows"] for part in manifest["parts"])
+
+
+def stop_after_parts(args: list[Any], checkpoint_dir: Path, parts: int, signum: int):
+    """Start the job as a process and send `signum` once the checkpoint lists `parts` parts."""
+    process = start_process(*args)
+    deadline = time.monotonic() + 120
+    while saved_parts(checkpoint_dir) < parts:
+        if process.poll() is not None:
+            pytest.fail(f"the job ended before {parts} parts: {process.communicate()[1]}")
+        if time.monotonic() > deadline:
+            process.kill()
+            pytest.fail(f"no {parts} checkpoint parts within two minutes")
+        time.sleep(0.01)
+    process.send_signal(signum)
+    stdout, stderr = process.communicate(timeout=60)
+    return process.returncode, stdout, stderr
+
+
+def comparable(path: Path) -> list[dict[str, Any]]:
+    return [{k: v for k, v in row.items() if k != "cached_tokens"} for row in read_rows(path)]

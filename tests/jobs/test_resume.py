@@ -16,12 +16,14 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 from jobs.jobkit import (
+    comparable,
     engine_args,
     listing,
     read_rows,
     run_cli,
+    saved_rows,
     shared_prefix_prompts,
-    start_process,
+    stop_after_parts,
     summary_of,
     write_jsonl,
 )
@@ -49,38 +51,6 @@ def job_args(model_dir: Path, source: Path, output: Path, *extra: str) -> list[A
         "11",
         *extra,
     ]
-
-
-def saved_parts(checkpoint_dir: Path) -> int:
-    try:
-        return len(json.loads((checkpoint_dir / "manifest.json").read_text())["parts"])
-    except (OSError, ValueError):
-        return 0  # not created yet (or, on some filesystems, mid-rename)
-
-
-def saved_rows(checkpoint_dir: Path) -> int:
-    manifest = json.loads((checkpoint_dir / "manifest.json").read_text())
-    return sum(part["stats"]["input_rows"] for part in manifest["parts"])
-
-
-def stop_after_parts(args: list[Any], checkpoint_dir: Path, parts: int, signum: int):
-    """Start the job as a process and send `signum` once the checkpoint lists `parts` parts."""
-    process = start_process(*args)
-    deadline = time.monotonic() + 120
-    while saved_parts(checkpoint_dir) < parts:
-        if process.poll() is not None:
-            pytest.fail(f"the job ended before {parts} parts: {process.communicate()[1]}")
-        if time.monotonic() > deadline:
-            process.kill()
-            pytest.fail(f"no {parts} checkpoint parts within two minutes")
-        time.sleep(0.01)
-    process.send_signal(signum)
-    stdout, stderr = process.communicate(timeout=60)
-    return process.returncode, stdout, stderr
-
-
-def comparable(path: Path) -> list[dict[str, Any]]:
-    return [{k: v for k, v in row.items() if k != "cached_tokens"} for row in read_rows(path)]
 
 
 @pytest.fixture(scope="module")
