@@ -23,6 +23,9 @@ import torch
 from astrai_batch.engine.cascade import partition_decodes
 
 BLOCK_TARGET_TOKENS = 64  # a block is the smallest whole number of pages holding this many
+# A prefill chunk's rows are split into runs of this many blocks of positions, each reading
+# only the blocks up to its own last row: causal attention skips most of the masked half.
+RUN_SEGMENT_BLOCKS = 4
 
 
 def block_tokens_for(page_size: int) -> int:
@@ -77,11 +80,19 @@ def plan_blocks(
     per_block = block // page_size
     runs: list[BlockRun] = []
     decodes = [s for s in spans if s.length == 1]
+    segment = block * RUN_SEGMENT_BLOCKS
     for span in spans:
-        if span.length > 1:
-            blocks = (span.start + span.length - 1) // block + 1
-            rows = torch.arange(span.row, span.row + span.length, device=device)
-            runs.append(BlockRun(rows, _table(span.pages, blocks * per_block, device), blocks))
+        if span.length == 1:
+            continue
+        end = span.start + span.length
+        first = span.start
+        while first < end:
+            last = min(end, (first // segment + 1) * segment)  # exclusive
+            blocks = (last - 1) // block + 1
+            rows = torch.arange(span.row + first - span.start, span.row + last - span.start)
+            table = _table(span.pages, blocks * per_block, device)
+            runs.append(BlockRun(rows.to(device), table, blocks))
+            first = last
     first_private = [0] * len(decodes)
     if use_cascade and len(decodes) > 1:
         lengths = [d.start + 1 for d in decodes]
