@@ -39,6 +39,17 @@ class BlockRun:
     rows: torch.Tensor  # [n] rows of the packed batch
     page_table: torch.Tensor  # [1, num_blocks * pages_per_block], padded with page 0
     num_blocks: int
+    key_valid: torch.Tensor  # [n, num_blocks, 1, 1, block] bool: key position <= the row's
+
+
+@dataclass(frozen=True)
+class PrivateUnits:
+    """Decode blocks read by one query each, sorted by block index."""
+
+    rows: torch.Tensor  # [U] query row of each unit
+    page_tables: torch.Tensor  # [U, pages_per_block] the unit's pages, padded with page 0
+    key_valid: torch.Tensor  # [U, 1, 1, block] bool
+    block_starts: list[int]  # units of block b are [block_starts[b], block_starts[b + 1])
 
 
 @dataclass(frozen=True)
@@ -50,12 +61,8 @@ class BlockBatch:
     page_size: int
     block_tokens: int
     write_slots: torch.Tensor  # [T]
-    key_valid: torch.Tensor  # [T, num_blocks, 1, 1, block_tokens] bool: key position <= query's
-    num_blocks: int  # the step's most blocks of one query
     runs: list[BlockRun]
-    unit_rows: torch.Tensor  # [U] query row of each private unit
-    unit_blocks: torch.Tensor  # [U] block index of each private unit
-    unit_tables: torch.Tensor  # [U, pages_per_block] the unit's pages, padded with page 0
+    units: PrivateUnits
     gatherer: object  # the runner's PageGatherer
 
 
@@ -71,66 +78,89 @@ class QuerySpan:
 
 def plan_blocks(
     spans: Sequence[QuerySpan], page_size: int, use_cascade: bool, device: torch.device
-) -> tuple[list[BlockRun], torch.Tensor, torch.Tensor, torch.Tensor, int]:
-    """Runs and private units covering blocks 0..last of every query row; and the block count.
+) -> tuple[list[BlockRun], PrivateUnits]:
+    """Runs and private units covering blocks 0..last of every query row.
 
-    Every (row, block <= row's last) pair is covered exactly once, by a run or by a unit.
+    Every (row, block <= row's last) pair is covered exactly once, by a run or by a unit, and
+    a row's run blocks (when it has any) come before its unit blocks.
     """
     block = block_tokens_for(page_size)
     per_block = block // page_size
-    runs: list[BlockRun] = []
+    runs = [
+        run
+        for span in spans
+        if span.length > 1
+        for run in _prefill_runs(span, block, per_block, device)
+    ]
     decodes = [s for s in spans if s.length == 1]
-    segment = block * RUN_SEGMENT_BLOCKS
-    for span in spans:
-        if span.length == 1:
-            continue
-        end = span.start + span.length
-        first = span.start
-        while first < end:
-            last = min(end, (first // segment + 1) * segment)  # exclusive
-            blocks = (last - 1) // block + 1
-            rows = torch.arange(span.row + first - span.start, span.row + last - span.start)
-            table = _table(span.pages, blocks * per_block, device)
-            runs.append(BlockRun(rows.to(device), table, blocks))
-            first = last
     first_private = [0] * len(decodes)
     if use_cascade and len(decodes) > 1:
         lengths = [d.start + 1 for d in decodes]
-        tables = [list(d.pages) for d in decodes]
+        tables = [d.pages for d in decodes]
         for members, shared_pages in partition_decodes(tables, lengths, page_size).groups:
             shared = shared_pages // per_block
             if shared == 0:
                 continue
-            rows = torch.tensor([decodes[i].row for i in members], device=device)
-            runs.append(BlockRun(rows, _table(decodes[members[0]].pages, shared * per_block, device), shared))
+            table = _table(decodes[members[0]].pages, shared * per_block, device)
+            rows = [decodes[i].row for i in members]
+            positions = [decodes[i].start for i in members]
+            runs.append(_run(rows, positions, table, shared, block, device))
             for i in members:
                 first_private[i] = shared
-    unit_rows: list[int] = []
-    unit_blocks: list[int] = []
-    unit_pages: list[list[int]] = []
-    for first, span in zip(first_private, decodes, strict=True):
-        for b in range(first, span.start // block + 1):
-            pages = list(span.pages[b * per_block : (b + 1) * per_block])
-            unit_rows.append(span.row)
-            unit_blocks.append(b)
-            unit_pages.append(pages + [0] * (per_block - len(pages)))
-    most = max((s.start + s.length - 1) // block + 1 for s in spans)
-    return (
-        runs,
-        torch.tensor(unit_rows, dtype=torch.long, device=device),
-        torch.tensor(unit_blocks, dtype=torch.long, device=device),
-        torch.tensor(unit_pages, dtype=torch.long, device=device).view(len(unit_rows), per_block),
-        most,
+    return runs, _private_units(decodes, first_private, block, per_block, device)
+
+
+def _prefill_runs(span: QuerySpan, block: int, per_block: int, device: torch.device):
+    """A prefill chunk as runs of up to RUN_SEGMENT_BLOCKS blocks of its rows' positions."""
+    segment = block * RUN_SEGMENT_BLOCKS
+    end = span.start + span.length
+    first = span.start
+    while first < end:
+        last = min(end, (first // segment + 1) * segment)  # exclusive
+        blocks = (last - 1) // block + 1
+        rows = range(span.row + first - span.start, span.row + last - span.start)
+        table = _table(span.pages, blocks * per_block, device)
+        yield _run(rows, range(first, last), table, blocks, block, device)
+        first = last
+
+
+def _run(rows, positions, table: torch.Tensor, blocks: int, block: int, device) -> BlockRun:
+    keys = torch.arange(blocks * block)
+    valid = keys.unsqueeze(0) <= torch.tensor(list(positions)).unsqueeze(1)
+    return BlockRun(
+        rows=torch.tensor(list(rows), dtype=torch.long, device=device),
+        page_table=table,
+        num_blocks=blocks,
+        key_valid=valid.view(-1, blocks, 1, 1, block).to(device),
     )
 
 
-def key_valid_mask(
-    positions: torch.Tensor, num_blocks: int, block_tokens: int
-) -> torch.Tensor:
-    """[T, num_blocks, 1, 1, block_tokens] bool: block b's key j is at or before the query."""
-    keys = torch.arange(num_blocks * block_tokens, device=positions.device)
-    valid = keys.unsqueeze(0) <= positions.unsqueeze(1)
-    return valid.view(-1, num_blocks, 1, 1, block_tokens)
+def _private_units(
+    decodes: Sequence[QuerySpan], first_private: list[int], block: int, per_block: int, device
+) -> PrivateUnits:
+    by_block: list[list[tuple[int, int, list[int]]]] = []  # per block: (row, position, pages)
+    for first, span in zip(first_private, decodes, strict=True):
+        for b in range(first, span.start // block + 1):
+            while len(by_block) <= b:
+                by_block.append([])
+            pages = [int(p) for p in span.pages[b * per_block : (b + 1) * per_block]]
+            by_block[b].append(
+                (span.row, span.start - b * block, pages + [0] * (per_block - len(pages)))
+            )
+    units = [unit for units in by_block for unit in units]
+    starts = [0]
+    for units_of_block in by_block:
+        starts.append(starts[-1] + len(units_of_block))
+    offsets = torch.tensor([u[1] for u in units], dtype=torch.long)
+    valid = torch.arange(block).unsqueeze(0) <= offsets.unsqueeze(1)
+    return PrivateUnits(
+        rows=torch.tensor([u[0] for u in units], dtype=torch.long, device=device),
+        page_tables=torch.tensor([u[2] for u in units], dtype=torch.long, device=device).view(
+            len(units), per_block
+        ),
+        key_valid=valid.view(len(units), 1, 1, block).to(device),
+        block_starts=starts,
+    )
 
 
 def _table(pages: Sequence[int], count: int, device: torch.device) -> torch.Tensor:

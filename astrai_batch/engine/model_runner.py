@@ -28,7 +28,6 @@ from astrai_batch.engine.block_plan import (
     BlockBatch,
     QuerySpan,
     block_tokens_for,
-    key_valid_mask,
     plan_blocks,
 )
 from astrai_batch.engine.cascade import DecodePartition, partition_decodes
@@ -138,7 +137,7 @@ class ModelRunner:
         rows = torch.tensor(logit_rows, dtype=torch.long, device=device)
         slots = torch.cat(write_slots).to(device)
         if self.numerics == "invariant":
-            return self._block_batch(chunks, position_ids, slots), input_ids, position_ids, rows
+            return self._block_batch(chunks, slots), input_ids, position_ids, rows
         decode, cascade = self._decode_groups(decode_rows, decode_tables, decode_lengths)
         batch = AttentionBatch(
             key_cache=self.pool.key_cache,
@@ -152,30 +151,21 @@ class ModelRunner:
         )
         return batch, input_ids, position_ids, rows
 
-    def _block_batch(
-        self, chunks: Sequence[ScheduledChunk], positions: torch.Tensor, slots: torch.Tensor
-    ) -> BlockBatch:
+    def _block_batch(self, chunks: Sequence[ScheduledChunk], slots: torch.Tensor) -> BlockBatch:
         spans = []
         row = 0
         for chunk in chunks:
             spans.append(QuerySpan(row, chunk.start, len(chunk.token_ids), chunk.pages))
             row += len(chunk.token_ids)
-        runs, unit_rows, unit_blocks, unit_tables, num_blocks = plan_blocks(
-            spans, self.page_size, self.use_cascade, self.device
-        )
-        block = block_tokens_for(self.page_size)
+        runs, units = plan_blocks(spans, self.page_size, self.use_cascade, self.device)
         return BlockBatch(
             key_cache=self.pool.key_cache,
             value_cache=self.pool.value_cache,
             page_size=self.page_size,
-            block_tokens=block,
+            block_tokens=block_tokens_for(self.page_size),
             write_slots=slots,
-            key_valid=key_valid_mask(positions, num_blocks, block),
-            num_blocks=num_blocks,
             runs=runs,
-            unit_rows=unit_rows,
-            unit_blocks=unit_blocks,
-            unit_tables=unit_tables,
+            units=units,
             gatherer=self.gatherer,
         )
 
