@@ -80,6 +80,11 @@ _ENGINE = EngineConfig()
 @click.option("--kv-cache-memory", default=None, help="KV cache size, e.g. 2GiB (default 2GiB).")
 @click.option("--prefix-cache/--no-prefix-cache", default=True, show_default=True)
 @click.option(
+    "--fast-numerics",
+    is_flag=True,
+    help="Our engine with step-shaped kernels instead of batch-invariant numerics.",
+)
+@click.option(
     "--hf-batch-size",
     type=int,
     default=HF_GENERATE_BATCH_SIZE,
@@ -152,6 +157,7 @@ def _config(options: dict[str, Any]) -> BenchConfig:
         max_num_batched_tokens=options.pop("max_num_batched_tokens"),
         kv_cache_memory=parse_size(memory) if memory is not None else None,
         enable_prefix_cache=options.pop("prefix_cache"),
+        numerics="fast" if options.pop("fast_numerics") else "invariant",
     )
     return BenchConfig(
         model=options.pop("model"),

@@ -123,6 +123,8 @@ class ModelRunner:
             write_slots.append(self.pool.slot_indices(table, torch.arange(chunk.start, end)))
             if chunk.wants_logits:
                 logit_rows.append(row + n - 1)
+            if self.numerics == "invariant":
+                continue  # the block plan below reads the chunks themselves
             if n == 1:
                 decode_rows.append(row)
                 decode_tables.append([int(p) for p in chunk.pages[: (end + page - 1) // page]])
