@@ -33,24 +33,29 @@ class RowTiledLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         rows = x.reshape(-1, self.in_features)
+        if not rows.is_contiguous():
+            rows = rows.contiguous()
         n = rows.shape[0]
         tile = self.tile_rows
-        padded_rows = -(-max(n, 1) // tile) * tile
-        if padded_rows != n or not rows.is_contiguous():
-            staged = rows.new_zeros(padded_rows, self.in_features)
-            staged[:n] = rows
-            rows = staged
-        # inference only: the tiles are written in place (out=), which autograd refuses
+        out = rows.new_empty(n, self.out_features)
+        full = n - n % tile
+        for start in range(0, full, tile):
+            self._tile(rows[start : start + tile], out[start : start + tile])
+        if full < n:  # the last rows go through a zero-padded tile of the same shape
+            staged = rows.new_zeros(tile, self.in_features)
+            staged[: n - full] = rows[full:]
+            result = rows.new_empty(tile, self.out_features)
+            self._tile(staged, result)
+            out[full:] = result[: n - full]
+        return out.view(*lead, self.out_features)
+
+    def _tile(self, rows: torch.Tensor, out: torch.Tensor) -> None:
+        # inference only: the tile is written in place (out=), which autograd refuses
         weight_t = self.weight.detach().t()
-        bias = None if self.bias is None else self.bias.detach()
-        out = rows.new_empty(padded_rows, self.out_features)
-        for start in range(0, padded_rows, tile):
-            part = out[start : start + tile]
-            if bias is None:
-                torch.mm(rows[start : start + tile], weight_t, out=part)
-            else:
-                torch.addmm(bias, rows[start : start + tile], weight_t, out=part)
-        return out[:n].view(*lead, self.out_features)
+        if self.bias is None:
+            torch.mm(rows, weight_t, out=out)
+        else:
+            torch.addmm(self.bias.detach(), rows, weight_t, out=out)
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, tile_rows={self.tile_rows}"
