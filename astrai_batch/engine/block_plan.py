@@ -61,6 +61,7 @@ class BlockBatch:
     page_size: int
     block_tokens: int
     write_slots: torch.Tensor  # [T]
+    longest_context: int  # the most tokens any sequence of the step has (context + new)
     runs: list[BlockRun]
     units: PrivateUnits
     gatherer: object  # the runner's PageGatherer
