@@ -51,6 +51,7 @@ def test_from_options_routes_sampling_and_parses_strings() -> None:
         "max_num_batched_tokens": 1024,
         "enable_prefix_cache": True,
         "seed": 0,
+        "numerics": "invariant",
     }
 
 
