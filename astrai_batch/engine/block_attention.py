@@ -15,7 +15,7 @@ its generated tokens as a prefill), wherever its chunk starts. So for every quer
 
 GEMM rows never interact, and the BLAS's result for a row does not depend on the row count
 for a fixed reduction length of one head dimension or one block (`tests/engine/
-test_block_attention.py` checks this on the machine it runs on); one-row GEMMs are avoided
+test_invariant_kernels.py` checks this on the machine it runs on); one-row GEMMs are avoided
 because they take the BLAS's matrix-vector path, which sums in another order.
 """
 

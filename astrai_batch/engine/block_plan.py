@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from astrai_batch.engine.cascade import partition_decodes
+from astrai_batch.engine.page_gather import PageGatherer
 
 BLOCK_TARGET_TOKENS = 64  # a block is the smallest whole number of pages holding this many
 # A prefill chunk's rows are split into runs of this many blocks of positions, each reading
@@ -64,7 +65,7 @@ class BlockBatch:
     longest_context: int  # the most tokens any sequence of the step has (context + new)
     runs: list[BlockRun]
     units: PrivateUnits
-    gatherer: object  # the runner's PageGatherer
+    gatherer: PageGatherer  # the runner's reusable gather buffers
 
 
 @dataclass(frozen=True)
