@@ -74,7 +74,7 @@ def test_smollm2_sampled_resume_after_three_kills_equals_uninterrupted(tmp_path:
     checkpoint = tmp_path / ".out.parquet.ckpt"
     args = job_args(source, output)
     for parts in (1, 4, 7):
-        returncode, _, _ = stop_after_parts(args, checkpoint, parts, signal.SIGKILL)
+        returncode, _, _ = stop_after_parts(args, checkpoint, parts, signal.SIGKILL, timeout=1200)
         assert returncode == -signal.SIGKILL
     done_before = saved_rows(checkpoint)
     assert 0 < done_before < ROWS
