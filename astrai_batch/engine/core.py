@@ -13,6 +13,9 @@ import torch
 
 from astrai_batch.cache import KVCacheManager, KVPool
 from astrai_batch.engine.config import EngineConfig
+from astrai_batch.engine.constraints.backend import ConstraintBackend, ConstraintCompileError
+from astrai_batch.engine.constraints.mask_filler import StepMasks
+from astrai_batch.engine.constraints.sequence_matchers import SequenceMatchers
 from astrai_batch.engine.loader import LoadedModel
 from astrai_batch.engine.model_runner import ModelRunner, ScheduledChunk
 from astrai_batch.engine.sampling import SequenceSampler, sample_next_tokens
@@ -80,6 +83,7 @@ class EngineCore:
         self.runner = ModelRunner(loaded.model, self.pool)
         self.scheduler = Scheduler(config, self.cache)
         self._outputs: dict[int, _Output] = {}
+        self.constraints = SequenceMatchers(self._constraint_backend)
         self._next_seq_id = 0
         self._arrivals = 0
         self._steps = 0
@@ -108,6 +112,13 @@ class EngineCore:
         if problem is not None:
             self._failed += params.n
             return [error_result(request, problem, i) for i in range(params.n)]
+        compiled = None
+        if params.constraint is not None:
+            try:
+                compiled = self.constraints.compile(params.constraint)
+            except ConstraintCompileError as exc:
+                self._failed += params.n
+                return [error_result(request, str(exc), i) for i in range(params.n)]
         self._arrivals += 1
         for sample_index in range(params.n):
             seq_id = self._next_seq_id
@@ -131,6 +142,8 @@ class EngineCore:
             )
             if params.stop:
                 self._outputs[seq_id] = _Output(self.tokenizer, params.stop)
+            if compiled is not None:
+                self.constraints.attach(seq_id, compiled)
             self.scheduler.add(seq)
         return []
 
@@ -169,15 +182,20 @@ class EngineCore:
                 )
             return []
         chunks = [self._chunk(item) for item in plan.work]
-        output = self.runner.forward(chunks)
+        sampling = [item for item in plan.work if item.completes_known_tokens]
+        # Grammar masks are filled in a worker thread while the forward runs.
+        self.constraints.start_step([item.seq.seq_id for item in sampling])
+        try:
+            output = self.runner.forward(chunks)
+        finally:
+            masks = self.constraints.finish_step()
         self._forward_seconds += output.forward_seconds
         self._steps += 1
-        sampling = [item for item in plan.work if item.completes_known_tokens]
         for item in plan.work:
             if item.seq.in_prefill or item.num_tokens > 1:
                 self._prefill_tokens += item.num_tokens
         self.scheduler.after_step(plan.work)
-        results = self._sample(sampling, output.logits) if sampling else []
+        results = self._sample(sampling, output.logits, masks) if sampling else []
         self._busy_seconds += time.perf_counter() - started
         return results
 
@@ -191,9 +209,12 @@ class EngineCore:
             wants_logits=item.completes_known_tokens,
         )
 
-    def _sample(self, work: list[ScheduledWork], logits: torch.Tensor) -> list[GenerationResult]:
+    def _sample(
+        self, work: list[ScheduledWork], logits: torch.Tensor, masks: StepMasks | None
+    ) -> list[GenerationResult]:
         seqs = [item.seq for item in work]
-        tokens = sample_next_tokens(logits, [seq.sampler for seq in seqs])
+        tokens = sample_next_tokens(logits, [seq.sampler for seq in seqs], masks)
+        self.constraints.accept([seq.seq_id for seq in seqs], [t.token_id for t in tokens])
         now = time.perf_counter()
         results = []
         for seq, sampled in zip(seqs, tokens, strict=True):
@@ -216,6 +237,8 @@ class EngineCore:
         output = self._outputs.get(seq.seq_id)
         if output is not None and output.append(token):
             return "stop"
+        if self.constraints.terminated(seq.seq_id):
+            return "stop"  # the grammar is complete and accepted an end token
         if generated >= params.min_tokens:
             if token in params.stop_token_ids:
                 return "stop"
@@ -228,6 +251,7 @@ class EngineCore:
     def _finish(self, seq: Sequence, reason: FinishReason) -> GenerationResult:
         self.scheduler.finish(seq)
         self._finished += 1
+        self.constraints.release(seq.seq_id)
         output = self._outputs.pop(seq.seq_id, None)
         ids = seq.output_token_ids
         if output is not None and output.cut is not None:
@@ -266,14 +290,34 @@ class EngineCore:
             requests_failed=self._failed,
             forward_seconds=self._forward_seconds,
             busy_seconds=self._busy_seconds,
+            constrained_requests=self.constraints.constrained_requests,
+            grammars_compiled=self.constraints.grammars_compiled,
+            grammar_compile_seconds=self.constraints.compile_seconds,
+            mask_fill_seconds=self.constraints.fill_seconds,
+            mask_wait_seconds=self.constraints.wait_seconds,
             cache=self.cache.stats(),
         )
+
+    def close(self) -> None:
+        """Stops the mask worker thread (the engine is unusable afterwards)."""
+        self.constraints.close()
 
     def check_invariants(self) -> None:
         self.cache.check_invariants()
         for seq in self.scheduler.running:
             if len(self.cache.pages(seq.seq_id)) * self.config.page_size < seq.num_computed:
                 raise RuntimeError(f"sequence {seq.seq_id} computed past its pages")
+        live = {seq.seq_id: seq for seq in (*self.scheduler.running, *self.scheduler.waiting)}
+        self.constraints.check_invariants(lambda seq_id: live[seq_id].sampler.num_generated)
+
+    def _constraint_backend(self) -> ConstraintBackend:
+        from astrai_batch.engine.constraints.xgrammar_backend import XGrammarBackend
+
+        return XGrammarBackend(
+            self.tokenizer,
+            vocab_size=self.loaded.model.config.vocab_size,
+            eos_token_ids=self.loaded.eos_token_ids,
+        )
 
 
 def _fallback_seed(engine_seed: int, request_id: Hashable, sample_index: int) -> int:

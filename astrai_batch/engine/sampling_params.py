@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from astrai_batch.engine.constraints.spec import Constraint
 from astrai_batch.errors import ConfigError
 
 SEED_LIMIT = 2**63
@@ -35,7 +36,8 @@ class SamplingParams:
     Semantics follow Hugging Face `generate` where the two differ from OpenAI's API:
     `repetition_penalty` is HF's (over prompt and generated tokens, positive logits divided,
     negative ones multiplied); `presence_penalty` and `frequency_penalty` are OpenAI's (over
-    generated tokens only, subtracted from the logits).
+    generated tokens only, subtracted from the logits). `constraint` restricts the output to
+    a JSON schema, regex, choice or grammar (see `engine.constraints`).
     """
 
     n: int = 1
@@ -53,11 +55,13 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: bool = False
+    constraint: Constraint | None = None
 
     def __post_init__(self) -> None:
         self._check_types()
         self._check_ranges()
         self._check_stops()
+        self._check_constraint()
 
     def _check_types(self) -> None:
         for name in _INT_FIELDS:
@@ -122,6 +126,18 @@ class SamplingParams:
             if isinstance(token_id, bool) or not isinstance(token_id, int) or token_id < 0:
                 raise ConfigError(f"stop_token_ids must contain only ints >= 0, got {token_id!r}")
 
+    def _check_constraint(self) -> None:
+        if self.constraint is None:
+            return
+        if not isinstance(self.constraint, Constraint):
+            raise ConfigError(
+                f"constraint must be a Constraint, got {type(self.constraint).__name__}"
+            )
+        if self.min_tokens:
+            # The grammar decides where a constrained output ends; forbidding its end tokens
+            # could leave no token at all.
+            raise ConfigError("min_tokens cannot be combined with a constraint")
+
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> SamplingParams:
         """Builds validated parameters from e.g. a parsed TOML/JSON table.
@@ -142,6 +158,8 @@ class SamplingParams:
         out: dict[str, Any] = {}
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
+            if isinstance(value, Constraint):
+                value = value.to_dict()
             out[field.name] = list(value) if isinstance(value, tuple) else value
         return out
 
@@ -162,6 +180,8 @@ def _coerced(values: Mapping[str, Any]) -> dict[str, Any]:
         out["stop"] = (stop,) if isinstance(stop, str) else _as_tuple(stop)
     if "stop_token_ids" in out:
         out["stop_token_ids"] = _as_tuple(out["stop_token_ids"])
+    if out.get("constraint") is not None:
+        out["constraint"] = Constraint.from_dict(out["constraint"])
     return out
 
 
