@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from astrai_batch.io.constraint_fields import constraint_override
 from astrai_batch.io.openai_request import parse_openai_record
 from astrai_batch.io.row_validation import (
     collect_overrides,
@@ -27,12 +28,13 @@ def parse_record(record: Mapping[str, Any], index: int, plan: RowPlan) -> InputR
     row_id = row_id_for(record, index, plan)
     try:
         content = validate_content(plan.shape, record.get(plan.prompt_field), plan.shape)
+        constraint = constraint_override(record)
     except RowProblem as problem:
         return InputRow(index=index, id=row_id, kept=kept, error=str(problem))
     return InputRow(
         index=index,
         id=row_id,
-        overrides=collect_overrides(record, OVERRIDE_FIELDS),
+        overrides={**collect_overrides(record, OVERRIDE_FIELDS), **constraint},
         kept=kept,
         **content,
     )

@@ -33,6 +33,9 @@ OVERRIDE_FIELDS = (
     "logprobs",
 )
 
+# Per-row output constraints of plain rows (io/constraint_fields.py reads them).
+CONSTRAINT_COLUMNS = ("json_schema", "regex", "choice", "grammar")
+
 
 @dataclass(frozen=True)
 class InputRow:
@@ -106,6 +109,7 @@ class RowPlan:
         else:
             wanted.append(self.prompt_field)
             wanted += OVERRIDE_FIELDS
+            wanted += CONSTRAINT_COLUMNS
         if self.id_field is not None:
             wanted.append(self.id_field)
         wanted += self.keep_columns

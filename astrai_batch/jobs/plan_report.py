@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from astrai_batch.engine import load_tokenizer
+from astrai_batch.engine.constraints import Constraint
 from astrai_batch.errors import UnsupportedModelError
 from astrai_batch.io import InputRow, open_input
 from astrai_batch.jobs.prefix_stats import PrefixStats, PrefixStatsBuilder
@@ -32,6 +33,8 @@ class PlanReport:
     bad_rows: int
     stats: PrefixStats
     previews: tuple[str, ...]  # decoded preview of each top shared prefix
+    constrained_rows: int = 0  # rows with their own output constraint
+    distinct_constraints: int = 0  # grammars `run` would compile for them
 
     def to_dict(self) -> dict[str, Any]:
         stats = self.stats.to_dict()
@@ -44,6 +47,8 @@ class PlanReport:
             "model": self.model,
             "bad_rows": self.bad_rows,
             **stats,
+            "constrained_rows": self.constrained_rows,
+            "distinct_constraints": self.distinct_constraints,
         }
 
     def to_json(self) -> str:
@@ -61,6 +66,11 @@ class PlanReport:
             f"tokens to prefill         {stats.unique_tokens:,}",
             f"predicted prefill saving  {stats.predicted_prefill_saving:.1%}",
         ]
+        if self.constrained_rows:
+            lines.append(
+                f"output constraints        {self.distinct_constraints:,} distinct"
+                f" over {self.constrained_rows:,} rows (each compiled once)"
+            )
         if stats.top_shared_prefixes:
             lines.append("largest shared prefixes:")
             lines.append(f"  {'tokens':>8} {'rows':>8} {'saved':>10}  preview")
@@ -93,12 +103,14 @@ def plan_input(
     if source.shape == "messages" and not encoder.has_chat_template:
         raise UnsupportedModelError(no_chat_template_message(model))
     bad_rows = 0
+    constraints = ConstraintCounter()
     for batch in _batches(source.iter_rows()):
-        for encoding in encoder.encode(batch):
+        for row, encoding in zip(batch, encoder.encode(batch), strict=True):
             if encoding.token_ids is None:
                 bad_rows += 1
             else:
                 builder.add(encoding.token_ids)
+                constraints.add(row)
     stats = builder.result()
     previews = tuple(
         tokenizer.decode(list(prefix.preview_token_ids)) for prefix in stats.top_shared_prefixes
@@ -110,7 +122,24 @@ def plan_input(
         bad_rows=bad_rows,
         stats=stats,
         previews=previews,
+        constrained_rows=constraints.rows,
+        distinct_constraints=len(constraints.digests),
     )
+
+
+class ConstraintCounter:
+    """Rows with a constraint and the distinct ones (by digest, as the engine caches them)."""
+
+    def __init__(self) -> None:
+        self.rows = 0
+        self.digests: set[str] = set()
+
+    def add(self, row: InputRow) -> None:
+        spec = row.overrides.get("constraint")
+        if spec is None:
+            return
+        self.rows += 1
+        self.digests.add(Constraint.from_dict(spec).digest)
 
 
 def _batches(rows: Iterator[InputRow]) -> Iterator[list[InputRow]]:

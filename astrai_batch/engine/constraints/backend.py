@@ -55,9 +55,7 @@ class ConstraintBackend(ABC):
         """A packed mask buffer for `rows` sequences (CPU)."""
 
     @abstractmethod
-    def fill_masks(
-        self, matchers: Sequence[Matcher], masks: torch.Tensor, rows: list[int]
-    ) -> None:
+    def fill_masks(self, matchers: Sequence[Matcher], masks: torch.Tensor, rows: list[int]) -> None:
         """Writes matcher i's allowed tokens into row `rows[i]` of `masks`, in one call."""
 
     @abstractmethod

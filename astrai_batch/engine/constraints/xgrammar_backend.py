@@ -78,9 +78,7 @@ class XGrammarBackend(ConstraintBackend):
     def allocate_masks(self, rows: int) -> torch.Tensor:
         return self._xgr.allocate_token_bitmask(rows, self.vocab_size)
 
-    def fill_masks(
-        self, matchers: Sequence[Matcher], masks: torch.Tensor, rows: list[int]
-    ) -> None:
+    def fill_masks(self, matchers: Sequence[Matcher], masks: torch.Tensor, rows: list[int]) -> None:
         handles = [_handle(m) for m in matchers]
         self._batch.batch_fill_next_token_bitmask(handles, masks, rows)
 
