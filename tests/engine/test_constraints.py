@@ -122,7 +122,8 @@ def test_one_compile_for_many_rows_sharing_a_constraint(loaded, prompts):
         ),
         (
             Constraint("grammar", "root ::= missing"),
-            'invalid grammar: EBNF parser error at line 1, column 10: Rule "missing" is not defined',
+            "invalid grammar: EBNF parser error at line 1, column 10: "
+            'Rule "missing" is not defined',
         ),
         (
             Constraint.json_schema({"type": "strin"}),
@@ -143,6 +144,7 @@ def test_a_bad_constraint_fails_its_own_row_only(loaded, prompts, constraint, me
         assert (by_id[key].finish_reason, by_id[key].error) == ("error", message)
     assert by_id[("before", 0)].error is None and by_id[("after", 0)].error is None
     assert stats.requests_failed == 3
+    assert stats.constrained_requests == 3  # requests, not samples
     assert stats.grammars_compiled == 2  # the good one and the bad one, each once
 
 
@@ -197,7 +199,7 @@ def test_a_complete_grammar_ends_the_row_even_with_ignore_eos(loaded, prompts):
 
 
 def test_min_tokens_cannot_be_combined_with_a_constraint():
-    with pytest.raises(ConfigError, match="^min_tokens cannot be combined with a constraint$"):
+    with pytest.raises(ConfigError, match=r"^min_tokens cannot be combined with a constraint$"):
         SamplingParams(min_tokens=2, constraint=Constraint("regex", "a+"))
 
 

@@ -39,9 +39,8 @@ class SequenceMatchers:
             backend = self._make_backend()
             self._cache = GrammarCache(backend)
             self._filler = MaskFiller(backend)
-        compiled = self._cache.get(constraint)
-        self.constrained_requests += 1
-        return compiled
+        self.constrained_requests += 1  # also when it fails: the row is constrained all the same
+        return self._cache.get(constraint)
 
     def attach(self, seq_id: int, compiled: Any) -> None:
         if self._cache is None:
