@@ -20,11 +20,16 @@ from astrai_batch.engine.constraints.backend import (
     Matcher,
 )
 from astrai_batch.engine.constraints.spec import Constraint
+from astrai_batch.errors import ModelLoadError
 
 # xgrammar prefixes its messages with "[hh:mm:ss] /path/file.cc:123: "; users need the rest.
 _SOURCE_PREFIX = re.compile(r"^\[[0-9:]+\] \S+:\d+: ")
 # `json_object` is OpenAI's "any JSON object".
 _ANY_OBJECT_SCHEMA = '{"type":"object"}'
+
+
+class ConstraintLibraryMissing(ModelLoadError):
+    """The backend library is not installed (a job error, not a row error)."""
 
 
 class XGrammarMatcher(Matcher):
@@ -45,8 +50,13 @@ class XGrammarBackend(ConstraintBackend):
     def __init__(
         self, tokenizer: Any, *, vocab_size: int, eos_token_ids: Collection[int], threads: int = 1
     ) -> None:
-        import xgrammar
-
+        try:
+            import xgrammar
+        except ImportError:
+            raise ConstraintLibraryMissing(
+                "rows with an output constraint need the xgrammar library: "
+                "pip install 'astrai-batch[structured]'"
+            ) from None
         self._xgr = xgrammar
         info = xgrammar.TokenizerInfo.from_huggingface(
             tokenizer, vocab_size=vocab_size, stop_token_ids=sorted(eos_token_ids) or None
