@@ -94,12 +94,19 @@ def _override(kind: str, text: str) -> dict[str, Any]:
     return {"constraint": {"kind": kind, "text": text}}
 
 
+def parse_json_text(value: Any, name: str) -> Any:
+    """A string value parsed as JSON (Parquet stores nested values as JSON text); any other
+    value as it is. Raises RowProblem naming the field when the text is not JSON."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise RowProblem(f"{name} is not valid JSON: {exc.msg} at column {exc.colno}") from None
+
+
 def _schema_object(value: Any, name: str) -> Mapping[str, Any]:
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise RowProblem(f"{name} is not valid JSON: {exc.msg} at column {exc.colno}") from None
+    value = parse_json_text(value, name)
     if not isinstance(value, Mapping):
         raise RowProblem(f"{name} must be an object or JSON text of one, got {json_type(value)}")
     return value

@@ -28,7 +28,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from astrai_batch.io.constraint_fields import response_format_override
+from astrai_batch.io.constraint_fields import parse_json_text, response_format_override
 from astrai_batch.io.row_validation import (
     collect_overrides,
     row_id_for,
@@ -127,12 +127,8 @@ def _parse_request(record: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str,
 def _body_object(body: Any) -> Mapping[str, Any]:
     if body is None:
         raise RowProblem("body is missing")
-    if isinstance(body, str):
-        # Parquet files often store the heterogeneous body as JSON text.
-        try:
-            body = json.loads(body)
-        except json.JSONDecodeError as exc:
-            raise RowProblem(f"body is not valid JSON: {exc.msg} at column {exc.colno}") from None
+    # Parquet files often store the heterogeneous body as JSON text.
+    body = parse_json_text(body, "body")
     if not isinstance(body, Mapping):
         raise RowProblem(f"body must be an object, got {type_name(body)}")
     return body

@@ -18,6 +18,7 @@ from astrai_batch.engine.core import EngineCore
 from astrai_batch.engine.loader import load_model
 from astrai_batch.errors import ConfigError
 
+CONFIG = EngineConfig(page_size=8, num_pages=256, max_num_seqs=16)
 SCHEMA = {
     "type": "object",
     "properties": {
@@ -28,7 +29,6 @@ SCHEMA = {
 }
 CHOICES = ["yes", "no", 'say "maybe"', "naïve"]
 REGEX = r"[0-9]{3}-[a-z]{2,5}"
-CONFIG = EngineConfig(page_size=8, num_pages=256, max_num_seqs=16)
 
 
 @pytest.fixture(scope="module")
@@ -37,8 +37,9 @@ def loaded(tiny_llama_dir):
 
 
 @pytest.fixture(scope="module")
-def prompts(loaded):
-    return mixed_prompts(loaded.model.config.vocab_size, seed=3, count=8, shared=True)
+def prompts(tiny_tokenizer):
+    # shared prefixes: constrained rows also run as cascade groups over cached pages
+    return mixed_prompts(len(tiny_tokenizer), seed=3, count=8, shared=True)
 
 
 def params(constraint, *, seed=None, n=1, max_tokens=48, **extra):
@@ -216,3 +217,26 @@ def test_matchers_follow_their_sequences_step_by_step(loaded, prompts):
         core.close()
     assert len(done) == 2 * len(prompts)
     assert core.stats().preemptions > 0
+
+
+def test_unpacked_masks_equal_xgrammars_cpu_kernel(loaded):
+    """The device path (unpacking the bitmask with torch) masks exactly what xgrammar's own
+    CPU kernel masks."""
+    import torch
+
+    from astrai_batch.engine.constraints.xgrammar_backend import XGrammarBackend, unpack_masks
+
+    vocab = loaded.model.config.vocab_size
+    backend = XGrammarBackend(loaded.tokenizer, vocab_size=vocab, eos_token_ids=[2])
+    matchers = [backend.matcher(backend.compile(constraint)) for constraint in KINDS]
+    masks = backend.allocate_masks(len(KINDS) + 1)
+    rows = [0, 2, 3, 4, 5]
+    backend.fill_masks(matchers, masks, rows)
+    scores = torch.randn(len(KINDS) + 1, vocab)
+    by_kernel = scores.clone()
+    backend.apply_masks(by_kernel, masks, rows)
+    allowed = unpack_masks(masks, vocab)
+    by_unpacking = scores.masked_fill(~allowed, float("-inf"))
+    by_unpacking[1] = scores[1]  # row 1 is unconstrained
+    assert torch.equal(by_kernel, by_unpacking)
+    assert torch.isinf(by_kernel[rows]).any(dim=1).all()
