@@ -108,6 +108,10 @@ def main() -> None:
         "unconstrained_tokens_per_second": round(free_rate, 1),
         "constrained_tokens_per_second": round(constrained_rate, 1),
         "ratio": round(constrained_rate / free_rate, 3),
+        # each constrained run against the unconstrained run just before it
+        "pair_ratios": [
+            round(c / u, 3) for u, c in zip(runs["unconstrained"], runs["constrained"], strict=True)
+        ],
         "mask_fill_share_of_step_time": round(statistics.median(fill_shares), 4),
         "mask_wait_share_of_step_time": round(statistics.median(wait_shares), 4),
         "runs": {name: [round(r, 1) for r in rates] for name, rates in runs.items()},
