@@ -73,6 +73,11 @@ def _run_options(function: Any) -> Any:
         _option("--prompt-column", None, "Column holding the prompt."),
         _option("--id-column", None, "Column holding the row id."),
         _option("--keep-columns", None, "Comma-separated input columns copied to the output."),
+        _option(
+            "--chat-template-kwargs",
+            None,
+            """Chat template variables as a JSON object, e.g. '{"enable_thinking": false}'.""",
+        ),
         # Sampling defaults; rows may override them.
         _option("--max-tokens", s.max_tokens, type=int),
         _option("--min-tokens", s.min_tokens, type=int),
@@ -196,7 +201,10 @@ def _explicit_options(ctx: click.Context, params: dict[str, Any]) -> tuple[dict[
 @click.option("--input-format", type=click.Choice(["parquet", "jsonl"]), default=None)
 @click.option("--prompt-column", default=None)
 @click.option("--id-column", default=None)
+@click.option("--chat-template-kwargs", default=None, help="As for run: a JSON object.")
+@click.pass_context
 def plan(
+    ctx: click.Context,
     input_path: Path,
     model: str,
     page_size: int,
@@ -205,10 +213,18 @@ def plan(
     input_format: str | None,
     prompt_column: str | None,
     id_column: str | None,
+    chat_template_kwargs: str | None,
 ) -> None:
     """Predict the prefix-cache saving on INPUT without running the model."""
+    from astrai_batch.jobs.option_values import parse_json_object
     from astrai_batch.jobs.plan_report import plan_input
 
+    try:
+        kwargs = None
+        if chat_template_kwargs is not None:
+            kwargs = parse_json_object(chat_template_kwargs, "chat_template_kwargs")
+    except ConfigError as exc:
+        raise click.UsageError(str(exc), ctx) from exc
     try:
         report = plan_input(
             input_path,
@@ -218,6 +234,7 @@ def plan(
             input_format=input_format,
             prompt_column=prompt_column,
             id_column=id_column,
+            chat_template_kwargs=kwargs,
         )
     except AstraiBatchError as exc:
         raise click.ClickException(str(exc)) from exc

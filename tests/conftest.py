@@ -58,12 +58,9 @@ def build_tiny_tokenizer():
     return fast
 
 
-def _save_tiny_model(path: Path, model_type: str) -> Path:
-    import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
-
-    tokenizer = build_tiny_tokenizer()
-    common = dict(
+def tiny_config_kwargs(tokenizer) -> dict:
+    """The shape every tiny test model shares: 2 layers, hidden size 64, GQA 4:2 heads."""
+    return dict(
         vocab_size=len(tokenizer),
         hidden_size=64,
         intermediate_size=128,
@@ -79,6 +76,14 @@ def _save_tiny_model(path: Path, model_type: str) -> Path:
         # top-1 margins large next to float noise, so exact comparisons test the engine.
         initializer_range=0.3,
     )
+
+
+def _save_tiny_model(path: Path, model_type: str) -> Path:
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+
+    tokenizer = build_tiny_tokenizer()
+    common = tiny_config_kwargs(tokenizer)
     if model_type == "llama":
         config = LlamaConfig(**common)
     else:

@@ -19,13 +19,20 @@ from astrai_batch.errors import ConfigError
 
 
 class _OpenRequest:
-    """A request's pages by position, and its pinned match over the published leading pages."""
+    """A request's pages by position, and its pinned match over the published leading pages.
 
-    __slots__ = ("match", "pages")
+    `lookup` holds the (hit, missed) tokens of its `open` until its first successful
+    `reserve`: only then is the request admitted and the lookup counted.
+    """
 
-    def __init__(self, match: PrefixMatch | None, pages: list[int]) -> None:
+    __slots__ = ("lookup", "match", "pages")
+
+    def __init__(
+        self, match: PrefixMatch | None, pages: list[int], lookup: tuple[int, int] | None
+    ) -> None:
         self.match = match
         self.pages = pages
+        self.lookup = lookup
 
     def num_published_pages(self) -> int:
         return 0 if self.match is None else len(self.match.pages)
@@ -51,11 +58,23 @@ class KVCacheManager:
         self._evicted_pages = 0
         self._peak_pages_in_use = 0
 
-    def open(self, request_id: Hashable, tokens: Sequence[int], max_cached_tokens: int) -> int:
+    def open(
+        self,
+        request_id: Hashable,
+        tokens: Sequence[int],
+        max_cached_tokens: int,
+        *,
+        count_lookup: bool = True,
+    ) -> int:
         """Register a request and give it the cached pages of its prompt; returns hit tokens.
 
         Only `tokens[:max_cached_tokens]` may hit (the engine keeps at least one prompt token to
         compute), and only whole pages, so the result is a multiple of `page_size`.
+
+        The lookup is counted (`lookups`, `hit_tokens`, `missed_tokens`) when the request's
+        first `reserve` succeeds, i.e. when it is admitted: a request opened, refused pages and
+        closed again changes no counter. `count_lookup=False` opens without counting (a
+        preempted request coming back, whose lookup was counted at its first admission).
         """
         if request_id in self._requests:
             raise CacheUsageError(f"request {request_id!r} is already open")
@@ -67,12 +86,9 @@ class KVCacheManager:
             match = self.index.match(tokens, max_cached_tokens)
             self.allocator.incref(match.pages)
             pages = list(match.pages)
-        self._requests[request_id] = _OpenRequest(match, pages)
         hit = 0 if match is None else match.num_tokens
-        self._lookups += 1
-        self._hit_tokens += hit
-        self._missed_tokens += len(tokens) - hit
-        self._note_usage()
+        lookup = (hit, len(tokens) - hit) if count_lookup else None
+        self._requests[request_id] = _OpenRequest(match, pages, lookup)
         return hit
 
     def cached_prefix_length(self, tokens: Sequence[int], max_cached_tokens: int) -> int:
@@ -93,20 +109,25 @@ class KVCacheManager:
         if num_tokens < 0:
             raise CacheUsageError(f"num_tokens must be >= 0, got {num_tokens}")
         missing = -(-num_tokens // self.page_size) - len(request.pages)
-        if missing <= 0:
-            return True
-        shortfall = missing - self.allocator.num_free()
-        if shortfall > 0:
-            if self.index is None or shortfall > self.index.num_evictable_pages():
-                return False
-            self._evicted_pages += len(self.index.evict(shortfall))
-        new_pages = self.allocator.allocate(missing)
-        if new_pages is None:
-            raise CacheUsageError(
-                "eviction freed fewer pages than it counted evictable: a cached page is held "
-                "outside the manager without a pin"
-            )
-        request.pages.extend(new_pages)
+        if missing > 0:
+            shortfall = missing - self.allocator.num_free()
+            if shortfall > 0:
+                if self.index is None or shortfall > self.index.num_evictable_pages():
+                    return False
+                self._evicted_pages += len(self.index.evict(shortfall))
+            new_pages = self.allocator.allocate(missing)
+            if new_pages is None:
+                raise CacheUsageError(
+                    "eviction freed fewer pages than it counted evictable: a cached page is "
+                    "held outside the manager without a pin"
+                )
+            request.pages.extend(new_pages)
+        if request.lookup is not None:
+            hit, missed = request.lookup
+            request.lookup = None
+            self._lookups += 1
+            self._hit_tokens += hit
+            self._missed_tokens += missed
         self._note_usage()
         return True
 

@@ -18,6 +18,11 @@ class CacheStats:
 
     `later - earlier` gives the counters of the run between two snapshots with `later`'s
     gauges, so a job sharing a long-lived cache can report its own numbers.
+
+    A lookup is counted once per request, when it is admitted (its first successful
+    `reserve`): `hit_tokens` are the prompt tokens it found cached, `missed_tokens` the rest.
+    An admission refused for want of pages and a preempted request's return count nothing, so
+    `hit_tokens` equals the sum of the rows' cached tokens.
     """
 
     lookups: int = 0

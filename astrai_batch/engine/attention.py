@@ -59,6 +59,7 @@ class AttentionBatch:
     value_cache: list[torch.Tensor]
     page_size: int
     write_slots: torch.Tensor  # [T]
+    longest_context: int  # the most tokens any sequence of the step has (context + new)
     decode: DecodeGroup | None  # decodes without a shared prefix (padded)
     cascade: CascadeBatch | None  # decodes attended as shared prefix + own tail
     prefills: list[PrefillSpan]
@@ -81,8 +82,16 @@ def paged_attention(
             f"the '{ATTENTION_NAME}' attention needs the engine's step metadata; "
             "this model is owned by an astrai-batch ModelRunner"
         )
-    if kwargs.get("sliding_window") is not None:
-        raise RuntimeError("sliding-window attention is not supported by the paged attention")
+    # The load check admits a sliding window only where it never binds (no sequence longer
+    # than the window) and no softcapping; these guard that promise at run time.
+    window = kwargs.get("sliding_window")
+    if window is not None and window < batch.longest_context:
+        raise RuntimeError(
+            f"a sliding window of {window} tokens would cut a {batch.longest_context}-token "
+            "sequence; the paged attention does not apply sliding windows"
+        )
+    if kwargs.get("softcap") is not None:
+        raise RuntimeError("the paged attention does not apply attention logit softcapping")
     layer = module.layer_idx
     # query [1, Hq, T, D]; key/value [1, Hkv, T, D] -> token-major [T, H, D]
     q = query[0].transpose(0, 1)

@@ -21,7 +21,7 @@ from astrai_batch.engine.model_runner import ModelRunner, ScheduledChunk
 from astrai_batch.engine.sampling import SequenceSampler, sample_next_tokens
 from astrai_batch.engine.scheduler import ScheduledWork, Scheduler
 from astrai_batch.engine.sequence import Sequence
-from astrai_batch.engine.stop import IncrementalDetokenizer, StopStringMatcher
+from astrai_batch.engine.stop import StopStringTracker
 from astrai_batch.engine.types import (
     EngineStats,
     FinishReason,
@@ -31,24 +31,6 @@ from astrai_batch.engine.types import (
     as_token_tuple,
     error_result,
 )
-
-
-class _Output:
-    """Text and stop-string state of a sequence that has stop strings."""
-
-    def __init__(self, tokenizer, stops: tuple[str, ...]) -> None:
-        self.detokenizer = IncrementalDetokenizer(tokenizer, [])
-        self.matcher = StopStringMatcher(stops)
-        self.checked = 0
-        self.cut: int | None = None
-
-    def append(self, token_id: int) -> bool:
-        """Returns True when a stop string has appeared."""
-        self.detokenizer.append(token_id)
-        text = self.detokenizer.text
-        self.cut = self.matcher.find(text, self.checked)
-        self.checked = len(text)
-        return self.cut is not None
 
 
 class EngineCore:
@@ -82,7 +64,7 @@ class EngineCore:
         )
         self.runner = ModelRunner(loaded.model, self.pool)
         self.scheduler = Scheduler(config, self.cache)
-        self._outputs: dict[int, _Output] = {}
+        self._outputs: dict[int, StopStringTracker] = {}
         self.constraints = SequenceMatchers(self._constraint_backend)
         self._next_seq_id = 0
         self._arrivals = 0
@@ -141,7 +123,9 @@ class EngineCore:
                 page_size=self.config.page_size,
             )
             if params.stop:
-                self._outputs[seq_id] = _Output(self.tokenizer, params.stop)
+                self._outputs[seq_id] = StopStringTracker(
+                    self.tokenizer, params.stop, params.min_tokens
+                )
             if compiled is not None:
                 self.constraints.attach(seq_id, compiled)
             self.scheduler.add(seq)
@@ -239,7 +223,9 @@ class EngineCore:
             return "stop"
         if self.constraints.terminated(seq.seq_id):
             return "stop"  # the grammar is complete and accepted an end token
-        if generated >= params.min_tokens:
+        # min_tokens holds off every stop: stop strings in the tracker, stop ids and EOS here
+        # (the sampler masks them too, so the first that can end a row is token min_tokens + 1).
+        if generated > params.min_tokens:
             if token in params.stop_token_ids:
                 return "stop"
             if not params.ignore_eos and token in self.loaded.eos_token_ids:
@@ -255,7 +241,7 @@ class EngineCore:
         output = self._outputs.pop(seq.seq_id, None)
         ids = seq.output_token_ids
         if output is not None and output.cut is not None:
-            text = output.detokenizer.text[: output.cut]
+            text = output.text
         else:
             text = self.tokenizer.decode(ids, skip_special_tokens=True)
         now = time.perf_counter()

@@ -24,6 +24,7 @@ from transformers import (
 
 from astrai_batch.engine.converted_models import is_complete
 from astrai_batch.engine.gguf_models import converted_dir_for, ensure_converted, error_summary
+from astrai_batch.engine.library_progress import library_progress_off
 from astrai_batch.engine.model_spec import ModelSpec, alias_list, resolve_model_spec
 from astrai_batch.engine.model_support import check_supported
 from astrai_batch.errors import ConfigError, ModelLoadError
@@ -134,6 +135,7 @@ def _resolve_device(device: str) -> torch.device:
     return resolved
 
 
+@library_progress_off()
 def load_model(
     spec: str | os.PathLike[str],
     *,
@@ -141,12 +143,19 @@ def load_model(
     dtype: str | torch.dtype = "float32",
     trust_remote_code: bool = False,
     cache_dir: str | os.PathLike[str] | None = None,
+    max_model_len: int | None = None,
 ) -> LoadedModel:
     """Load a causal LM and its fast tokenizer; see `resolve_model_spec` for what `spec` may be.
 
     A GGUF file (or the `smollm2-135m` alias) is converted once into the cache under
     `cache_dir` (default `$ASTRAI_BATCH_CACHE`, else ~/.cache/astrai-batch) and loaded from there.
+    `max_model_len` caps the context below the model's own; the model is checked at the
+    context it will run at (a sliding window or longrope threshold above it never binds).
     """
+    if max_model_len is not None and (
+        isinstance(max_model_len, bool) or not isinstance(max_model_len, int) or max_model_len < 1
+    ):
+        raise ConfigError(f"max_model_len must be a positive integer, got {max_model_len!r}")
     resolve_dtype(dtype)  # reject a bad name before any slow work; "auto" needs the config
     target_device = _resolve_device(device)
     model_spec = resolve_model_spec(spec)
@@ -162,6 +171,10 @@ def load_model(
     check_supported(config)
     torch_dtype = resolve_dtype(dtype, config=config)
     tokenizer = _load_tokenizer_at(model_spec, trust_remote_code, first_contact=False)
+    context = _max_model_len(config, tokenizer, model_spec)
+    if max_model_len is not None:
+        context = min(context, max_model_len)
+    check_supported(config, max_model_len=context)  # still before any weights are read
     weights: dict[str, Any] = {"config": config, "dtype": torch_dtype}
     if model_spec.kind == "directory" and any(Path(model_spec.location).glob("*.safetensors")):
         weights["use_safetensors"] = True
@@ -175,9 +188,10 @@ def load_model(
         raise _load_error(model_spec, "weights", err) from err
     model.eval()
     model.requires_grad_(False)
-    return _describe(model, tokenizer, model_spec)
+    return _describe(model, tokenizer, model_spec, context)
 
 
+@library_progress_off()
 def load_tokenizer(
     spec: str | os.PathLike[str],
     *,
@@ -230,7 +244,10 @@ def _require_fast(tokenizer: PreTrainedTokenizerBase, model_spec: ModelSpec) -> 
 
 
 def _describe(
-    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, model_spec: ModelSpec
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    model_spec: ModelSpec,
+    max_model_len: int,
 ) -> LoadedModel:
     config = model.config
     architectures = getattr(config, "architectures", None)
@@ -249,7 +266,7 @@ def _describe(
         name=model_spec.name,
         source=model_spec.location,
         architecture=str(architectures[0]) if architectures else type(model).__name__,
-        max_model_len=_max_model_len(config, tokenizer, model_spec),
+        max_model_len=max_model_len,
         eos_token_ids=_eos_token_ids(model, tokenizer),
         num_layers=int(config.num_hidden_layers),
         num_kv_heads=int(getattr(config, "num_key_value_heads", None) or num_heads),

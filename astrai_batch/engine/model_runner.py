@@ -115,6 +115,7 @@ class ModelRunner:
             value_cache=self.pool.value_cache,
             page_size=page,
             write_slots=torch.cat(write_slots).to(device),
+            longest_context=max(chunk.start + len(chunk.token_ids) for chunk in chunks),
             decode=decode,
             cascade=cascade,
             prefills=prefills,

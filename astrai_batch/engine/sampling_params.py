@@ -1,7 +1,9 @@
 """How one request is decoded: the sampling parameters and their validation.
 
 This module deliberately imports no torch, so job configuration and input parsing can build
-and validate `SamplingParams` without loading the engine.
+and validate `SamplingParams` without loading the engine. Values come from flags, TOML and
+input rows, so errors name types as JSON does (``stop must be a string or a list of
+strings, got integer``).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 
 from astrai_batch.engine.constraints.spec import Constraint
 from astrai_batch.errors import ConfigError
+from astrai_batch.json_types import first_non_count, json_type
 
 SEED_LIMIT = 2**63
 
@@ -69,11 +72,11 @@ class SamplingParams:
             if name == "seed" and value is None:
                 continue
             if isinstance(value, bool) or not isinstance(value, int):
-                raise ConfigError(f"{name} must be an int, got {type(value).__name__}")
+                raise ConfigError(f"{name} must be an integer, got {json_type(value)}")
         for name in _FLOAT_FIELDS:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise ConfigError(f"{name} must be a number, got {type(value).__name__}")
+                raise ConfigError(f"{name} must be a number, got {json_type(value)}")
             if not math.isfinite(value):
                 raise ConfigError(f"{name} must be finite, got {value}")
             # Ints are accepted for convenience but stored as floats, so equal settings compare
@@ -82,7 +85,7 @@ class SamplingParams:
         for name in _BOOL_FIELDS:
             value = getattr(self, name)
             if not isinstance(value, bool):
-                raise ConfigError(f"{name} must be a bool, got {type(value).__name__}")
+                raise ConfigError(f"{name} must be a boolean, got {json_type(value)}")
 
     def _check_ranges(self) -> None:
         if self.n < 1:
@@ -113,18 +116,29 @@ class SamplingParams:
             raise ConfigError(f"seed must be in [0, 2**63), got {self.seed}")
 
     def _check_stops(self) -> None:
-        if not isinstance(self.stop, tuple):
-            raise ConfigError(f"stop must be a tuple of strings, got {type(self.stop).__name__}")
-        for text in self.stop:
-            if not isinstance(text, str) or not text:
-                raise ConfigError(f"stop must contain only non-empty strings, got {text!r}")
-        if not isinstance(self.stop_token_ids, tuple):
+        # A single string and lists are accepted and stored as tuples, like from_dict does.
+        stop = (self.stop,) if isinstance(self.stop, str) else self.stop
+        if not isinstance(stop, (tuple, list)):
             raise ConfigError(
-                f"stop_token_ids must be a tuple of ints, got {type(self.stop_token_ids).__name__}"
+                f"stop must be a string or a list of strings, got {json_type(self.stop)}"
             )
-        for token_id in self.stop_token_ids:
-            if isinstance(token_id, bool) or not isinstance(token_id, int) or token_id < 0:
-                raise ConfigError(f"stop_token_ids must contain only ints >= 0, got {token_id!r}")
+        for position, text in enumerate(stop):
+            if not isinstance(text, str):
+                raise ConfigError(f"stop[{position}] must be a string, got {json_type(text)}")
+            if not text:
+                raise ConfigError(f"stop[{position}] is empty")
+        object.__setattr__(self, "stop", tuple(stop))
+        token_ids = self.stop_token_ids
+        if not isinstance(token_ids, (tuple, list)):
+            raise ConfigError(
+                f"stop_token_ids must be a list of integers, got {json_type(token_ids)}"
+            )
+        bad = first_non_count(token_ids)
+        if bad is not None:
+            raise ConfigError(
+                f"stop_token_ids[{bad[0]}] must be a non-negative integer, got {bad[1]}"
+            )
+        object.__setattr__(self, "stop_token_ids", tuple(token_ids))
 
     def _check_constraint(self) -> None:
         if self.constraint is None:
@@ -146,7 +160,7 @@ class SamplingParams:
         list; missing keys take their defaults.
         """
         if not isinstance(values, Mapping):
-            raise ConfigError(f"sampling params must be a mapping, got {type(values).__name__}")
+            raise ConfigError(f"sampling params must be an object, got {json_type(values)}")
         return cls(**_coerced(values))
 
     def replace(self, **overrides: Any) -> SamplingParams:
@@ -170,21 +184,13 @@ class SamplingParams:
 
 
 def _coerced(values: Mapping[str, Any]) -> dict[str, Any]:
+    """The values as keyword arguments; unknown names are refused (`__post_init__` turns
+    a single stop string and lists into tuples)."""
     known = {field.name for field in dataclasses.fields(SamplingParams)}
     unknown = sorted(str(key) for key in values if key not in known)
     if unknown:
         raise ConfigError(f"unknown sampling field(s): {', '.join(unknown)}")
     out = dict(values)
-    if "stop" in out:
-        stop = out["stop"]
-        out["stop"] = (stop,) if isinstance(stop, str) else _as_tuple(stop)
-    if "stop_token_ids" in out:
-        out["stop_token_ids"] = _as_tuple(out["stop_token_ids"])
     if out.get("constraint") is not None:
         out["constraint"] = Constraint.from_dict(out["constraint"])
     return out
-
-
-def _as_tuple(value: Any) -> Any:
-    # Anything other than a list stays as it is, so validation reports its real type.
-    return tuple(value) if isinstance(value, list) else value

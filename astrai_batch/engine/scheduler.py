@@ -131,7 +131,14 @@ class Scheduler:
             # would put the same prefix into the pool twice.
             if self._waits_for_inflight(seq, cached):
                 continue
-            hit = self.cache.open(seq.seq_id, seq.tokens, max_cached_tokens=seq.num_tokens - 1)
+            # The lookup counts once per sequence, at its first admission; a refused attempt
+            # (no pages) and a preempted sequence's return count nothing.
+            hit = self.cache.open(
+                seq.seq_id,
+                seq.tokens,
+                max_cached_tokens=seq.num_tokens - 1,
+                count_lookup=seq.cached_tokens is None,
+            )
             num = min(seq.num_tokens - hit, budget)
             if not self.cache.reserve(seq.seq_id, hit + num):
                 self.cache.close(seq.seq_id)

@@ -2,7 +2,8 @@
 
 The engine decodes each sequence's output incrementally (`IncrementalDetokenizer`) and, after
 every token, asks `StopStringMatcher.find` whether a stop string has appeared in the text that
-is new since the last check. Both cost a small window per token, not the whole output.
+is new since the last check (`StopStringTracker` ties the two together per sequence). Both
+cost a small window per token, not the whole output.
 """
 
 from __future__ import annotations
@@ -129,3 +130,35 @@ class IncrementalDetokenizer:
         return self._tokenizer.decode(
             token_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False
         )
+
+
+class StopStringTracker:
+    """One sequence's completion text and the stop strings looked for in it.
+
+    `min_tokens` holds stop strings off as vLLM does: the text of the first `min_tokens`
+    tokens is never searched on its own; from the next token on, each token's new text is
+    searched, together with the `len(stop) - 1` characters before it, so a stop string that
+    starts inside the held-off text and ends in the new text does stop the sequence.
+    """
+
+    def __init__(self, tokenizer: TokenDecoder, stops: Sequence[str], min_tokens: int) -> None:
+        self.detokenizer = IncrementalDetokenizer(tokenizer, [])
+        self.matcher = StopStringMatcher(stops)
+        self.min_tokens = min_tokens
+        self.checked = 0
+        self.cut: int | None = None
+
+    def append(self, token_id: int) -> bool:
+        """Adds a generated token; True when a stop string has appeared (`cut` says where)."""
+        self.detokenizer.append(token_id)
+        text = self.detokenizer.text
+        if self.detokenizer.num_tokens > self.min_tokens:
+            self.cut = self.matcher.find(text, self.checked)
+        self.checked = len(text)
+        return self.cut is not None
+
+    @property
+    def text(self) -> str:
+        """The stable text, cut before the stop string once one has appeared."""
+        text = self.detokenizer.text
+        return text if self.cut is None else text[: self.cut]

@@ -1,9 +1,10 @@
 """Reading prompt datasets and writing results. Knows nothing of torch or models.
 
 Input: `open_input` returns an `InputSource` that streams `InputRow`s from Parquet (a file or
-a directory of files) or JSON Lines (optionally gzipped). Output: `ParquetRowWriter` and
-`write_table_atomic` write Parquet atomically with the schemas in `schemas`;
-`OpenAIBatchWriter` writes OpenAI Batch API output lines.
+a directory of files) or JSON Lines (optionally gzipped); every record is read by its own
+shape and id, and repeated ids are found when the input is opened (`row_ids`).
+Output: `ParquetRowWriter` and `write_table_atomic` write Parquet atomically with the schemas
+in `schemas`; `OpenAIBatchWriter` writes OpenAI Batch API output lines.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from astrai_batch.io.parquet_writer import (
     read_parquet_rows,
     write_table_atomic,
 )
-from astrai_batch.io.rows import OVERRIDE_FIELDS, SHAPES, InputRow, RowPlan
+from astrai_batch.io.rows import OVERRIDE_FIELDS, SHAPES, SOURCE_SHAPES, InputRow, RowPlan
 from astrai_batch.io.schemas import (
     FINISH_REASONS,
     RESULT_SCHEMA,
@@ -34,6 +35,7 @@ __all__ = [
     "OVERRIDE_FIELDS",
     "RESULT_SCHEMA",
     "SHAPES",
+    "SOURCE_SHAPES",
     "STATS_SCHEMA",
     "AtomicFile",
     "InputRow",

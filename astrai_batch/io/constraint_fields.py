@@ -7,7 +7,7 @@ the override ``constraint`` = ``{"kind", "text"}`` with a canonical text (compac
 order kept), which the job turns into the engine's `Constraint`. Whether a schema, regex or
 grammar actually compiles is the engine's business: it reports that in the row too.
 
-Row error messages: ``json_schema must be an object or JSON text of one, got array``,
+Row error messages: ``json_schema must be an object, got list``,
 ``json_schema is not valid JSON: ... at column N``, ``regex must be a string, got integer``,
 ``regex must not be empty``, ``choice must be a list of strings, got string``,
 ``choice must not be empty``, ``choice[1] must be a non-empty string, got integer``,
@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from astrai_batch.io.rows import CONSTRAINT_COLUMNS, RowProblem
+from astrai_batch.json_types import json_object, json_type
 
 RESPONSE_FORMAT_TYPES = ("text", "json_object", "json_schema")
 
@@ -71,45 +72,15 @@ def response_format_override(value: Any, field_name: str) -> dict[str, Any]:
     return _override("json_schema", _canonical(schema))
 
 
-def json_type(value: Any) -> str:
-    """The JSON type name of a value, as users know it from their files."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, Mapping):
-        return "object"
-    if isinstance(value, (list, tuple)):
-        return "array"
-    return type(value).__name__
-
-
 def _override(kind: str, text: str) -> dict[str, Any]:
     return {"constraint": {"kind": kind, "text": text}}
 
 
-def parse_json_text(value: Any, name: str) -> Any:
-    """A string value parsed as JSON (Parquet stores nested values as JSON text); any other
-    value as it is. Raises RowProblem naming the field when the text is not JSON."""
-    if not isinstance(value, str):
-        return value
-    try:
-        return json.loads(value)
-    except json.JSONDecodeError as exc:
-        raise RowProblem(f"{name} is not valid JSON: {exc.msg} at column {exc.colno}") from None
-
-
 def _schema_object(value: Any, name: str) -> Mapping[str, Any]:
-    value = parse_json_text(value, name)
-    if not isinstance(value, Mapping):
-        raise RowProblem(f"{name} must be an object or JSON text of one, got {json_type(value)}")
-    return value
+    try:
+        return json_object(value, name)
+    except ValueError as exc:
+        raise RowProblem(str(exc)) from None
 
 
 def _choices(value: Any, name: str) -> list[str]:

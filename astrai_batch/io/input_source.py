@@ -10,14 +10,16 @@ from typing import Any
 import pyarrow as pa
 
 from astrai_batch.io.fingerprint import files_fingerprint
-from astrai_batch.io.rows import InputRow, RowPlan
+from astrai_batch.io.row_ids import DuplicateIds
+from astrai_batch.io.rows import SOURCE_SHAPES, InputRow, RowPlan
 
 
 class InputSource(ABC):
-    """A readable input: its row shape, its rows (streamed), and an identity for resume.
+    """A readable input: its row shapes, its rows (streamed), and an identity for resume.
 
     `path` is the path the user gave (a file, or a directory of Parquet files); `files` the
-    files actually read, in reading order.
+    files actually read, in reading order. `duplicates` lists the rows that repeat an earlier
+    row's id, found when the input was opened (see `row_ids`).
     """
 
     def __init__(
@@ -27,20 +29,23 @@ class InputSource(ABC):
         plan: RowPlan,
         columns: Sequence[str],
         files: Sequence[Path],
+        *,
+        shape: str,
+        duplicates: DuplicateIds,
     ) -> None:
+        if shape not in SOURCE_SHAPES:
+            raise ValueError(f"shape must be one of {', '.join(SOURCE_SHAPES)}, got {shape!r}")
         self.path = path
         self.format = input_format
         self.plan = plan
         self.files = tuple(files)
+        self.shape = shape
+        self.duplicates = duplicates
         self._columns = tuple(columns)
 
-    @property
-    def shape(self) -> str:
-        """'prompt' | 'messages' | 'prompt_token_ids' | 'openai'."""
-        return self.plan.shape
-
     def columns(self) -> list[str]:
-        """Column names of the (first) file; for JSONL, the keys of the first object line."""
+        """Column names of the (first) file; for JSONL, the keys of every object line, in
+        the order they first appear."""
         return list(self._columns)
 
     def fingerprint(self) -> dict[str, Any]:
@@ -59,6 +64,11 @@ class InputSource(ABC):
     @abstractmethod
     def kept_schema(self) -> pa.Schema:
         """The Arrow types of the keep columns, as the result file must store them."""
+
+    def check_invariants(self) -> None:
+        self.duplicates.check_invariants()
+        if len(self.duplicates) and not self.plan.has_ids:
+            raise ValueError("an input without ids cannot have duplicate ids")
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({str(self.path)!r}, shape={self.shape!r})"

@@ -1,11 +1,13 @@
 """JSON Lines input (``.jsonl``, or gzip-compressed ``.jsonl.gz``), streamed line by line.
 
-Blank lines are skipped and are not rows. The row shape, and the column names that
-``--prompt-column``, ``--id-column`` and ``--keep-column`` are checked against, come from the
-first line that is a JSON object (a key that later lines use must appear there, if only as
-null). A line that is not valid JSON or not an object becomes a row error
+Blank lines are skipped and are not rows. Every line is read by its own shape and id. Opening
+the file reads it once through (`_scan`): it counts the rows, collects the keys that
+``--prompt-column``, ``--id-column`` and ``--keep-columns`` are checked against (of every
+line, up to `KEY_LIMIT` names), tells whether any line has an id field, and finds repeated
+ids (`row_ids`), so rows can be read from any position with the same ids and errors. A line
+that is not valid JSON or not an object becomes a row error
 (``line 7: invalid JSON: Expecting value at column 1``,
-``line 3: expected a JSON object, got array``), never a failure of the whole input. Keep
+``line 3: expected a JSON object, got list``), never a failure of the whole input. Keep
 columns are written as strings: string values as they are, anything else as compact JSON,
 since JSON lines carry no column types to reproduce.
 """
@@ -13,9 +15,9 @@ since JSON lines carry no column types to reproduce.
 from __future__ import annotations
 
 import gzip
-import json
 import zlib
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
@@ -23,29 +25,35 @@ import pyarrow as pa
 
 from astrai_batch.errors import InputError
 from astrai_batch.io.input_source import InputSource, check_start
+from astrai_batch.io.row_ids import DuplicateIds, IdScan, read_ids
 from astrai_batch.io.row_parsing import parse_record, unreadable_row
-from astrai_batch.io.rows import InputRow, RowPlan, RowProblem
-from astrai_batch.io.shape_detection import plan_for_columns
+from astrai_batch.io.rows import ID_FIELDS, InputRow, RowPlan, RowProblem
+from astrai_batch.io.shape_detection import plan_for_columns, row_shape, source_shape
+from astrai_batch.json_types import json_type, parse_json
 
 GZIP_MAGIC = b"\x1f\x8b"
-
-JSON_TYPE_NAMES = (
-    (bool, "boolean"),
-    (int, "number"),
-    (float, "number"),
-    (str, "string"),
-    (list, "array"),
-    (dict, "object"),
-)
+# Key names collected for the option checks; bounds memory on lines with ever new keys.
+KEY_LIMIT = 10_000
 
 
 class JsonlSource(InputSource):
-    def __init__(self, path: Path, plan: RowPlan, columns: Sequence[str], compressed: bool) -> None:
-        super().__init__(path, "jsonl", plan, columns, [path])
+    def __init__(
+        self,
+        path: Path,
+        plan: RowPlan,
+        columns: Sequence[str],
+        compressed: bool,
+        *,
+        rows: int,
+        shape: str,
+        duplicates: DuplicateIds,
+    ) -> None:
+        super().__init__(path, "jsonl", plan, columns, [path], shape=shape, duplicates=duplicates)
         self.compressed = compressed
+        self._rows = rows
 
     def count_rows(self) -> int:
-        return sum(1 for _ in _nonblank_lines(self.path, self.compressed))
+        return self._rows
 
     def kept_schema(self) -> pa.Schema:
         return pa.schema([pa.field(name, pa.string()) for name in self.plan.keep_columns])
@@ -65,7 +73,7 @@ class JsonlSource(InputSource):
             value = decode_line(raw, line_number)
         except RowProblem as problem:
             return unreadable_row(index, str(problem), self.plan)
-        return parse_record(value, index, self.plan)
+        return parse_record(value, index, self.plan, self.duplicates)
 
 
 def open_jsonl(
@@ -78,19 +86,60 @@ def open_jsonl(
     if path.is_dir():
         raise InputError(f"{path} is a directory; only Parquet input can be a directory")
     compressed = is_gzip(path)
-    first = _first_object(path, compressed)
-    if first is None:
+    scan = _scan(path, compressed, prompt_column, (id_column,) if id_column else ID_FIELDS)
+    if not scan.objects:
         raise InputError(f"no JSON object line in {path.name}: cannot tell the row shape")
+    keys = list(scan.keys)
     plan = plan_for_columns(
-        list(first),
+        keys,
         path.name,
         prompt_column=prompt_column,
-        shape_of_column=lambda name: _shape_of_value(first[name]),
+        prompt_column_shape=lambda name: None,  # each value's type decides
+        usable=bool(scan.shapes),
         id_column=id_column,
         keep_columns=keep_columns,
         kept_as_json_text=True,
     )
-    return JsonlSource(path, plan, list(first), compressed)
+    return JsonlSource(
+        path,
+        plan,
+        keys,
+        compressed,
+        rows=scan.rows,
+        shape=source_shape(scan.shapes),
+        duplicates=scan.ids.duplicates(),
+    )
+
+
+@dataclass
+class _Scan:
+    """What one pass over a JSONL file tells before any row is read."""
+
+    rows: int = 0
+    objects: int = 0
+    keys: dict[str, None] = field(default_factory=dict)  # an ordered set
+    shapes: dict[str, None] = field(default_factory=dict)
+    ids: IdScan = field(default_factory=IdScan)
+
+
+def _scan(
+    path: Path, compressed: bool, prompt_column: str | None, id_fields: Sequence[str]
+) -> _Scan:
+    scan = _Scan()
+    for index, (line_number, raw) in enumerate(_nonblank_lines(path, compressed)):
+        scan.rows += 1
+        try:
+            value = decode_line(raw, line_number)
+        except RowProblem:
+            continue
+        scan.objects += 1
+        if len(scan.keys) < KEY_LIMIT:
+            scan.keys.update(dict.fromkeys(value))
+        shape = row_shape(value, prompt_column)
+        if shape is not None:
+            scan.shapes[shape] = None
+        scan.ids.add(index, *read_ids(value, id_fields))
+    return scan
 
 
 def is_gzip(path: Path) -> bool:
@@ -113,16 +162,12 @@ def decode_line(raw: bytes, line_number: int) -> dict[str, Any]:
     except UnicodeDecodeError as exc:
         raise RowProblem(f"line {line_number}: invalid UTF-8 at byte {exc.start}") from None
     try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise RowProblem(
-            f"line {line_number}: invalid JSON: {exc.msg} at column {exc.colno}"
-        ) from None
-    except RecursionError:
-        raise RowProblem(f"line {line_number}: invalid JSON: nested too deeply") from None
-    if not isinstance(value, dict):
-        raise RowProblem(f"line {line_number}: expected a JSON object, got {_json_type(value)}")
-    return value
+        value = parse_json(text)
+        if isinstance(value, dict):
+            return value
+    except ValueError as exc:
+        raise RowProblem(f"line {line_number}: invalid JSON: {exc}") from None
+    raise RowProblem(f"line {line_number}: expected a JSON object, got {json_type(value)}")
 
 
 def _nonblank_lines(path: Path, compressed: bool) -> Iterator[tuple[int, bytes]]:
@@ -140,32 +185,3 @@ def _open_binary(path: Path, compressed: bool) -> IO[bytes]:
     if compressed:
         return gzip.open(path, "rb")
     return path.open("rb")
-
-
-def _first_object(path: Path, compressed: bool) -> dict[str, Any] | None:
-    for line_number, raw in _nonblank_lines(path, compressed):
-        try:
-            return decode_line(raw, line_number)
-        except RowProblem:
-            continue
-    return None
-
-
-def _shape_of_value(value: Any) -> str:
-    """The shape an explicitly named prompt column has, judged by its first value."""
-    if isinstance(value, list) and value:
-        head = value[0]
-        if isinstance(head, int) and not isinstance(head, bool):
-            return "prompt_token_ids"
-        if isinstance(head, dict):
-            return "messages"
-    return "prompt"
-
-
-def _json_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    for python_type, json_name in JSON_TYPE_NAMES:
-        if isinstance(value, python_type):
-            return json_name
-    return type(value).__name__

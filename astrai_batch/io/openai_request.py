@@ -4,7 +4,8 @@ Only chat and text completions can run here. Body fields are sorted into four gr
 
 - the prompt: ``messages`` (chat) or ``prompt`` (completions, a string);
 - sampling overrides, copied raw into `InputRow.overrides` (``max_completion_tokens`` is the
-  newer name of ``max_tokens`` and wins when both are given);
+  newer name of ``max_tokens`` and wins when both are given), and ``chat_template_kwargs``
+  (variables for the chat template, as vLLM accepts them);
 - fields that change nothing for a local batch run and are ignored (``model``, ``user``, ...);
 - ``response_format`` (json_object / json_schema), the row's output constraint
   (`constraint_fields`);
@@ -12,13 +13,14 @@ Only chat and text completions can run here. Body fields are sorted into four gr
   fields) which make the row an error naming the field. A few of
   them are accepted at their do-nothing value (``stream: false``, ``tools: []``, ...).
 
-A null body field is treated as absent, as in every other input shape.
+A null body field is treated as absent, as in every other input shape. The row id is read
+like every row's (`row_ids`): ``custom_id`` unless the line also has an ``id``.
 
 Row error messages, beyond those of `row_validation` (with a ``body.`` prefix):
-``custom_id is missing``, ``custom_id must be a string, got int``,
+``custom_id is missing``, ``custom_id must be a string, got integer``,
 ``method must be POST, got 'GET'``,
 ``url must be /v1/chat/completions or /v1/completions, got '/v1/embeddings'``,
-``body is missing``, ``body must be an object, got str``, ``body is not valid JSON: ...``,
+``body is missing``, ``body must be an object, got string``, ``body is not valid JSON: ...``,
 ``body has neither messages nor prompt``, ``unsupported body field 'tools'``.
 """
 
@@ -28,14 +30,15 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from astrai_batch.io.constraint_fields import parse_json_text, response_format_override
+from astrai_batch.io.constraint_fields import response_format_override
 from astrai_batch.io.row_validation import (
     collect_overrides,
-    row_id_for,
     validate_messages,
     validate_prompt,
+    validate_template_kwargs,
 )
-from astrai_batch.io.rows import OVERRIDE_FIELDS, InputRow, RowPlan, RowProblem, type_name
+from astrai_batch.io.rows import OVERRIDE_FIELDS, TEMPLATE_KWARGS_FIELD, RowProblem
+from astrai_batch.json_types import json_type
 
 CHAT_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"
@@ -57,6 +60,10 @@ IGNORED_BODY_FIELDS = frozenset(
     }
 )
 
+ACCEPTED_BODY_FIELDS = frozenset(
+    {*BODY_OVERRIDE_FIELDS, *IGNORED_BODY_FIELDS, TEMPLATE_KWARGS_FIELD}
+)
+
 # Fields accepted only at the value that asks for nothing beyond plain generation, as
 # (name, canonical JSON) pairs: JSON text keeps `false` apart from `0` and stays immutable.
 NEUTRAL_BODY_VALUES = frozenset(
@@ -76,35 +83,16 @@ NEUTRAL_BODY_VALUES = frozenset(
 )
 
 
-def parse_openai_record(
-    record: Mapping[str, Any], index: int, plan: RowPlan, kept: dict[str, Any]
-) -> InputRow:
-    """The row for one OpenAI batch request line; every problem becomes `InputRow.error`."""
-    custom_id = record.get("custom_id")
-    row_id = row_id_for(record, index, plan)
-    recorded_custom_id = custom_id if isinstance(custom_id, str) else None
-    try:
-        content, overrides = _parse_request(record)
-    except RowProblem as problem:
-        return InputRow(
-            index=index, id=row_id, kept=kept, error=str(problem), custom_id=recorded_custom_id
-        )
-    return InputRow(
-        index=index,
-        id=row_id,
-        overrides=overrides,
-        kept=kept,
-        custom_id=recorded_custom_id,
-        **content,
-    )
-
-
-def _parse_request(record: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+def parse_openai_request(
+    record: Mapping[str, Any],
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None]:
+    """The prompt keyword, sampling overrides and chat template variables of one request
+    line; raises RowProblem for the first problem."""
     custom_id = record.get("custom_id")
     if custom_id is None:
         raise RowProblem("custom_id is missing")
     if not isinstance(custom_id, str):
-        raise RowProblem(f"custom_id must be a string, got {type_name(custom_id)}")
+        raise RowProblem(f"custom_id must be a string, got {json_type(custom_id)}")
     method = record.get("method")
     if method is not None and method != "POST":
         raise RowProblem(f"method must be POST, got {method!r}")
@@ -121,16 +109,23 @@ def _parse_request(record: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str,
     newer_max = overrides.pop("max_completion_tokens", None)
     if newer_max is not None:
         overrides["max_tokens"] = newer_max
-    return content, overrides
+    kwargs = validate_template_kwargs(
+        body.get(TEMPLATE_KWARGS_FIELD), f"body.{TEMPLATE_KWARGS_FIELD}"
+    )
+    return content, overrides, kwargs
 
 
 def _body_object(body: Any) -> Mapping[str, Any]:
     if body is None:
         raise RowProblem("body is missing")
-    # Parquet files often store the heterogeneous body as JSON text.
-    body = parse_json_text(body, "body")
+    if isinstance(body, str):
+        # Parquet files often store the heterogeneous body as JSON text.
+        try:
+            body = json.loads(body)
+        except json.JSONDecodeError as exc:
+            raise RowProblem(f"body is not valid JSON: {exc.msg} at column {exc.colno}") from None
     if not isinstance(body, Mapping):
-        raise RowProblem(f"body must be an object, got {type_name(body)}")
+        raise RowProblem(f"body must be an object, got {json_type(body)}")
     return body
 
 
@@ -155,7 +150,7 @@ def _reject_unsupported_fields(body: Mapping[str, Any], kind: str) -> None:
         value = body[name]
         if value is None or name == prompt_field:
             continue
-        if name in BODY_OVERRIDE_FIELDS or name in IGNORED_BODY_FIELDS:
+        if name in ACCEPTED_BODY_FIELDS:
             continue
         if name == "response_format":  # read by `response_format_override`
             continue

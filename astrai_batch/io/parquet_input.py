@@ -2,7 +2,9 @@
 
 Rows are streamed by record batches, reading only the columns the plan needs; `start` skips
 whole files and row groups using the footer metadata, so resuming deep into a large input
-does not decode what it skips.
+does not decode what it skips. Each row is read by its own shape where the columns allow
+several (a null ``messages`` beside a ``prompt`` is a prompt row). Opening an input with an
+id column reads the id columns once through to find repeated ids (`row_ids`).
 """
 
 from __future__ import annotations
@@ -16,9 +18,15 @@ import pyarrow.parquet as pq
 
 from astrai_batch.errors import InputError
 from astrai_batch.io.input_source import InputSource, check_start
+from astrai_batch.io.row_ids import DuplicateIds, IdScan, read_ids
 from astrai_batch.io.row_parsing import parse_record
 from astrai_batch.io.rows import InputRow, RowPlan
-from astrai_batch.io.shape_detection import plan_for_columns
+from astrai_batch.io.shape_detection import (
+    no_prompt_column,
+    plan_for_columns,
+    shapes_of_columns,
+    source_shape,
+)
 
 BATCH_ROWS = 1024
 
@@ -42,8 +50,18 @@ class ParquetPart:
 
 
 class ParquetSource(InputSource):
-    def __init__(self, path: Path, plan: RowPlan, parts: Sequence[ParquetPart]) -> None:
-        super().__init__(path, "parquet", plan, parts[0].schema.names, [p.path for p in parts])
+    def __init__(
+        self, path: Path, plan: RowPlan, parts: Sequence[ParquetPart], *, shape: str
+    ) -> None:
+        super().__init__(
+            path,
+            "parquet",
+            plan,
+            parts[0].schema.names,
+            [p.path for p in parts],
+            shape=shape,
+            duplicates=_duplicate_ids(parts, plan),
+        )
         self.parts = tuple(parts)
 
     def count_rows(self) -> int:
@@ -95,10 +113,29 @@ class ParquetSource(InputSource):
                         index += skip
                         skip = 0
                     for record in batch.to_pylist():
-                        yield parse_record(record, index, self.plan)
+                        yield parse_record(record, index, self.plan, self.duplicates)
                         index += 1
         except (OSError, pa.ArrowException) as exc:
             raise InputError(f"cannot read Parquet file {part.path.name}: {exc}") from exc
+
+
+def _duplicate_ids(parts: Sequence[ParquetPart], plan: RowPlan) -> DuplicateIds:
+    """The repeated ids of the whole input, reading only its id columns."""
+    if not plan.has_ids:
+        return DuplicateIds.none()
+    scan, index = IdScan(), 0
+    for part in parts:
+        names = part.schema.names
+        columns = [name for name in dict.fromkeys([*plan.id_fields, "custom_id"]) if name in names]
+        try:
+            with pq.ParquetFile(part.path) as parquet_file:
+                for batch in parquet_file.iter_batches(batch_size=BATCH_ROWS, columns=columns):
+                    for record in batch.to_pylist():
+                        scan.add(index, *read_ids(record, plan.id_fields))
+                        index += 1
+        except (OSError, pa.ArrowException) as exc:
+            raise InputError(f"cannot read Parquet file {part.path.name}: {exc}") from exc
+    return scan.duplicates()
 
 
 def open_parquet(
@@ -114,14 +151,21 @@ def open_parquet(
         first.schema.names,
         first.path.name,
         prompt_column=prompt_column,
-        shape_of_column=lambda name: _shape_of_type(first.schema.field(name).type, name, first),
+        prompt_column_shape=lambda name: _shape_of_type(first.schema.field(name).type, name, first),
+        usable=bool(shapes_of_columns(first.schema.names)),
         id_column=id_column,
         keep_columns=keep_columns,
         kept_as_json_text=False,
     )
     for part in parts:
         _check_part(part, first, plan)
-    return ParquetSource(path, plan, parts)
+    if plan.prompt_column_shape is not None:
+        shape = plan.prompt_column_shape
+    else:
+        shape = source_shape(
+            dict.fromkeys(shape for part in parts for shape in shapes_of_columns(part.schema.names))
+        )
+    return ParquetSource(path, plan, parts, shape=shape)
 
 
 def _parquet_files(path: Path) -> list[Path]:
@@ -168,25 +212,40 @@ def _shape_of_type(arrow_type: pa.DataType, column: str, part: ParquetPart) -> s
 
 
 def _check_part(part: ParquetPart, first: ParquetPart, plan: RowPlan) -> None:
-    """Every file must carry the plan's columns, with types the plan can read."""
-    required = ["custom_id", "body"] if plan.shape == "openai" else [plan.prompt_field]
-    if plan.id_field is not None:
-        required.append(plan.id_field)
-    required += plan.keep_columns
-    for name in dict.fromkeys(required):
+    """Every file must have a prompt column, the id and keep columns of the first file, and
+    prompt columns of types that can hold a prompt."""
+    names = part.schema.names
+    if plan.prompt_column is None and not shapes_of_columns(names):
+        raise no_prompt_column(part.path.name, names)
+    id_fields = [name for name in plan.id_fields if name in first.schema.names]
+    required = [plan.prompt_column, *id_fields, *plan.keep_columns]
+    for name in dict.fromkeys(name for name in required if name is not None):
         if part.schema.get_field_index(name) < 0:
             raise InputError(
                 f"{part.path.name} has no column {name!r}, which the first file "
                 f"{first.path.name} has"
             )
-    content_field = "body" if plan.shape == "openai" else plan.prompt_field
-    arrow_type = part.schema.field(content_field).type
-    expectation = _type_problem(plan.shape, arrow_type)
-    if expectation is not None:
-        raise InputError(
-            f"column {content_field!r} in {part.path.name} has type {arrow_type}; "
-            f"expected {expectation}"
-        )
+    for name in plan.id_fields:
+        if name in names and name not in first.schema.names:
+            raise InputError(
+                f"{part.path.name} has an id column {name!r}, which the first file "
+                f"{first.path.name} lacks"
+            )
+    if plan.prompt_column is not None:
+        content = {plan.prompt_column: plan.prompt_column_shape or "prompt"}
+    else:
+        content = {name: name for name in ("messages", "prompt_token_ids", "prompt")}
+        if "custom_id" in names:  # else a column named body is just data
+            content["body"] = "openai"
+    for name, shape in content.items():
+        if name not in names:
+            continue
+        arrow_type = part.schema.field(name).type
+        expectation = _type_problem(shape, arrow_type)
+        if expectation is not None:
+            raise InputError(
+                f"column {name!r} in {part.path.name} has type {arrow_type}; expected {expectation}"
+            )
     for name in plan.keep_columns:
         mine, theirs = part.schema.field(name).type, first.schema.field(name).type
         if mine != theirs:

@@ -2,6 +2,8 @@
 
 Readers call `parse_record` for every record and `unreadable_row` for a JSONL line that is
 not a JSON object at all; neither ever raises for bad data, so one bad row never stops a job.
+The record's own fields decide its shape (`shape_detection.row_shape`) and its id
+(`row_ids.row_identity`); an id problem is reported before any other.
 """
 
 from __future__ import annotations
@@ -10,38 +12,70 @@ from collections.abc import Mapping
 from typing import Any
 
 from astrai_batch.io.constraint_fields import constraint_override
-from astrai_batch.io.openai_request import parse_openai_record
+from astrai_batch.io.openai_request import parse_openai_request
+from astrai_batch.io.row_ids import DuplicateIds, row_identity
 from astrai_batch.io.row_validation import (
     collect_overrides,
     kept_values,
-    row_id_for,
     validate_content,
+    validate_template_kwargs,
 )
-from astrai_batch.io.rows import OVERRIDE_FIELDS, InputRow, RowPlan, RowProblem
+from astrai_batch.io.rows import (
+    OVERRIDE_FIELDS,
+    TEMPLATE_KWARGS_FIELD,
+    InputRow,
+    RowPlan,
+    RowProblem,
+)
+from astrai_batch.io.shape_detection import NO_SHAPE_MESSAGE, row_shape
 
 
-def parse_record(record: Mapping[str, Any], index: int, plan: RowPlan) -> InputRow:
+def parse_record(
+    record: Mapping[str, Any], index: int, plan: RowPlan, duplicates: DuplicateIds
+) -> InputRow:
     """The row for `record`; problems with the record become `InputRow.error`."""
     kept = kept_values(record, plan)
-    if plan.shape == "openai":
-        return parse_openai_record(record, index, plan, kept)
-    row_id = row_id_for(record, index, plan)
-    try:
-        content = validate_content(plan.shape, record.get(plan.prompt_field), plan.shape)
-        constraint = constraint_override(record)
-    except RowProblem as problem:
-        return InputRow(index=index, id=row_id, kept=kept, error=str(problem))
-    return InputRow(
-        index=index,
-        id=row_id,
-        overrides={**collect_overrides(record, OVERRIDE_FIELDS), **constraint},
-        kept=kept,
-        **content,
+    shape = row_shape(record, plan.prompt_column, plan.prompt_column_shape)
+    if plan.id_column is not None:
+        missing_name = plan.id_column
+    else:
+        missing_name = "custom_id" if shape == "openai" else "id"
+    identity = row_identity(
+        record,
+        index,
+        id_fields=plan.id_fields,
+        has_ids=plan.has_ids,
+        duplicates=duplicates,
+        missing_name=missing_name,
     )
+    ids = {"index": index, "id": identity.id, "custom_id": identity.custom_id, "kept": kept}
+    try:
+        if identity.error is not None:
+            raise RowProblem(identity.error)
+        if shape is None:
+            raise RowProblem(NO_SHAPE_MESSAGE)
+        if shape == "openai":
+            content, overrides, kwargs = parse_openai_request(record)
+        else:
+            field_name = plan.prompt_column or shape
+            content = validate_content(shape, record.get(field_name), field_name)
+            overrides = collect_overrides(record, OVERRIDE_FIELDS) | constraint_override(record)
+            kwargs = validate_template_kwargs(
+                record.get(TEMPLATE_KWARGS_FIELD), TEMPLATE_KWARGS_FIELD
+            )
+    except RowProblem as problem:
+        return InputRow(**ids, error=str(problem))
+    if "messages" not in content:
+        kwargs = None  # only a chat template reads them
+    return InputRow(**ids, overrides=overrides, chat_template_kwargs=kwargs, **content)
 
 
 def unreadable_row(index: int, message: str, plan: RowPlan) -> InputRow:
-    """A row for a record that could not be read as an object (bad JSON, not an object)."""
+    """A row for a record that could not be read as an object (bad JSON, not an object).
+    Its id is unknown: the row number where the input numbers its rows, else none."""
     return InputRow(
-        index=index, id=str(index), kept=dict.fromkeys(plan.keep_columns), error=message
+        index=index,
+        id=None if plan.has_ids else str(index),
+        kept=dict.fromkeys(plan.keep_columns),
+        error=message,
     )

@@ -1,14 +1,22 @@
 """Field-level checks shared by every row shape, with the exact row error messages.
 
-Messages (``field`` is ``prompt`` / ``messages`` / ``prompt_token_ids``, or ``body.prompt`` /
-``body.messages`` for OpenAI rows):
+Messages (``field`` is ``prompt`` / ``messages`` / ``prompt_token_ids`` or the
+``--prompt-column`` name, or ``body.prompt`` / ``body.messages`` for OpenAI rows), with
+JSON type names (string, integer, number, boolean, list, object, null):
 
 - ``{field} is missing`` (absent or null), ``{field} is empty``
-- ``{field} must be a string, got int``
-- ``{field} must be a list of {role, content} objects, got str``, or with ``: item 1 is str``,
-  ``: item 1 has no role``, ``: item 1 has no string content``,
-  ``: item 1 has a image_url content part; only text is supported``
-- ``{field} must be a list of non-negative ints, got str``, or with ``: item 2 is -1``
+- ``{field} must be a string, got integer``
+- ``{field} must be a list of {role, content} objects, got string``;
+  ``{field}[1] must be a {role, content} object, got string``, ``{field}[1] has no role``,
+  ``{field}[1] role must be a string, got integer``, ``{field}[1] has no content``,
+  ``{field}[1] content must be a string or a list of text parts, got integer``,
+  ``{field}[1] content[0] must be a text part object, got string``,
+  ``{field}[1] content[0] has no text``,
+  ``{field}[1] has a image_url content part; only text is supported``
+- ``{field} must be a list of non-negative integers, got string``;
+  ``{field}[2] must be a non-negative integer, got -1`` (or ``got boolean``)
+- ``chat_template_kwargs must be an object, got list``,
+  ``chat_template_kwargs is not valid JSON: ...``
 """
 
 from __future__ import annotations
@@ -16,18 +24,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from astrai_batch.io.rows import RowPlan, RowProblem, json_text, stringify_id, type_name
+from astrai_batch.io.rows import RowPlan, RowProblem, json_text
+from astrai_batch.json_types import first_non_count, json_object, json_type
 
 MESSAGES_SHAPE_TEXT = "must be a list of {role, content} objects"
-TOKEN_IDS_SHAPE_TEXT = "must be a list of non-negative ints"
-
-
-def row_id_for(record: Mapping[str, Any], index: int, plan: RowPlan) -> str:
-    """The id column's value as a string, or the row number when there is none."""
-    if plan.id_field is None:
-        return str(index)
-    value = record.get(plan.id_field)
-    return str(index) if value is None else stringify_id(value)
+TOKEN_IDS_SHAPE_TEXT = "must be a list of non-negative integers"
 
 
 def kept_values(record: Mapping[str, Any], plan: RowPlan) -> dict[str, Any]:
@@ -57,7 +58,7 @@ def validate_prompt(value: Any, field_name: str) -> str:
     if value is None:
         raise RowProblem(f"{field_name} is missing")
     if not isinstance(value, str):
-        raise RowProblem(f"{field_name} must be a string, got {type_name(value)}")
+        raise RowProblem(f"{field_name} must be a string, got {json_type(value)}")
     if value == "":
         raise RowProblem(f"{field_name} is empty")
     return value
@@ -68,24 +69,26 @@ def validate_messages(value: Any, field_name: str) -> tuple[dict[str, str], ...]
     if value is None:
         raise RowProblem(f"{field_name} is missing")
     if not isinstance(value, (list, tuple)):
-        raise RowProblem(f"{field_name} {MESSAGES_SHAPE_TEXT}, got {type_name(value)}")
+        raise RowProblem(f"{field_name} {MESSAGES_SHAPE_TEXT}, got {json_type(value)}")
     if not value:
         raise RowProblem(f"{field_name} is empty")
     messages = []
     for position, message in enumerate(value):
+        where = f"{field_name}[{position}]"
         if not isinstance(message, Mapping):
             raise RowProblem(
-                f"{field_name} {MESSAGES_SHAPE_TEXT}: item {position} is {type_name(message)}"
+                f"{where} must be a {{role, content}} object, got {json_type(message)}"
             )
         role = message.get("role")
-        if not isinstance(role, str) or not role:
-            raise RowProblem(f"{field_name} {MESSAGES_SHAPE_TEXT}: item {position} has no role")
-        content = message_text(message.get("content"), field_name, position)
-        messages.append({"role": role, "content": content})
+        if role is None or role == "":
+            raise RowProblem(f"{where} has no role")
+        if not isinstance(role, str):
+            raise RowProblem(f"{where} role must be a string, got {json_type(role)}")
+        messages.append({"role": role, "content": message_text(message.get("content"), where)})
     return tuple(messages)
 
 
-def message_text(content: Any, field_name: str, position: int) -> str:
+def message_text(content: Any, where: str) -> str:
     """A message's content as one string.
 
     OpenAI also allows a list of content parts; text parts are joined with newlines (as vLLM
@@ -93,19 +96,24 @@ def message_text(content: Any, field_name: str, position: int) -> str:
     """
     if isinstance(content, str):
         return content
-    prefix = f"{field_name} {MESSAGES_SHAPE_TEXT}: item {position}"
-    if not isinstance(content, (list, tuple)) or not content:
-        raise RowProblem(f"{prefix} has no string content")
+    if content is None or (isinstance(content, (list, tuple)) and not content):
+        raise RowProblem(f"{where} has no content")
+    if not isinstance(content, (list, tuple)):
+        raise RowProblem(
+            f"{where} content must be a string or a list of text parts, got {json_type(content)}"
+        )
     texts = []
-    for part in content:
+    for number, part in enumerate(content):
         if not isinstance(part, Mapping):
-            raise RowProblem(f"{prefix} has no string content")
+            raise RowProblem(
+                f"{where} content[{number}] must be a text part object, got {json_type(part)}"
+            )
         part_type = part.get("type", "text")
         if part_type != "text":
-            raise RowProblem(f"{prefix} has a {part_type} content part; only text is supported")
+            raise RowProblem(f"{where} has a {part_type} content part; only text is supported")
         text = part.get("text")
         if not isinstance(text, str):
-            raise RowProblem(f"{prefix} has no string content")
+            raise RowProblem(f"{where} content[{number}] has no text")
         texts.append(text)
     return "\n".join(texts)
 
@@ -114,11 +122,22 @@ def validate_token_ids(value: Any, field_name: str) -> tuple[int, ...]:
     if value is None:
         raise RowProblem(f"{field_name} is missing")
     if not isinstance(value, (list, tuple)):
-        raise RowProblem(f"{field_name} {TOKEN_IDS_SHAPE_TEXT}, got {type_name(value)}")
+        raise RowProblem(f"{field_name} {TOKEN_IDS_SHAPE_TEXT}, got {json_type(value)}")
     if not value:
         raise RowProblem(f"{field_name} is empty")
-    for position, token in enumerate(value):
-        # bool is an int subclass, but `true` in a token list is a data bug, not token 1.
-        if isinstance(token, bool) or not isinstance(token, int) or token < 0:
-            raise RowProblem(f"{field_name} {TOKEN_IDS_SHAPE_TEXT}: item {position} is {token!r}")
+    bad = first_non_count(value)
+    if bad is not None:
+        raise RowProblem(f"{field_name}[{bad[0]}] must be a non-negative integer, got {bad[1]}")
     return tuple(value)
+
+
+def validate_template_kwargs(value: Any, field_name: str) -> dict[str, Any] | None:
+    """Per-row chat template variables: an object (or, from Parquet, JSON text of one).
+    Null values are left out, so a null leaves the job-wide value in place."""
+    if value is None:
+        return None
+    try:
+        variables = json_object(value, field_name)
+    except ValueError as exc:
+        raise RowProblem(str(exc)) from None
+    return {str(key): item for key, item in variables.items() if item is not None}

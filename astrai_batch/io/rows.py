@@ -15,6 +15,16 @@ from typing import Any
 from astrai_batch.errors import AstraiBatchError
 
 SHAPES = ("prompt", "messages", "prompt_token_ids", "openai")
+# What an input as a whole holds: one of SHAPES, or "mixed" when its rows differ.
+SOURCE_SHAPES = (*SHAPES, "mixed")
+
+# The fields whose value makes a row one of the plain shapes, in the order a row's non-null
+# fields are tried; a row with none of them and a ``body`` is an OpenAI request line.
+PLAIN_SHAPE_FIELDS = ("messages", "prompt_token_ids", "prompt")
+OPENAI_FIELDS = ("custom_id", "method", "url", "body")
+
+# Where a row's id comes from without --id-column: the first of these that is not null.
+ID_FIELDS = ("id", "custom_id")
 
 # Per-row sampling overrides read from top-level columns (prompt / messages / token-id rows).
 OVERRIDE_FIELDS = (
@@ -26,12 +36,16 @@ OVERRIDE_FIELDS = (
     "min_p",
     "seed",
     "stop",
+    "stop_token_ids",
+    "ignore_eos",
     "n",
     "presence_penalty",
     "frequency_penalty",
     "repetition_penalty",
     "logprobs",
 )
+# Extra variables for the chat template of this row, merged over --chat-template-kwargs.
+TEMPLATE_KWARGS_FIELD = "chat_template_kwargs"
 
 # Per-row output constraints of plain rows (io/constraint_fields.py reads them).
 CONSTRAINT_COLUMNS = ("json_schema", "regex", "choice", "grammar")
@@ -44,10 +58,13 @@ class InputRow:
     `index` is the 0-based position across the whole input and is the order key of the output.
     When `error` is None exactly one of `prompt`, `messages`, `prompt_token_ids` is set; when it
     is set none of them is, and `overrides` is empty. `kept` always has every keep column.
+    `id` is None only on an error row whose id is missing or repeats an earlier row's, so no
+    two rows of an input ever share an id. `custom_id` is the row's own ``custom_id`` (a
+    string), None when it has none or it repeats an earlier row's id.
     """
 
     index: int
-    id: str
+    id: str | None
     prompt: str | None = None
     messages: tuple[Mapping[str, Any], ...] | None = None
     prompt_token_ids: tuple[int, ...] | None = None
@@ -55,6 +72,7 @@ class InputRow:
     kept: Mapping[str, Any] = field(default_factory=dict)
     error: str | None = None
     custom_id: str | None = None
+    chat_template_kwargs: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.index < 0:
@@ -71,6 +89,8 @@ class InputRow:
             )
         if self.error is not None and contents:
             raise ValueError(f"a row with an error carries no prompt, got {contents}")
+        if self.error is None and self.id is None:
+            raise ValueError("a valid row has an id")
 
     @property
     def kind(self) -> str:
@@ -80,38 +100,52 @@ class InputRow:
 
 @dataclass(frozen=True)
 class RowPlan:
-    """How to read one record: which field holds the prompt and which hold the rest.
+    """How to read the records of one input; each record's own fields decide its shape.
 
-    `prompt_field` names the column with the prompt, messages or token ids; OpenAI rows use the
-    fixed fields custom_id / method / url / body. `kept_as_json_text` is set for JSONL, whose
-    keep columns are written as strings (JSON has no column types to carry over).
+    `prompt_column` (``--prompt-column``) names the one field every row's prompt comes from;
+    `prompt_column_shape` fixes its shape where the input's types do (a Parquet column), else
+    each value's type decides. `id_column` (``--id-column``) replaces the default id fields.
+    `has_ids` tells whether the input has an id field at all: without one, rows are numbered;
+    with one, a row without an id is an error row. `kept_as_json_text` is set for JSONL,
+    whose keep columns are written as strings (JSON has no column types to carry over).
     """
 
-    shape: str
-    prompt_field: str
-    id_field: str | None
+    prompt_column: str | None = None
+    prompt_column_shape: str | None = None
+    id_column: str | None = None
+    has_ids: bool = False
     keep_columns: tuple[str, ...] = ()
     kept_as_json_text: bool = False
 
     def __post_init__(self) -> None:
-        if self.shape not in SHAPES:
-            raise ValueError(f"shape must be one of {', '.join(SHAPES)}, got {self.shape!r}")
-        if not self.prompt_field:
-            raise ValueError("prompt_field must be a non-empty column name")
+        if self.prompt_column == "":
+            raise ValueError("prompt_column must be a non-empty column name")
+        if self.prompt_column_shape is not None and self.prompt_column_shape not in SHAPES[:3]:
+            raise ValueError(
+                "prompt_column_shape must be prompt, messages or prompt_token_ids, "
+                f"got {self.prompt_column_shape!r}"
+            )
         if len(set(self.keep_columns)) != len(self.keep_columns):
             raise ValueError(f"keep_columns has duplicates: {list(self.keep_columns)}")
 
+    @property
+    def id_fields(self) -> tuple[str, ...]:
+        """The fields a row id is read from, first non-null wins."""
+        return (self.id_column,) if self.id_column is not None else ID_FIELDS
+
     def source_columns(self, available: Collection[str]) -> list[str]:
         """The columns a reader must load for this plan, in a stable order."""
-        wanted: list[str] = []
-        if self.shape == "openai":
-            wanted += ["custom_id", "method", "url", "body"]
+        if self.prompt_column is not None:
+            wanted = [self.prompt_column]
         else:
-            wanted.append(self.prompt_field)
-            wanted += OVERRIDE_FIELDS
-            wanted += CONSTRAINT_COLUMNS
-        if self.id_field is not None:
-            wanted.append(self.id_field)
+            wanted = [*PLAIN_SHAPE_FIELDS, *OPENAI_FIELDS]
+        wanted += [
+            *OVERRIDE_FIELDS,
+            *CONSTRAINT_COLUMNS,
+            TEMPLATE_KWARGS_FIELD,
+            *self.id_fields,
+            "custom_id",
+        ]
         wanted += self.keep_columns
         present = set(available)
         return list(dict.fromkeys(name for name in wanted if name in present))
@@ -119,11 +153,6 @@ class RowPlan:
 
 class RowProblem(AstraiBatchError):
     """Raised while parsing one record; always caught and turned into `InputRow.error`."""
-
-
-def type_name(value: Any) -> str:
-    """The Python type name used in row error messages ('int', 'list', 'NoneType')."""
-    return type(value).__name__
 
 
 def stringify_id(value: Any) -> str:

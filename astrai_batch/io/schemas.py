@@ -1,7 +1,8 @@
 """The Arrow schemas of every file a job writes, spelled out so their layout is a contract.
 
 Result files hold one row per (input row, sample). A failed input row gets a single row with
-``sample_index`` 0, ``finish_reason`` "error", ``error`` set and null completion.
+``sample_index`` 0, ``finish_reason`` "error", ``error`` set and null completion. ``id`` is
+null only on a failed row whose input id is missing or repeats an earlier row's.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ FINISH_REASONS = ("stop", "length", "error")
 
 RESULT_SCHEMA = pa.schema(
     [
-        pa.field("id", pa.string(), nullable=False),
+        pa.field("id", pa.string()),
         pa.field("sample_index", pa.int32(), nullable=False),
         pa.field("completion", pa.string()),
         pa.field("finish_reason", pa.string(), nullable=False),

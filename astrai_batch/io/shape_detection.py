@@ -1,31 +1,63 @@
-"""Decide, once per input, which row shape it has and which columns feed which field.
+"""Which shape each row has, and the checks an input's columns must pass as a whole.
 
-Priority without ``--prompt-column``: OpenAI batch lines (``custom_id`` + ``body``), then
-``messages``, ``prompt_token_ids``, ``prompt``. With ``--prompt-column`` that column is used
-whatever else exists, and its values' type (string / list of ints / list of objects) picks
-the shape. The id comes from ``--id-column``, else ``id``, else ``custom_id``, else the row
-number.
+Each row is read by its own fields: without ``--prompt-column``, the first non-null of
+``messages``, ``prompt_token_ids``, ``prompt``; else, with a non-null ``body`` that is an
+object (or beside a ``custom_id``), an OpenAI batch request line. A row where all of them are
+null is read by the first of those fields it has (so it reports ``messages is missing``).
+With ``--prompt-column`` that field holds every row's prompt, and its type (string / list of
+integers / list of objects) picks the shape. Row ids: see `row_ids`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any
 
 from astrai_batch.errors import ConfigError, InputError
-from astrai_batch.io.rows import RowPlan
+from astrai_batch.io.rows import ID_FIELDS, PLAIN_SHAPE_FIELDS, RowPlan
 
-PLAIN_SHAPES_BY_PRIORITY = ("messages", "prompt_token_ids", "prompt")
+NO_SHAPE_MESSAGE = "row has no prompt, messages, prompt_token_ids or body"
 
 
-def detect_shape(columns: Sequence[str]) -> str | None:
-    """The row shape implied by column names alone, or None when none fits."""
-    present = set(columns)
-    if {"custom_id", "body"} <= present:
+def row_shape(
+    record: Mapping[str, Any], prompt_column: str | None, column_shape: str | None = None
+) -> str | None:
+    """The shape of one record, or None when it has no field that gives one."""
+    if prompt_column is not None:
+        return column_shape or shape_of_value(record.get(prompt_column))
+    for name in PLAIN_SHAPE_FIELDS:
+        if record.get(name) is not None:
+            return name
+    body = record.get("body")
+    if body is not None and (isinstance(body, Mapping) or "custom_id" in record):
         return "openai"
-    for shape in PLAIN_SHAPES_BY_PRIORITY:
-        if shape in present:
-            return shape
-    return None
+    for name in PLAIN_SHAPE_FIELDS:
+        if name in record:
+            return name
+    return "openai" if {"custom_id", "body"} <= record.keys() else None
+
+
+def shape_of_value(value: Any) -> str:
+    """The shape of a --prompt-column value: lists of objects are chats, other lists token
+    ids, anything else a prompt (so a wrong type is reported against ``must be a string``)."""
+    if isinstance(value, (list, tuple)):
+        if value and isinstance(value[0], Mapping):
+            return "messages"
+        return "prompt_token_ids"
+    return "prompt"
+
+
+def shapes_of_columns(columns: Collection[str]) -> list[str]:
+    """The shapes rows of an input with these columns can have, in priority order."""
+    shapes = [name for name in PLAIN_SHAPE_FIELDS if name in columns]
+    if {"custom_id", "body"} <= set(columns):
+        shapes.append("openai")
+    return shapes
+
+
+def source_shape(shapes: Collection[str]) -> str:
+    """What an input holds as a whole: its one row shape, or 'mixed'."""
+    return next(iter(shapes)) if len(shapes) == 1 else "mixed"
 
 
 def plan_for_columns(
@@ -33,29 +65,25 @@ def plan_for_columns(
     source_name: str,
     *,
     prompt_column: str | None,
-    shape_of_column: Callable[[str], str],
+    prompt_column_shape: Callable[[str], str | None],
+    usable: bool,
     id_column: str | None,
     keep_columns: Sequence[str],
     kept_as_json_text: bool,
 ) -> RowPlan:
     """The reading plan for an input with these columns; InputError when none is usable.
 
-    `shape_of_column` tells the shape of an explicitly named prompt column from its values'
-    type; it is only called for a column that exists.
+    `usable` tells whether any row can have a shape (some shape column exists);
+    `prompt_column_shape` gives the fixed shape of an explicitly named prompt column, or None
+    where each value decides; it is only called for a column that exists.
     """
     listing = ", ".join(columns) if columns else "(none)"
+    column_shape = None
     if prompt_column is not None:
         _require_column(prompt_column, "prompt column", columns, source_name, listing)
-        shape, prompt_field = shape_of_column(prompt_column), prompt_column
-    else:
-        detected = detect_shape(columns)
-        if detected is None:
-            raise InputError(
-                f"no prompt column found in {source_name}: expected one of prompt, messages, "
-                "prompt_token_ids, custom_id+body (or pass --prompt-column); "
-                f"columns are: {listing}"
-            )
-        shape, prompt_field = detected, "body" if detected == "openai" else detected
+        column_shape = prompt_column_shape(prompt_column)
+    elif not usable:
+        raise no_prompt_column(source_name, columns)
     if id_column is not None:
         _require_column(id_column, "id column", columns, source_name, listing)
     keep = tuple(keep_columns)
@@ -64,24 +92,23 @@ def plan_for_columns(
         raise ConfigError(f"keep_columns lists {', '.join(duplicates)} more than once")
     for name in keep:
         _require_column(name, "keep column", columns, source_name, listing)
+    id_fields = (id_column,) if id_column is not None else ID_FIELDS
     return RowPlan(
-        shape=shape,
-        prompt_field=prompt_field,
-        id_field=_id_field(columns, shape, id_column),
+        prompt_column=prompt_column,
+        prompt_column_shape=column_shape,
+        id_column=id_column,
+        has_ids=any(name in columns for name in id_fields),
         keep_columns=keep,
         kept_as_json_text=kept_as_json_text,
     )
 
 
-def _id_field(columns: Sequence[str], shape: str, id_column: str | None) -> str | None:
-    if id_column is not None:
-        return id_column
-    if shape == "openai":
-        return "custom_id"
-    for name in ("id", "custom_id"):
-        if name in columns:
-            return name
-    return None
+def no_prompt_column(source_name: str, columns: Sequence[str]) -> InputError:
+    listing = ", ".join(columns) if columns else "(none)"
+    return InputError(
+        f"no prompt column found in {source_name}: expected one of prompt, messages, "
+        f"prompt_token_ids, custom_id+body (or pass --prompt-column); columns are: {listing}"
+    )
 
 
 def _require_column(

@@ -17,7 +17,13 @@ from typing import Any
 from astrai_batch.engine.sampling_params import SamplingParams
 from astrai_batch.errors import ConfigError
 from astrai_batch.jobs.constraint_options import CONSTRAINT_OPTIONS, job_constraint
-from astrai_batch.jobs.option_values import ErrorLimit, parse_columns, parse_size
+from astrai_batch.jobs.option_values import (
+    ErrorLimit,
+    parse_columns,
+    parse_json_object,
+    parse_size,
+)
+from astrai_batch.json_types import json_type
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -45,6 +51,8 @@ SAMPLING_OPTIONS = (
     "ignore_eos",
     "logprobs",
 )
+# Options whose value is a JSON object (a TOML table).
+OBJECT_OPTIONS = ("chat_template_kwargs",)
 # The CLI default for max_tokens; SamplingParams' own default happens to agree.
 DEFAULT_MAX_TOKENS = 256
 
@@ -69,6 +77,8 @@ class JobConfig:
     prompt_column: str | None = None
     id_column: str | None = None
     keep_columns: tuple[str, ...] = ()
+    # Variables for the chat template (e.g. enable_thinking); rows may add to them.
+    chat_template_kwargs: dict[str, Any] | None = None
     sampling: SamplingParams = field(
         default_factory=lambda: SamplingParams(max_tokens=DEFAULT_MAX_TOKENS)
     )
@@ -96,7 +106,7 @@ class JobConfig:
             if getattr(self, name) is not None:
                 _check_positive_int(name, getattr(self, name))
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ConfigError(f"seed must be a non-negative int, got {self.seed!r}")
+            raise ConfigError(f"seed must be a non-negative integer, got {self.seed!r}")
         for name in (
             "prefix_cache",
             "grouping",
@@ -125,6 +135,9 @@ class JobConfig:
             isinstance(name, str) and name for name in self.keep_columns
         ):
             raise ConfigError(f"keep_columns must be column names, got {self.keep_columns!r}")
+        kwargs = self.chat_template_kwargs
+        if kwargs is not None and not isinstance(kwargs, dict):
+            raise ConfigError(f"chat_template_kwargs must be an object, got {json_type(kwargs)}")
         if not isinstance(self.sampling, SamplingParams):
             raise ConfigError(
                 f"sampling must be SamplingParams, got {type(self.sampling).__name__}"
@@ -157,6 +170,9 @@ class JobConfig:
             values["max_errors"] = ErrorLimit.parse(values["max_errors"])
         if "keep_columns" in values:
             values["keep_columns"] = parse_columns(values["keep_columns"])
+        for name in OBJECT_OPTIONS:
+            if values.get(name) is not None:
+                values[name] = parse_json_object(values[name], name)
         return cls(**values)
 
     def engine_options(self) -> dict[str, Any]:
@@ -218,7 +234,11 @@ def load_toml_options(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"cannot read config file {config_path}: {exc.strerror or exc}") from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {config_path} is not valid TOML: {exc}") from exc
-    tables = sorted(key for key, value in data.items() if isinstance(value, dict))
+    tables = sorted(
+        key
+        for key, value in data.items()
+        if isinstance(value, dict) and key.replace("-", "_") not in OBJECT_OPTIONS
+    )
     if tables:
         raise ConfigError(
             f"config file {config_path} must hold top-level options only, "
@@ -227,13 +247,14 @@ def load_toml_options(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def _check_type(name: str, value: Any, expected: type) -> None:
+def _check_type(name: str, value: Any, expected: type[str] | type[bool]) -> None:
     if (expected is not bool and isinstance(value, bool)) or not isinstance(value, expected):
-        raise ConfigError(f"{name} must be a {expected.__name__}, got {type(value).__name__}")
+        wanted = "a boolean" if expected is bool else "a string"
+        raise ConfigError(f"{name} must be {wanted}, got {json_type(value)}")
 
 
 def _check_positive_int(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"{name} must be an int, got {type(value).__name__}")
+        raise ConfigError(f"{name} must be an integer, got {json_type(value)}")
     if value < 1:
         raise ConfigError(f"{name} must be >= 1, got {value}")

@@ -67,7 +67,9 @@ class JobExecution:
         self.total_rows = total_rows
         self.progress = progress
         self.clock = clock
-        self.encoder = PromptEncoder(loaded.tokenizer, loaded.name)
+        self.encoder = PromptEncoder(
+            loaded.tokenizer, loaded.name, chat_template_kwargs=config.chat_template_kwargs
+        )
         self.collector = SampleCollector()
         saved = checkpoint.total_stats()
         self.rows_before = saved.input_rows
@@ -189,7 +191,6 @@ class JobExecution:
                 page_size=self.config.page_size,
                 group_offset=group_offset,
                 grouping=self.config.grouping,
-                row_ids_as_custom_ids=self.source.shape != "openai",
             )
 
         return await anyio.to_thread.run_sync(work)
@@ -241,10 +242,12 @@ class JobExecution:
             if self.allowed_errors is not None and self.failed_rows > self.allowed_errors:
                 self._flush()
                 limit = self.config.max_errors.describe() if self.config.max_errors else ""
+                # A row whose id is missing or repeated has none: name it by its number.
+                named = repr(row.id) if row.id is not None else f"{row.index} (no id)"
                 raise JobAbortedError(
                     f"{self.failed_rows} rows failed, more than --max-errors {limit} allows "
                     f"({self.allowed_errors} of {self.total_rows} rows); the last: row "
-                    f"{row.id!r}: {records[0]['error']}"
+                    f"{named}: {records[0]['error']}"
                 )
         self.progress.update(
             ProgressSnapshot(

@@ -1,4 +1,5 @@
-"""Option values written as text: sizes (``2GiB``), error limits (``5%``), column lists."""
+"""Option values written as text: sizes (``2GiB``), error limits (``5%``), column lists,
+JSON objects (``--chat-template-kwargs``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from astrai_batch.errors import ConfigError
+from astrai_batch.json_types import json_object
 
 _SIZE_UNITS = {
     "": 1,
@@ -107,6 +109,14 @@ def parse_columns(value: Any) -> tuple[str, ...]:
     if isinstance(value, (list, tuple)):
         return tuple(value)
     raise ConfigError(f"keep_columns must be a comma-separated string or a list, got {value!r}")
+
+
+def parse_json_object(value: Any, name: str) -> dict[str, Any]:
+    """A JSON object given as text (a flag) or as a table (TOML)."""
+    try:
+        return json_object(value, name)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _float_or_none(text: str) -> float | None:

@@ -93,13 +93,14 @@ def plan_input(
     input_format: str | None = None,
     prompt_column: str | None = None,
     id_column: str | None = None,
+    chat_template_kwargs: dict[str, Any] | None = None,
 ) -> PlanReport:
     source = open_input(
         input_path, input_format=input_format, prompt_column=prompt_column, id_column=id_column
     )
     builder = PrefixStatsBuilder(page_size, top)  # checks page_size and top before loading
     tokenizer, _ = load_tokenizer(model)
-    encoder = PromptEncoder(tokenizer, model)
+    encoder = PromptEncoder(tokenizer, model, chat_template_kwargs=chat_template_kwargs)
     if source.shape == "messages" and not encoder.has_chat_template:
         raise UnsupportedModelError(no_chat_template_message(model))
     bad_rows = 0

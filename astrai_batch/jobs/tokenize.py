@@ -4,7 +4,11 @@
   BOS where the tokenizer adds one);
 - ``messages`` rows are rendered with the chat template (``add_generation_prompt=True``)
   and the rendered text is encoded without adding special tokens again, since the template
-  already writes them (this is what vLLM and transformers' own ``tokenize=True`` do);
+  already writes them (this is what vLLM and transformers' own ``tokenize=True`` do). The
+  template also sees the job's ``--chat-template-kwargs`` with the row's own
+  ``chat_template_kwargs`` merged over them (e.g. ``enable_thinking``); a name that is an
+  argument of ``apply_chat_template`` itself (``tokenize``, ``add_generation_prompt``, ...)
+  is refused, since it would change the call rather than reach the template;
 - ``prompt_token_ids`` rows are used unchanged; the engine checks them against the vocab.
 
 `run` and `plan` share this code, so `plan` predicts exactly the prompts `run` sends.
@@ -13,11 +17,12 @@ Encoding is CPU work in Rust; callers run `PromptEncoder.encode` in a worker thr
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import inspect
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from astrai_batch.errors import AstraiBatchError
+from astrai_batch.errors import AstraiBatchError, ConfigError
 from astrai_batch.io import InputRow
 
 ENCODE_BATCH_ROWS = 2048
@@ -43,13 +48,47 @@ def no_chat_template_message(model_name: str) -> str:
     )
 
 
-class PromptEncoder:
-    """Encodes `InputRow`s with one tokenizer; never raises for a bad row."""
+def template_call_arguments(tokenizer: Any) -> frozenset[str]:
+    """The named arguments of the tokenizer's ``apply_chat_template``: chat template
+    variables cannot use these names."""
+    method = getattr(tokenizer, "apply_chat_template", None)
+    if method is None:
+        return frozenset()
+    parameters = inspect.signature(method).parameters.values()
+    return frozenset(p.name for p in parameters if p.kind is not inspect.Parameter.VAR_KEYWORD)
 
-    def __init__(self, tokenizer: Any, model_name: str) -> None:
+
+def reserved_names_message(field_name: str, names: Sequence[str]) -> str | None:
+    if not names:
+        return None
+    listed = ", ".join(repr(name) for name in sorted(names))
+    return f"{field_name} cannot set {listed}: an argument of the chat template call"
+
+
+class PromptEncoder:
+    """Encodes `InputRow`s with one tokenizer; never raises for a bad row.
+
+    `chat_template_kwargs` are the job-wide chat template variables; ConfigError when one
+    of them is an argument of ``apply_chat_template`` itself.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        model_name: str,
+        *,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.has_chat_template = bool(getattr(tokenizer, "chat_template", None))
+        self._reserved = template_call_arguments(tokenizer)
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        problem = reserved_names_message(
+            "--chat-template-kwargs", [n for n in self.chat_template_kwargs if n in self._reserved]
+        )
+        if problem is not None:
+            raise ConfigError(problem)
 
     def encode(self, rows: Sequence[InputRow]) -> list[Encoding]:
         """One `Encoding` per row, in order. Rows that carry an error keep it."""
@@ -90,11 +129,18 @@ class PromptEncoder:
     def _render_chat(self, row: InputRow) -> str | Encoding:
         if not self.has_chat_template:
             return Encoding(error=no_chat_template_message(self.model_name))
+        own = row.chat_template_kwargs or {}
+        problem = reserved_names_message(
+            "chat_template_kwargs", [name for name in own if name in self._reserved]
+        )
+        if problem is not None:
+            return Encoding(error=problem)
         try:
             text = self.tokenizer.apply_chat_template(
                 [dict(message) for message in row.messages or ()],
                 add_generation_prompt=True,
                 tokenize=False,
+                **{**self.chat_template_kwargs, **own},
             )
         except Exception as exc:  # a template may raise anything (jinja errors, its own checks)
             return Encoding(error=f"chat template failed: {_one_line(exc)}")

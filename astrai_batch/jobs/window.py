@@ -25,7 +25,7 @@ class PreparedRow:
     """A row ready to run (`token_ids` and `params` set) or failed (`error` set)."""
 
     index: int
-    id: str
+    id: str | None  # None: the input row's id was missing or repeated (an error row)
     custom_id: str | None
     kind: str  # "chat" | "completion"
     kept: Mapping[str, Any]
@@ -113,11 +113,10 @@ def prepare_window(
     page_size: int,
     group_offset: int,
     grouping: bool,
-    row_ids_as_custom_ids: bool = True,
 ) -> PreparedWindow:
     """Tokenize, resolve per-row sampling parameters and plan one window (CPU work: run it
-    in a worker thread). With `row_ids_as_custom_ids`, rows without an OpenAI ``custom_id``
-    (inputs in other shapes) use their row id as one."""
+    in a worker thread). Rows without a ``custom_id`` of their own use their row id as one
+    in OpenAI output; the input guarantees both are unique (`io.row_ids`)."""
     encodings = encoder.encode(input_rows)
     staged: list[tuple[InputRow, tuple[int, ...] | None, SamplingParams | None, str | None]] = []
     for row, encoding in zip(input_rows, encodings, strict=True):
@@ -145,7 +144,7 @@ def prepare_window(
         PreparedRow(
             index=row.index,
             id=row.id,
-            custom_id=row.id if row_ids_as_custom_ids and row.custom_id is None else row.custom_id,
+            custom_id=row.id if row.custom_id is None else row.custom_id,
             kind=row.kind,
             kept=row.kept,
             token_ids=token_ids,

@@ -52,17 +52,18 @@ def test_a_scripted_run_gives_exact_pages_and_statistics() -> None:
     assert not manager.reserve("e", 4)  # b pins the only cached pages
     manager.check_invariants()
 
+    # e was never admitted (its reserve was refused), so its lookup is not counted.
     assert manager.stats() == CacheStats(
-        lookups=5,
+        lookups=4,
         hit_tokens=8,
-        missed_tokens=10 + 3 + 9 + 8 + 4,
+        missed_tokens=10 + 3 + 9 + 8,
         inserted_pages=3,
         evicted_pages=1,
         pages_in_use=8,
         cached_pages=2,
         peak_pages_in_use=8,
     )
-    assert manager.stats().hit_rate == 8 / 42
+    assert manager.stats().hit_rate == 8 / 38
     midway = manager.stats()
     manager.close("b", [*prompt, 30])
     for request_id in ("c", "d", "e"):
@@ -70,7 +71,7 @@ def test_a_scripted_run_gives_exact_pages_and_statistics() -> None:
     manager.check_invariants()
     assert manager.num_open_requests() == 0
     assert manager.num_free_pages() == 6
-    assert manager.stats() == CacheStats(5, 8, 34, 3, 1, 0, 2, 8)
+    assert manager.stats() == CacheStats(4, 8, 30, 3, 1, 0, 2, 8)
     assert manager.stats() - midway == CacheStats(0, 0, 0, 0, 0, 0, 2, 8)
 
 
@@ -246,3 +247,34 @@ def test_check_invariants_catches_a_pin_no_request_accounts_for() -> None:
         CacheUsageError, match=r"^cached page 0 is pinned 2 times but held by 1 open requests$"
     ):
         manager.check_invariants()
+
+
+def test_a_lookup_counts_once_at_admission_and_refused_admissions_count_nothing() -> None:
+    manager = KVCacheManager(num_pages=8, page_size=4)
+    manager.open("warm", list(range(8)), max_cached_tokens=8)
+    assert manager.reserve("warm", 8)
+    manager.close("warm", list(range(8)))  # 2 cached pages
+    manager.open("big", [50] * 20, max_cached_tokens=19)
+    assert manager.reserve("big", 20)  # 5 pages: 1 free page and 2 cached pages remain
+    before = snapshot(manager)
+    assert before[0] == CacheStats(2, 0, 28, 2, 0, 5, 2, 5)
+    prompt = [*range(8), *[60] * 16]  # 24 tokens; the first 8 are cached
+    for _ in range(2):  # opened, no room (6 pages wanted, 1 free + 1 evictable), closed
+        assert manager.open("late", prompt, max_cached_tokens=23) == 8
+        assert not manager.reserve("late", 24)
+        manager.close("late")
+        assert snapshot(manager) == before  # every counter, the peak included
+    manager.close("big")
+    assert manager.open("late", prompt, max_cached_tokens=23) == 8
+    assert manager.stats() == CacheStats(2, 0, 28, 2, 0, 2, 2, 5)  # pinned, not yet counted
+    assert manager.reserve("late", 24)
+    assert manager.reserve("late", 28)  # a later reserve is not a second lookup
+    stats = manager.stats()
+    assert (stats.lookups, stats.hit_tokens, stats.missed_tokens) == (3, 8, 28 + 16)
+    assert stats.hit_rate == 8 / 52
+    # A request opened without counting (a preempted sequence's return) adds nothing.
+    manager.close("late")
+    assert manager.open("again", prompt, max_cached_tokens=23, count_lookup=False) == 8
+    assert manager.reserve("again", 24)
+    assert manager.stats().lookups == 3
+    manager.check_invariants()

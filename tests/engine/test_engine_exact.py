@@ -58,6 +58,11 @@ def test_small_pool_evicts_and_preempts(loaded, tiny_model_dir):
     assert_matches_hf(tiny_model_dir, prompts, results)
     assert stats.preemptions > 0
     assert stats.cache.evicted_pages > 0
+    # One lookup per request at its first admission: refused admissions and returns after
+    # preemption add nothing, so the counters agree with the rows' own figures.
+    assert stats.cache.lookups == len(prompts)
+    assert stats.cache.hit_tokens == sum(r.cached_tokens for r in results)
+    assert stats.cache.hit_tokens + stats.cache.missed_tokens == sum(len(p) for p in prompts)
 
 
 def test_small_token_budget_chunks_prefill(loaded, tiny_model_dir):

@@ -15,6 +15,7 @@ import huggingface_hub.constants
 import pytest
 import torch
 import transformers
+from engine.gguf_writer import write_tiny_llama_gguf
 
 from astrai_batch.engine.converted_models import (
     COMPLETE_MARKER,
@@ -35,7 +36,11 @@ from astrai_batch.engine.model_support import check_supported, require_chat_temp
 from astrai_batch.errors import ConfigError, ModelLoadError, UnsupportedModelError
 
 PROMPT = "The quick brown fox jumps over the lazy dog."
-SUPPORTED_LIST = "gemma, granite, llama, mistral, olmo, olmo2, phi3, qwen2, qwen3, smollm3"
+SUPPORTED_LIST = (
+    "apertus, arcee, cohere, ernie4_5, gemma, glm, granite, granitemoe, helium, "
+    "hunyuan_v1_dense, llama, mistral, mixtral, olmo, olmo2, olmo3, olmoe, phi, phi3, qwen2, "
+    "qwen2_moe, qwen3, qwen3_moe, seed_oss, smollm3, starcoder2"
+)
 
 
 def logits_for(loaded: LoadedModel, text: str = PROMPT) -> torch.Tensor:
@@ -333,6 +338,7 @@ def test_packaged_gguf_validation():
     [
         transformers.LlamaConfig(),
         transformers.MistralConfig(sliding_window=None),
+        transformers.MistralConfig(),  # its window is checked against the context at load
         transformers.Qwen2Config(),
         transformers.Qwen3Config(),
         transformers.GemmaConfig(),
@@ -357,29 +363,9 @@ def test_supported_configs(config):
             "model type 't5' is not supported: it is an encoder-decoder model",
         ),
         (
-            transformers.MistralConfig(),
-            "model type 'mistral' is not supported: it uses sliding-window attention "
-            "(sliding_window=4096 < max_position_embeddings=131072)",
-        ),
-        (
-            transformers.Phi3Config(sliding_window=2047, max_position_embeddings=4096),
-            "model type 'phi3' is not supported: it uses sliding-window attention "
-            "(sliding_window=2047 < max_position_embeddings=4096)",
-        ),
-        (
-            # Every layer below max_window_layers is full attention, but the flag is still set.
-            transformers.Qwen2Config(
-                use_sliding_window=True, num_hidden_layers=4, max_window_layers=4
-            ),
-            "model type 'qwen2' is not supported: it uses sliding-window attention "
-            "(use_sliding_window=True)",
-        ),
-        (
-            transformers.Qwen2Config(
-                use_sliding_window=True, num_hidden_layers=4, max_window_layers=2
-            ),
-            "model type 'qwen2' is not supported: it has layers without full attention "
-            "(layer_types: sliding_attention)",
+            transformers.GemmaConfig(use_bidirectional_attention=True),
+            "model type 'gemma' is not supported: it uses bidirectional attention "
+            "(use_bidirectional_attention=True)",
         ),
         (
             transformers.Gemma2Config(),
@@ -441,78 +427,6 @@ def test_require_chat_template(tiny_llama):
 
 
 # --- GGUF: a tiny Llama written as F32 GGUF, converted once into the cache -----------------
-
-
-def write_tiny_llama_gguf(hf_dir: Path, out_path: Path) -> Path:
-    """Write the tiny Llama (weights and tokenizer) as a GGUF file the way llama.cpp does."""
-    import gguf
-
-    model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(hf_dir)
-    config = model.config
-    by_id = {index: token for token, index in tokenizer.get_vocab().items()}
-    tokens = [by_id[index] for index in range(len(by_id))]
-    merges = json.loads((hf_dir / "tokenizer.json").read_text())["model"]["merges"]
-    merges = [" ".join(pair) if isinstance(pair, list) else pair for pair in merges]
-    special = set(tokenizer.all_special_ids)
-    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
-
-    def rope_permute(weight, n_head):
-        # llama.cpp interleaves the rotary halves of q and k; transformers undoes it on load.
-        return (
-            weight.reshape(n_head, 2, weight.shape[0] // n_head // 2, *weight.shape[1:])
-            .swapaxes(1, 2)
-            .reshape(weight.shape)
-        )
-
-    writer = gguf.GGUFWriter(str(out_path), "llama")
-    writer.add_name("tiny llama")
-    writer.add_context_length(config.max_position_embeddings)
-    writer.add_embedding_length(config.hidden_size)
-    writer.add_block_count(config.num_hidden_layers)
-    writer.add_feed_forward_length(config.intermediate_size)
-    writer.add_head_count(heads)
-    writer.add_head_count_kv(kv_heads)
-    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
-    writer.add_rope_freq_base(10000.0)
-    writer.add_rope_dimension_count(config.hidden_size // heads)
-    writer.add_vocab_size(len(tokens))
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("default")
-    writer.add_token_list(tokens)
-    writer.add_token_types([3 if index in special else 1 for index in range(len(tokens))])
-    writer.add_token_merges(merges)
-    writer.add_bos_token_id(tokenizer.bos_token_id)
-    writer.add_eos_token_id(tokenizer.eos_token_id)
-    writer.add_pad_token_id(tokenizer.pad_token_id)
-    writer.add_unk_token_id(tokenizer.unk_token_id)
-    writer.add_chat_template(tokenizer.chat_template)
-    state = {name: tensor.numpy() for name, tensor in model.state_dict().items()}
-    writer.add_tensor("token_embd.weight", state["model.embed_tokens.weight"])
-    for layer in range(config.num_hidden_layers):
-        prefix = f"model.layers.{layer}."
-        names = {
-            "attn_norm": "input_layernorm",
-            "attn_v": "self_attn.v_proj",
-            "attn_output": "self_attn.o_proj",
-            "ffn_norm": "post_attention_layernorm",
-            "ffn_gate": "mlp.gate_proj",
-            "ffn_up": "mlp.up_proj",
-            "ffn_down": "mlp.down_proj",
-        }
-        for gguf_name, hf_name in names.items():
-            writer.add_tensor(f"blk.{layer}.{gguf_name}.weight", state[f"{prefix}{hf_name}.weight"])
-        q = rope_permute(state[f"{prefix}self_attn.q_proj.weight"], heads)
-        k = rope_permute(state[f"{prefix}self_attn.k_proj.weight"], kv_heads)
-        writer.add_tensor(f"blk.{layer}.attn_q.weight", q)
-        writer.add_tensor(f"blk.{layer}.attn_k.weight", k)
-    writer.add_tensor("output_norm.weight", state["model.norm.weight"])
-    writer.add_tensor("output.weight", state["lm_head.weight"])
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return out_path
 
 
 @pytest.fixture(scope="module")

@@ -38,20 +38,24 @@ def test_defaults_are_greedy_and_valid() -> None:
         ({"frequency_penalty": -3}, "frequency_penalty must be in [-2, 2], got -3.0"),
         ({"seed": -1}, "seed must be in [0, 2**63), got -1"),
         ({"seed": 2**63}, "seed must be in [0, 2**63), got 9223372036854775808"),
-        ({"stop": ("ok", "")}, "stop must contain only non-empty strings, got ''"),
-        ({"stop": (3,)}, "stop must contain only non-empty strings, got 3"),
-        ({"stop": ["a"]}, "stop must be a tuple of strings, got list"),
-        ({"stop_token_ids": (1, -2)}, "stop_token_ids must contain only ints >= 0, got -2"),
-        ({"stop_token_ids": (True,)}, "stop_token_ids must contain only ints >= 0, got True"),
-        ({"stop_token_ids": [1]}, "stop_token_ids must be a tuple of ints, got list"),
-        ({"n": True}, "n must be an int, got bool"),
-        ({"max_tokens": 2.0}, "max_tokens must be an int, got float"),
-        ({"seed": False}, "seed must be an int, got bool"),
-        ({"top_k": "5"}, "top_k must be an int, got str"),
-        ({"temperature": True}, "temperature must be a number, got bool"),
-        ({"top_p": "0.9"}, "top_p must be a number, got str"),
-        ({"ignore_eos": 1}, "ignore_eos must be a bool, got int"),
-        ({"logprobs": None}, "logprobs must be a bool, got NoneType"),
+        ({"stop": ("ok", "")}, "stop[1] is empty"),
+        ({"stop": (3,)}, "stop[0] must be a string, got integer"),
+        ({"stop": 3}, "stop must be a string or a list of strings, got integer"),
+        ({"stop": {"a": 1}}, "stop must be a string or a list of strings, got object"),
+        ({"stop_token_ids": (1, -2)}, "stop_token_ids[1] must be a non-negative integer, got -2"),
+        (
+            {"stop_token_ids": (True,)},
+            "stop_token_ids[0] must be a non-negative integer, got boolean",
+        ),
+        ({"stop_token_ids": 5}, "stop_token_ids must be a list of integers, got integer"),
+        ({"n": True}, "n must be an integer, got boolean"),
+        ({"max_tokens": 2.0}, "max_tokens must be an integer, got number"),
+        ({"seed": False}, "seed must be an integer, got boolean"),
+        ({"top_k": "5"}, "top_k must be an integer, got string"),
+        ({"temperature": True}, "temperature must be a number, got boolean"),
+        ({"top_p": "0.9"}, "top_p must be a number, got string"),
+        ({"ignore_eos": 1}, "ignore_eos must be a boolean, got integer"),
+        ({"logprobs": None}, "logprobs must be a boolean, got null"),
     ],
 )
 def test_invalid_values_name_the_field(overrides: dict, message: str) -> None:
@@ -96,7 +100,7 @@ def test_from_dict_rejects_unknown_keys_sorted() -> None:
 def test_from_dict_rejects_a_non_mapping() -> None:
     with pytest.raises(ConfigError) as raised:
         SamplingParams.from_dict([("n", 2)])  # type: ignore[arg-type]
-    assert str(raised.value) == "sampling params must be a mapping, got list"
+    assert str(raised.value) == "sampling params must be an object, got list"
 
 
 def test_from_dict_coerces_lists_to_tuples() -> None:
@@ -113,13 +117,19 @@ def test_from_dict_accepts_a_single_stop_string() -> None:
     assert SamplingParams.from_dict({"stop": "###"}).stop == ("###",)
 
 
+def test_lists_are_stored_as_tuples() -> None:
+    params = SamplingParams(stop=["a"], stop_token_ids=[3])  # type: ignore[arg-type]
+    assert (params.stop, params.stop_token_ids) == (("a",), (3,))
+    assert params == SamplingParams(stop=("a",), stop_token_ids=(3,))
+
+
 def test_from_dict_type_checks() -> None:
     with pytest.raises(ConfigError) as raised:
         SamplingParams.from_dict({"max_tokens": True})
-    assert str(raised.value) == "max_tokens must be an int, got bool"
+    assert str(raised.value) == "max_tokens must be an integer, got boolean"
     with pytest.raises(ConfigError) as raised:
         SamplingParams.from_dict({"stop_token_ids": "12"})
-    assert str(raised.value) == "stop_token_ids must be a tuple of ints, got str"
+    assert str(raised.value) == "stop_token_ids must be a list of integers, got string"
 
 
 def test_from_dict_of_empty_mapping_is_the_default() -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from astrai_batch.cache import KVCacheManager
+from astrai_batch.cache import CacheStats, KVCacheManager
 from astrai_batch.engine.config import EngineConfig
 from astrai_batch.engine.sampling import SequenceSampler
 from astrai_batch.engine.sampling_params import SamplingParams
@@ -107,4 +107,42 @@ def test_out_of_pages_preempts_the_newest_and_it_resumes_first():
     assert [(w.seq.seq_id, w.num_tokens) for w in out.work] == [(0, 1)]
     assert scheduler.waiting == [second]
     assert second.num_computed == 0 and second.was_preempted
+    cache.check_invariants()
+
+
+def test_refused_admissions_and_returns_after_preemption_count_no_lookup():
+    # The figures: a 24-token prompt refused twice, then admitted, was counted three
+    # times (72 missed tokens); it is one lookup of 24 missed tokens.
+    cache = KVCacheManager(num_pages=8, page_size=PAGE)
+    scheduler = Scheduler(EngineConfig(page_size=PAGE, max_num_batched_tokens=64), cache)
+    running = make_seq(0, list(range(100, 120)))  # 5 of the 8 pages
+    late = make_seq(1, list(range(200, 224)))  # needs 6 pages
+    scheduler.add(running)
+    scheduler.add(late)
+    assert run_step(scheduler) == [(0, 20)]  # late is opened, refused pages, closed
+    assert run_step(scheduler) == []  # and again
+    assert cache.stats() == CacheStats(
+        lookups=1,
+        hit_tokens=0,
+        missed_tokens=20,
+        inserted_pages=5,
+        pages_in_use=5,
+        cached_pages=5,
+        peak_pages_in_use=5,
+    )
+    scheduler.finish(running)
+    assert run_step(scheduler) == [(1, 24)]  # 3 free pages + 3 of running's evicted
+    stats = cache.stats()
+    assert (stats.lookups, stats.hit_tokens, stats.missed_tokens) == (2, 0, 44)
+    assert (stats.evicted_pages, stats.peak_pages_in_use) == (3, 6)
+
+    # Preempted and admitted again: the return hits the pages it published, but the
+    # sequence's lookup was counted at its first admission, so nothing is added.
+    late.tokens.extend([7] * 9)  # as if sampled: it now needs 9 pages, the pool has 8
+    assert scheduler.schedule().preempted == 1
+    late.tokens[24:] = [7]
+    assert run_step(scheduler) == [(1, 1)]
+    assert late.cached_tokens == 0
+    stats = cache.stats()
+    assert (stats.lookups, stats.hit_tokens, stats.missed_tokens) == (2, 0, 44)
     cache.check_invariants()

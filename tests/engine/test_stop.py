@@ -3,11 +3,13 @@ from __future__ import annotations
 import random
 
 import pytest
+from engine.stop_reference import prefix_texts, vllm_stop
 
 from astrai_batch.engine.stop import (
     REPLACEMENT_CHAR,
     IncrementalDetokenizer,
     StopStringMatcher,
+    StopStringTracker,
 )
 from astrai_batch.errors import ConfigError
 
@@ -225,3 +227,34 @@ def test_sentencepiece_style_spaces_match_whole_decoding() -> None:
     assert pieces[0] == "the"
     assert detokenizer.text == tokenizer.decode(ids, skip_special_tokens=True)
     assert detokenizer.text == "the lazy dog jumps over a brown fox"
+
+
+# -- StopStringTracker: min_tokens holds stop strings off ------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_tracker_stops_where_vllm_does_with_min_tokens(tiny_tokenizer, seed: int) -> None:
+    rng = random.Random(seed)
+    # Tokens that decode to short plain ASCII, so whole-prefix decodes are the stable text.
+    plain = [
+        token_id
+        for token_id in range(3, len(tiny_tokenizer))
+        if (text := tiny_tokenizer.decode([token_id])).isascii() and text.isprintable()
+    ]
+    stopped = 0
+    for _ in range(60):
+        ids = [rng.choice(plain) for _ in range(rng.randint(1, 12))]
+        texts = prefix_texts(tiny_tokenizer, ids)
+        full = texts[-1]
+        start = rng.randrange(len(full))
+        stop = full[start : start + rng.randint(1, 4)]
+        min_tokens = rng.randint(0, len(ids))
+        tracker = StopStringTracker(tiny_tokenizer, [stop], min_tokens)
+        got = None
+        for count, token_id in enumerate(ids, start=1):
+            if tracker.append(token_id):
+                got = (count, tracker.text)
+                break
+        assert got == vllm_stop(texts, stop, min_tokens), (ids, stop, min_tokens)
+        stopped += got is not None
+    assert 0 < stopped < 60  # both outcomes occur

@@ -74,10 +74,10 @@ def test_parquet_columns(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
-        ({"json_schema": [1]}, "json_schema must be an object or JSON text of one, got array"),
+        ({"json_schema": [1]}, "json_schema must be an object, got list"),
         (
             {"json_schema": '"text"'},
-            "json_schema must be an object or JSON text of one, got string",
+            "json_schema must be an object, got string",
         ),
         (
             {"json_schema": "{nope"},
@@ -99,17 +99,18 @@ def test_bad_constraint_columns_are_row_errors(write_jsonl, fields, message) -> 
     assert rows[1].error == message
 
 
-def openai_line(response_format: Any) -> dict[str, Any]:
+def openai_line(response_format: Any, custom_id: str = "r") -> dict[str, Any]:
     body = {"messages": [{"role": "user", "content": "hi"}], "response_format": response_format}
-    return {"custom_id": "r", "method": "POST", "url": "/v1/chat/completions", "body": body}
+    return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions", "body": body}
 
 
 def test_openai_response_format(write_jsonl) -> None:
     lines = [
-        openai_line({"type": "text"}),
-        openai_line({"type": "json_object"}),
+        openai_line({"type": "text"}, "a"),
+        openai_line({"type": "json_object"}, "b"),
         openai_line(
-            {"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA, "strict": True}}
+            {"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA, "strict": True}},
+            "c",
         ),
     ]
     rows = rows_of(write_jsonl, lines)
@@ -131,7 +132,7 @@ def test_openai_response_format(write_jsonl) -> None:
         ({"type": "json_schema"}, "body.response_format.json_schema is missing"),
         (
             {"type": "json_schema", "json_schema": []},
-            "body.response_format.json_schema must be an object, got array",
+            "body.response_format.json_schema must be an object, got list",
         ),
         (
             {"type": "json_schema", "json_schema": {"name": "x", "schema": "{}"}},
@@ -140,5 +141,7 @@ def test_openai_response_format(write_jsonl) -> None:
     ],
 )
 def test_bad_response_format_is_a_row_error(write_jsonl, response_format, message) -> None:
-    rows = rows_of(write_jsonl, [openai_line({"type": "text"}), openai_line(response_format)])
+    rows = rows_of(
+        write_jsonl, [openai_line({"type": "text"}, "a"), openai_line(response_format, "b")]
+    )
     assert rows[1].error == message

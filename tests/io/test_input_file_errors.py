@@ -150,7 +150,21 @@ def test_parquet_column_of_the_wrong_type(tmp_path: Path) -> None:
 def test_directory_files_must_share_the_columns(tmp_path: Path) -> None:
     parquet(tmp_path / "a.parquet", {"prompt": ["x"], "tag": ["t"]})
     parquet(tmp_path / "b.parquet", {"text": ["y"], "tag": ["t"]})
-    with raises(InputError, "b.parquet has no column 'prompt', which the first file a.parquet has"):
+    with raises(InputError, NO_PROMPT.format(name="b.parquet", columns="text, tag")):
+        open_input(tmp_path)
+
+
+def test_directory_files_must_agree_on_id_columns(tmp_path: Path) -> None:
+    parquet(tmp_path / "a.parquet", {"prompt": ["x"], "id": ["a"]})
+    parquet(tmp_path / "b.parquet", {"prompt": ["y"]})
+    with raises(InputError, "b.parquet has no column 'id', which the first file a.parquet has"):
+        open_input(tmp_path)
+    # Ids in a later file only: the first file's rows would get numbers that could collide.
+    (tmp_path / "a.parquet").unlink()
+    parquet(tmp_path / "c.parquet", {"prompt": ["z"], "id": ["c"]})
+    with raises(
+        InputError, "c.parquet has an id column 'id', which the first file b.parquet lacks"
+    ):
         open_input(tmp_path)
 
 

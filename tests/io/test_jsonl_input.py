@@ -13,14 +13,14 @@ from astrai_batch.io import InputRow, open_input
 
 
 def test_prompt_rows(write_jsonl) -> None:
-    path = write_jsonl("in.jsonl", [{"prompt": "Hello", "id": 5}, {"prompt": "World"}])
+    path = write_jsonl("in.jsonl", [{"prompt": "Hello", "id": 5}, {"prompt": "World", "id": "w"}])
     source = open_input(path)
     assert (source.format, source.shape) == ("jsonl", "prompt")
     assert source.columns() == ["prompt", "id"]
     assert source.count_rows() == 2
     assert list(source.iter_rows()) == [
         InputRow(index=0, id="5", prompt="Hello"),
-        InputRow(index=1, id="1", prompt="World"),
+        InputRow(index=1, id="w", prompt="World"),
     ]
 
 
@@ -85,7 +85,7 @@ def test_blank_lines_are_not_rows_and_line_numbers_stay_physical(write_jsonl) ->
     ]
 
 
-def test_shape_comes_from_the_first_object_line(write_jsonl) -> None:
+def test_lines_that_are_not_objects_are_error_rows(write_jsonl) -> None:
     path = write_jsonl(
         "in.jsonl", ["not json", "[1, 2]", {"messages": [{"role": "u", "content": "x"}]}]
     )
@@ -94,7 +94,7 @@ def test_shape_comes_from_the_first_object_line(write_jsonl) -> None:
     assert source.columns() == ["messages"]
     assert [row.error for row in source.iter_rows()] == [
         "line 1: invalid JSON: Expecting value at column 1",
-        "line 2: expected a JSON object, got array",
+        "line 2: expected a JSON object, got list",
         None,
     ]
 
@@ -107,23 +107,21 @@ def test_ids_from_custom_id_and_id_column(write_jsonl) -> None:
             {"prompt": "b", "custom_id": "c-2", "key": None},
         ],
     )
-    assert [row.id for row in open_input(path).iter_rows()] == ["c-1", "c-2"]
-    assert [row.id for row in open_input(path, id_column="key").iter_rows()] == ['{"k": 1}', "1"]
+    rows = list(open_input(path).iter_rows())
+    assert [(row.id, row.custom_id) for row in rows] == [("c-1", "c-1"), ("c-2", "c-2")]
+    rows = list(open_input(path, id_column="key").iter_rows())
+    assert [(row.id, row.custom_id, row.error) for row in rows] == [
+        ('{"k": 1}', "c-1", None),
+        (None, "c-2", "key is missing"),
+    ]
 
 
 def test_overrides_and_keep_columns_as_json_text(write_jsonl) -> None:
     path = write_jsonl(
         "in.jsonl",
         [
-            # Columns are the first object's keys, so `label` is named there (as null).
-            {
-                "prompt": "a",
-                "temperature": 0,
-                "stop": ["x"],
-                "n": None,
-                "meta": {"a": [1, 2]},
-                "label": None,
-            },
+            # Columns are the keys of every line: `label` first appears on the second.
+            {"prompt": "a", "temperature": 0, "stop": ["x"], "n": None, "meta": {"a": [1, 2]}},
             {"prompt": "b", "label": "keep me", "meta": 3},
             {"prompt": "c", "meta": True},
         ],
@@ -163,27 +161,30 @@ def test_start_equals_the_tail(write_jsonl, compress: bool) -> None:
         assert list(source.iter_rows(start)) == rows[start:]
 
 
-def test_rows_stream_before_a_corrupt_tail_is_reached(tmp_path: Path) -> None:
-    # 200k rows, gzip-compressed, with the last bytes of the stream cut off: a reader that
-    # loaded or decompressed everything first would fail before yielding anything.
-    text = "".join(f'{{"prompt": "row {i}", "id": {i}}}\n' for i in range(200_000))
+def test_a_corrupt_tail_fails_the_open_before_any_row(tmp_path: Path) -> None:
+    # Opening reads the file once through (ids, row count), so a truncated gzip stream is a
+    # problem of the input as a whole, found before any row runs.
+    text = "".join(f'{{"prompt": "row {i}", "id": {i}}}\n' for i in range(20_000))
     data = gzip.compress(text.encode(), compresslevel=1)
     path = tmp_path / "big.jsonl.gz"
     path.write_bytes(data[: len(data) - 64])
-    source = open_input(path)
-    rows = source.iter_rows()
-    assert inspect.isgenerator(rows)
-    assert list(itertools.islice(rows, 3)) == [
-        InputRow(index=0, id="0", prompt="row 0"),
-        InputRow(index=1, id="1", prompt="row 1"),
-        InputRow(index=2, id="2", prompt="row 2"),
-    ]
     with pytest.raises(
         InputError,
         match=r"^cannot read big\.jsonl\.gz: Compressed file ended before the end-of-stream "
         r"marker was reached$",
     ):
-        source.count_rows()
+        open_input(path)
+
+
+def test_rows_stream(tmp_path: Path) -> None:
+    path = tmp_path / "in.jsonl"
+    path.write_text("".join(f'{{"prompt": "row {i}", "id": {i}}}\n' for i in range(5)))
+    rows = open_input(path).iter_rows(start=2)
+    assert inspect.isgenerator(rows)
+    assert list(itertools.islice(rows, 2)) == [
+        InputRow(index=2, id="2", prompt="row 2"),
+        InputRow(index=3, id="3", prompt="row 3"),
+    ]
 
 
 def test_fingerprint(write_jsonl) -> None:

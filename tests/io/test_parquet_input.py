@@ -67,23 +67,33 @@ def test_token_id_rows(tmp_path: Path) -> None:
     ]
 
 
-def test_shape_priority_prefers_messages_over_token_ids_over_prompt(tmp_path: Path) -> None:
+def test_each_row_has_its_own_shape_messages_over_token_ids_over_prompt(tmp_path: Path) -> None:
     path = write(
         tmp_path / "in.parquet",
         {
-            "prompt": ["p"],
-            "prompt_token_ids": [[5]],
-            "messages": [[{"role": "user", "content": "m"}]],
+            "prompt": ["p", "p", "p", None],
+            "prompt_token_ids": [[5], None, [6], None],
+            "messages": [[{"role": "user", "content": "m"}], None, None, None],
         },
     )
-    assert open_input(path).shape == "messages"
+    source = open_input(path)
+    assert source.shape == "mixed"
+    assert list(source.iter_rows()) == [
+        InputRow(index=0, id="0", messages=({"role": "user", "content": "m"},)),
+        InputRow(index=1, id="1", prompt="p"),  # a null messages beside a prompt
+        InputRow(index=2, id="2", prompt_token_ids=(6,)),
+        InputRow(index=3, id="3", error="messages is missing"),
+    ]
     path = write(tmp_path / "in2.parquet", {"prompt": ["p"], "prompt_token_ids": [[5]]})
-    assert open_input(path).shape == "prompt_token_ids"
+    assert [row.prompt_token_ids for row in open_input(path).iter_rows()] == [(5,)]
 
 
 def test_ids_from_id_custom_id_id_column_and_row_number(tmp_path: Path) -> None:
     path = write(tmp_path / "ids.parquet", {"prompt": ["a", "b"], "id": [7, None]})
-    assert [row.id for row in open_input(path).iter_rows()] == ["7", "1"]
+    assert list(open_input(path).iter_rows()) == [
+        InputRow(index=0, id="7", prompt="a"),
+        InputRow(index=1, id=None, error="id is missing"),
+    ]
 
     path = write(tmp_path / "cid.parquet", {"prompt": ["a", "b"], "custom_id": ["x", "y"]})
     assert [row.id for row in open_input(path).iter_rows()] == ["x", "y"]

@@ -10,16 +10,16 @@ from astrai_batch.io import InputRow, open_input
 
 PROMPT_CASES = [
     ('{"prompt": null}', "prompt is missing"),
-    ('{"other": 1}', "prompt is missing"),
+    ('{"other": 1}', "row has no prompt, messages, prompt_token_ids or body"),
     ('{"prompt": ""}', "prompt is empty"),
-    ('{"prompt": 5}', "prompt must be a string, got int"),
+    ('{"prompt": 5}', "prompt must be a string, got integer"),
     ('{"prompt": ["a"]}', "prompt must be a string, got list"),
-    ('{"prompt": {"text": "a"}}', "prompt must be a string, got dict"),
+    ('{"prompt": {"text": "a"}}', "prompt must be a string, got object"),
     ("nope", "line 2: invalid JSON: Expecting value at column 1"),
     ('{"prompt" "a"}', "line 2: invalid JSON: Expecting ':' delimiter at column 11"),
-    ("[1, 2]", "line 2: expected a JSON object, got array"),
+    ("[1, 2]", "line 2: expected a JSON object, got list"),
     ('"text"', "line 2: expected a JSON object, got string"),
-    ("3", "line 2: expected a JSON object, got number"),
+    ("3", "line 2: expected a JSON object, got integer"),
     ("null", "line 2: expected a JSON object, got null"),
     ("true", "line 2: expected a JSON object, got boolean"),
 ]
@@ -27,28 +27,39 @@ PROMPT_CASES = [
 MESSAGE_CASES = [
     ('{"messages": null}', "messages is missing"),
     ('{"messages": []}', "messages is empty"),
-    ('{"messages": "hi"}', "messages must be a list of {role, content} objects, got str"),
-    ('{"messages": ["hi"]}', "messages must be a list of {role, content} objects: item 0 is str"),
+    ('{"messages": "hi"}', "messages must be a list of {role, content} objects, got string"),
+    ('{"messages": ["hi"]}', "messages[0] must be a {role, content} object, got string"),
     (
         '{"messages": [{"role": "user", "content": "a"}, {"content": "b"}]}',
-        "messages must be a list of {role, content} objects: item 1 has no role",
+        "messages[1] has no role",
     ),
     (
         '{"messages": [{"role": "user"}]}',
-        "messages must be a list of {role, content} objects: item 0 has no string content",
+        "messages[0] has no content",
     ),
     (
         '{"messages": [{"role": "user", "content": 3}]}',
-        "messages must be a list of {role, content} objects: item 0 has no string content",
+        "messages[0] content must be a string or a list of text parts, got integer",
     ),
     (
         '{"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}',
-        "messages must be a list of {role, content} objects: item 0 has a image_url content "
-        "part; only text is supported",
+        "messages[0] has a image_url content part; only text is supported",
     ),
     (
         '{"messages": [{"role": "user", "content": [{"type": "text"}]}]}',
-        "messages must be a list of {role, content} objects: item 0 has no string content",
+        "messages[0] content[0] has no text",
+    ),
+    (
+        '{"messages": [{"role": "user", "content": []}]}',
+        "messages[0] has no content",
+    ),
+    (
+        '{"messages": [{"role": "user", "content": ["a"]}]}',
+        "messages[0] content[0] must be a text part object, got string",
+    ),
+    (
+        '{"messages": [{"role": 1, "content": "a"}]}',
+        "messages[0] role must be a string, got integer",
     ),
 ]
 
@@ -57,24 +68,24 @@ TOKEN_CASES = [
     ('{"prompt_token_ids": []}', "prompt_token_ids is empty"),
     (
         '{"prompt_token_ids": "1 2"}',
-        "prompt_token_ids must be a list of non-negative ints, got str",
+        "prompt_token_ids must be a list of non-negative integers, got string",
     ),
     (
         '{"prompt_token_ids": [1, -1]}',
-        "prompt_token_ids must be a list of non-negative ints: item 1 is -1",
+        "prompt_token_ids[1] must be a non-negative integer, got -1",
     ),
     (
         '{"prompt_token_ids": [true]}',
-        "prompt_token_ids must be a list of non-negative ints: item 0 is True",
+        "prompt_token_ids[0] must be a non-negative integer, got boolean",
     ),
     (
         '{"prompt_token_ids": [1.5]}',
-        "prompt_token_ids must be a list of non-negative ints: item 0 is 1.5",
+        "prompt_token_ids[0] must be a non-negative integer, got number",
     ),
 ]
 
 FIRST_LINES = {
-    "prompt": '{"prompt": "ok", "tag": "t0", "id": "first"}',
+    "prompt": '{"prompt": "ok", "tag": "t0"}',
     "messages": '{"messages": [{"role": "user", "content": "ok"}], "tag": "t0"}',
     "prompt_token_ids": '{"prompt_token_ids": [1], "tag": "t0"}',
 }
@@ -104,10 +115,24 @@ def test_bad_row_message(tmp_path: Path, shape: str, line: str, message: str) ->
 
 
 def test_error_rows_keep_their_id_and_kept_values(tmp_path: Path) -> None:
-    row = second_row(tmp_path, "prompt", '{"prompt": 1, "id": "x", "tag": "t1", "seed": 3}')
-    assert row == InputRow(
-        index=1, id="x", kept={"tag": "t1"}, error="prompt must be a string, got int"
+    path = tmp_path / "in.jsonl"
+    path.write_text(
+        '{"prompt": "ok", "id": "a", "tag": "t0"}\n'
+        '{"prompt": 1, "id": "x", "tag": "t1", "seed": 3}\n'
+        "{\n"
     )
+    rows = list(open_input(path, keep_columns=["tag"]).iter_rows())
+    assert rows[1] == InputRow(
+        index=1, id="x", kept={"tag": "t1"}, error="prompt must be a string, got integer"
+    )
+    # The input has ids, so an unreadable line's id is unknown: none, never its row number.
+    assert rows[2] == InputRow(
+        index=2,
+        id=None,
+        kept={"tag": None},
+        error="line 3: invalid JSON: Expecting property name enclosed in double quotes at column 2",
+    )
+    # Without ids anywhere, rows are numbered, unreadable ones included.
     unreadable = second_row(tmp_path, "prompt", "{")
     assert unreadable == InputRow(
         index=1,

@@ -35,18 +35,37 @@ def test_kind() -> None:
     assert InputRow(index=0, id="0", prompt_token_ids=(1,)).kind == "completion"
 
 
+def test_valid_row_has_an_id() -> None:
+    with pytest.raises(ValueError, match=r"^a valid row has an id$"):
+        InputRow(index=0, id=None, prompt="a")
+    assert InputRow(index=0, id=None, error="id is missing").id is None
+
+
 def test_row_plan_validation() -> None:
-    with pytest.raises(ValueError, match=r"^shape must be one of prompt, messages, "):
-        RowPlan(shape="csv", prompt_field="p", id_field=None)
-    with pytest.raises(ValueError, match=r"^prompt_field must be a non-empty column name$"):
-        RowPlan(shape="prompt", prompt_field="", id_field=None)
+    with pytest.raises(ValueError, match=r"^prompt_column_shape must be prompt, messages or "):
+        RowPlan(prompt_column="p", prompt_column_shape="openai")
+    with pytest.raises(ValueError, match=r"^prompt_column must be a non-empty column name$"):
+        RowPlan(prompt_column="")
     with pytest.raises(ValueError, match=r"^keep_columns has duplicates: \['a', 'a'\]$"):
-        RowPlan(shape="prompt", prompt_field="p", id_field=None, keep_columns=("a", "a"))
+        RowPlan(keep_columns=("a", "a"))
 
 
 def test_source_columns_lists_only_what_exists() -> None:
-    plan = RowPlan(shape="prompt", prompt_field="text", id_field="uid", keep_columns=("tag",))
-    available = ["tag", "other", "seed", "text", "uid", "stop"]
-    assert plan.source_columns(available) == ["text", "seed", "stop", "uid", "tag"]
-    openai = RowPlan(shape="openai", prompt_field="body", id_field="custom_id")
-    assert openai.source_columns(["body", "custom_id", "seed"]) == ["custom_id", "body"]
+    plan = RowPlan(prompt_column="text", id_column="uid", keep_columns=("tag",))
+    available = ["tag", "other", "seed", "text", "uid", "stop", "custom_id", "ignore_eos"]
+    assert plan.source_columns(available) == [
+        "text",
+        "seed",
+        "stop",
+        "ignore_eos",
+        "uid",
+        "custom_id",
+        "tag",
+    ]
+    per_row = RowPlan()
+    assert per_row.source_columns(["body", "custom_id", "seed", "prompt", "x"]) == [
+        "prompt",
+        "custom_id",
+        "body",
+        "seed",
+    ]

@@ -9,7 +9,7 @@ from astrai_batch.errors import ConfigError
 from astrai_batch.io import RESULT_SCHEMA, STATS_SCHEMA, result_schema
 
 BASE = [
-    ("id", "string", False),
+    ("id", "string", True),
     ("sample_index", "int32", False),
     ("completion", "string", True),
     ("finish_reason", "string", False),

@@ -80,7 +80,7 @@ def test_row_params_apply_overrides_or_explain_them() -> None:
     )
     assert (
         row_params(base, {"top_k": "3"})
-        == "invalid sampling parameters: top_k must be an int, got str"
+        == "invalid sampling parameters: top_k must be an integer, got string"
     )
     assert row_params(base, {"n": 0}) == "invalid sampling parameters: n must be >= 1, got 0"
 
@@ -148,11 +148,10 @@ def test_prepare_window_without_grouping_runs_in_input_order(tiny_tokenizer) -> 
         page_size=16,
         group_offset=0,
         grouping=False,
-        row_ids_as_custom_ids=False,
     )
     assert window.order == (0, 1, 2)
     assert [row.prefix_group for row in window.rows] == [0, 1, 2]
-    assert [row.custom_id for row in window.rows] == [None, None, None]
+    assert [row.custom_id for row in window.rows] == ["0", "1", "2"]  # their row ids
 
 
 def test_prepared_row_is_runnable_or_failed() -> None:
