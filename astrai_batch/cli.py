@@ -1,8 +1,9 @@
 """The command line: a thin click layer over `jobs/`.
 
-Exit codes of `run`: 0 success, 1 the job failed (or was aborted by --max-errors),
-2 usage error, 3 finished with failed rows when --fail-on-row-errors is given, 130 / 143
-interrupted by SIGINT / SIGTERM (rerun the same command to resume).
+Exit codes of `run`: 0 success, 1 the job failed (could not start, every row failed, or
+aborted by --max-errors), 2 usage error, 3 finished with failed rows when
+--fail-on-row-errors is given, 130 / 143 interrupted by SIGINT / SIGTERM (rerun the same
+command to resume).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import click
 from click.core import ParameterSource
 
 from astrai_batch import __version__
+from astrai_batch.engine.config import KV_LAYOUTS
 from astrai_batch.errors import AstraiBatchError, ConfigError
 from astrai_batch.jobs.config import DEFAULT_MODEL, OUTPUT_FORMATS, JobConfig, load_toml_options
 
@@ -35,6 +37,19 @@ def _option(flag: str, default: Any = None, help: str | None = None, **kwargs: A
     return click.option(flag, default=default, show_default=shown, help=help, **kwargs)
 
 
+def _model_source_options() -> list[Any]:
+    """Where a model's files come from: shared by `run` and `plan`."""
+    return [
+        _option("--revision", None, "Branch, tag or commit of a hub model."),
+        _option(
+            "--trust-remote-code",
+            help="Allow a model's own Python code to run while it loads.",
+            is_flag=True,
+            default=False,
+        ),
+    ]
+
+
 def _run_options(function: Any) -> Any:
     """The options of `run`, each named as its JobConfig / TOML key."""
     d, s = _DEFAULTS, _DEFAULTS.sampling
@@ -44,6 +59,7 @@ def _run_options(function: Any) -> Any:
         _option("--config", None, "TOML file of options (flags win).", type=path),
         # Model and engine.
         _option("--model", d.model, "Model directory, .gguf file, alias or hub id."),
+        *_model_source_options(),
         _option("--device", d.device),
         _option("--dtype", d.dtype, "float32, bfloat16, float16 or auto."),
         _option(
@@ -61,6 +77,20 @@ def _run_options(function: Any) -> Any:
         ),
         _option("--page-size", d.page_size, "Tokens per KV page (prefix-cache unit).", type=int),
         _option("--prefix-cache/--no-prefix-cache", d.prefix_cache, "Reuse shared prefixes."),
+        _option(
+            "--kv-layout",
+            d.kv_layout,
+            "paged: pages on demand, prefix reuse; contiguous: one full-context seat per "
+            "sequence, no prefix reuse.",
+            type=click.Choice(list(KV_LAYOUTS)),
+        ),
+        _option(
+            "--max-model-len",
+            None,
+            "Cap on prompt + output tokens [default: the model's context]; also the size of a "
+            "contiguous seat.",
+            type=int,
+        ),
         _option("--grouping/--no-grouping", d.grouping, "Run shared prefixes together."),
         _option("--group-window", d.group_window, "Rows read and ordered together.", type=int),
         # Input.
@@ -201,12 +231,16 @@ def _explicit_options(ctx: click.Context, params: dict[str, Any]) -> tuple[dict[
 @click.option("--input-format", type=click.Choice(["parquet", "jsonl"]), default=None)
 @click.option("--prompt-column", default=None)
 @click.option("--id-column", default=None)
+@_model_source_options()[0]
+@_model_source_options()[1]
 @click.option("--chat-template-kwargs", default=None, help="As for run: a JSON object.")
 @click.pass_context
 def plan(
     ctx: click.Context,
     input_path: Path,
     model: str,
+    revision: str | None,
+    trust_remote_code: bool,
     page_size: int,
     top: int,
     as_json: bool,
@@ -229,6 +263,8 @@ def plan(
         report = plan_input(
             input_path,
             model=model,
+            revision=revision,
+            trust_remote_code=trust_remote_code,
             page_size=page_size,
             top=top,
             input_format=input_format,

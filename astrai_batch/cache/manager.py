@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 
 from astrai_batch.cache.allocator import PageAllocator
-from astrai_batch.cache.errors import CacheUsageError
+from astrai_batch.cache.errors import CacheUsageError, lookup_open
 from astrai_batch.cache.prefix_index import PrefixIndex
 from astrai_batch.cache.radix_node import PrefixMatch
 from astrai_batch.cache.stats import CacheStats
-from astrai_batch.errors import ConfigError
+from astrai_batch.checks import require_positive_int
 
 
 class _OpenRequest:
@@ -42,8 +42,7 @@ class KVCacheManager:
     """Page allocator + prefix index + request table: the cache API the scheduler calls."""
 
     def __init__(self, num_pages: int, page_size: int, enable_prefix_cache: bool = True) -> None:
-        if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
-            raise ConfigError(f"page_size must be a positive integer, got {page_size!r}")
+        require_positive_int("page_size", page_size)
         self.page_size = page_size
         self.num_pages = num_pages
         self.allocator = PageAllocator(num_pages)
@@ -57,6 +56,14 @@ class KVCacheManager:
         self._inserted_pages = 0
         self._evicted_pages = 0
         self._peak_pages_in_use = 0
+
+    @property
+    def caches_prefixes(self) -> bool:
+        return self.index is not None
+
+    def can_open(self) -> bool:
+        """Always: a paged request takes pages only in `reserve`, which may refuse."""
+        return True
 
     def open(
         self,
@@ -175,23 +182,6 @@ class KVCacheManager:
             self.index.unpin(request.match)
         self.allocator.decref(request.pages)
 
-    def truncate(self, request_id: Hashable, num_tokens: int) -> None:
-        """Give back the pages past the first `num_tokens` positions (not published ones)."""
-        request = self._request(request_id)
-        if num_tokens < 0:
-            raise CacheUsageError(f"num_tokens must be >= 0, got {num_tokens}")
-        published = request.num_published_pages()
-        # A published page is shared and immutable: the next token must not be written into it.
-        if num_tokens < published * self.page_size:
-            raise CacheUsageError(
-                f"cannot truncate request {request_id!r} to {num_tokens} tokens: its first "
-                f"{published * self.page_size} tokens are published to the prefix index"
-            )
-        keep = -(-num_tokens // self.page_size)
-        dropped = request.pages[keep:]
-        del request.pages[keep:]
-        self.allocator.decref(dropped)
-
     def evict(self, num_pages: int) -> list[int]:
         """Free up to `num_pages` cached pages no request uses (LRU leaves first)."""
         if self.index is None:
@@ -277,10 +267,7 @@ class KVCacheManager:
             )
 
     def _request(self, request_id: Hashable) -> _OpenRequest:
-        request = self._requests.get(request_id)
-        if request is None:
-            raise CacheUsageError(f"request {request_id!r} is not open")
-        return request
+        return lookup_open(self._requests, request_id)
 
     def _pages_in_use(self) -> int:
         return self.num_pages - self.num_free_pages() - self.num_evictable_pages()

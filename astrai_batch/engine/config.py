@@ -6,6 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from astrai_batch.cache.layout import KV_LAYOUTS
+from astrai_batch.checks import require_positive_int
 from astrai_batch.errors import ConfigError
 
 
@@ -15,7 +17,8 @@ class EngineConfig:
 
     The pool is sized by `num_pages` when given, else by `kv_cache_memory` bytes, else by
     `default_kv_cache_memory` (2 GiB, or less when `max_num_seqs` sequences of the full context
-    fit in less). `max_model_len` caps prompt + output below the model's own limit.
+    fit in less). `max_model_len` caps prompt + output below the model's own limit; in the
+    contiguous `kv_layout` it is also each seat's size.
     """
 
     page_size: int = 16
@@ -24,6 +27,7 @@ class EngineConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 1024
     enable_prefix_cache: bool = True
+    kv_layout: str = "paged"  # or "contiguous": one seat of max_model_len slots per sequence
     max_model_len: int | None = None
     seed: int = 0
     lookahead: int | None = None  # waiting requests pulled ahead; None = 2 * max_num_seqs
@@ -32,17 +36,21 @@ class EngineConfig:
     default_kv_cache_memory = 2 * 1024**3
 
     def __post_init__(self) -> None:
-        _positive("page_size", self.page_size)
-        _positive("max_num_seqs", self.max_num_seqs)
-        _positive("max_num_batched_tokens", self.max_num_batched_tokens)
-        _positive("max_wait_steps", self.max_wait_steps)
+        require_positive_int("page_size", self.page_size)
+        require_positive_int("max_num_seqs", self.max_num_seqs)
+        require_positive_int("max_num_batched_tokens", self.max_num_batched_tokens)
+        require_positive_int("max_wait_steps", self.max_wait_steps)
         for name in ("num_pages", "kv_cache_memory", "max_model_len", "lookahead"):
             value = getattr(self, name)
             if value is not None:
-                _positive(name, value)
+                require_positive_int(name, value)
         if not isinstance(self.enable_prefix_cache, bool):
             raise ConfigError(
                 f"enable_prefix_cache must be a bool, got {type(self.enable_prefix_cache).__name__}"
+            )
+        if self.kv_layout not in KV_LAYOUTS:
+            raise ConfigError(
+                f"kv_layout must be one of {', '.join(KV_LAYOUTS)}, got {self.kv_layout!r}"
             )
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
             raise ConfigError(f"seed must be a non-negative int, got {self.seed!r}")
@@ -58,10 +66,3 @@ class EngineConfig:
         if unknown:
             raise ConfigError(f"unknown engine option(s): {', '.join(unknown)}")
         return cls(**values)
-
-
-def _positive(name: str, value: object) -> None:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise ConfigError(f"{name} must be an int, got {type(value).__name__}")
-    if value < 1:
-        raise ConfigError(f"{name} must be >= 1, got {value}")

@@ -11,7 +11,7 @@ from collections.abc import Hashable
 
 import torch
 
-from astrai_batch.cache import KVCacheManager, KVPool
+from astrai_batch.cache import KVPool, make_layout
 from astrai_batch.engine.config import EngineConfig
 from astrai_batch.engine.constraints.backend import ConstraintBackend, ConstraintCompileError
 from astrai_batch.engine.constraints.mask_filler import StepMasks
@@ -59,8 +59,13 @@ class EngineCore:
                 most *= config.max_num_seqs * -(-self.max_model_len // config.page_size)
                 budget = min(config.default_kv_cache_memory, most)
             self.pool = KVPool.from_memory_budget(budget, **pool_args)
-        self.cache = KVCacheManager(
-            self.pool.num_pages, config.page_size, enable_prefix_cache=config.enable_prefix_cache
+        self.cache = make_layout(
+            config.kv_layout,
+            num_pages=self.pool.num_pages,
+            page_size=config.page_size,
+            max_model_len=self.max_model_len,
+            max_num_seqs=config.max_num_seqs,
+            enable_prefix_cache=config.enable_prefix_cache,
         )
         self.runner = ModelRunner(loaded.model, self.pool)
         self.scheduler = Scheduler(config, self.cache)

@@ -15,6 +15,10 @@ running sequence always progresses, so that wait is bounded).
 When pages run out, cached pages are evicted first (inside `KVCacheManager.reserve`), then the
 newest running sequences are preempted by recompute: their computed pages are published to the
 prefix index and released, and they go back to the head of the waiting list.
+
+The same scheduler serves both KV layouts (`cache.layout`). In the contiguous one, admission
+also needs a free seat (`can_open`), a seat covers the whole context so `reserve` never fails
+and nothing is preempted for pages, and no prefix is ever cached.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 
-from astrai_batch.cache import KVCacheManager
+from astrai_batch.cache import KVLayout
 from astrai_batch.engine.config import EngineConfig
 from astrai_batch.engine.sequence import Sequence, SequenceStatus
 
@@ -45,12 +49,13 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, cache: KVCacheManager) -> None:
+    def __init__(self, config: EngineConfig, cache: KVLayout) -> None:
         self.config = config
         self.cache = cache
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self.preemptions = 0
+        self.peak_running = 0
         self._inflight_pages: Counter[int] = Counter()
 
     # -- queue ---------------------------------------------------------------------------
@@ -124,7 +129,11 @@ class Scheduler:
             return budget
         admitted: list[Sequence] = []
         for seq, cached in self._admission_order():
-            if budget <= 0 or len(self.running) >= self.config.max_num_seqs:
+            if (
+                budget <= 0
+                or len(self.running) >= self.config.max_num_seqs
+                or not self.cache.can_open()  # the contiguous layout: no free seat
+            ):
                 break
             # Even an aged sequence waits for in-flight pages: the wait ends within a few steps,
             # as the running sequence computing them always progresses, and recomputing them
@@ -153,6 +162,7 @@ class Scheduler:
             work.append(ScheduledWork(seq, num))
             budget -= num
             admitted.append(seq)
+        self.peak_running = max(self.peak_running, len(self.running))
         if admitted:
             ids = {id(s) for s in admitted}
             self.waiting = [s for s in self.waiting if id(s) not in ids]
@@ -194,11 +204,12 @@ class Scheduler:
         return hashes
 
     def _track_inflight(self, seq: Sequence) -> None:
-        if seq.in_prefill:
+        # Without prefix caching a sequence gains nothing by waiting for another's pages.
+        if seq.in_prefill and self.cache.caches_prefixes:
             self._inflight_pages.update(self._inflight_hashes(seq))
 
     def _untrack_inflight(self, seq: Sequence) -> None:
-        if not seq.in_prefill:
+        if not seq.in_prefill or not self.cache.caches_prefixes:
             return
         for value in self._inflight_hashes(seq):
             left = self._inflight_pages[value] - 1

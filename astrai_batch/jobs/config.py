@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from astrai_batch.checks import require_positive_int
+from astrai_batch.engine.config import KV_LAYOUTS
 from astrai_batch.engine.sampling_params import SamplingParams
 from astrai_batch.errors import ConfigError
 from astrai_batch.jobs.constraint_options import CONSTRAINT_OPTIONS, job_constraint
@@ -23,6 +25,7 @@ from astrai_batch.jobs.option_values import (
     parse_json_object,
     parse_size,
 )
+from astrai_batch.jobs.planning import PlanningOptions
 from astrai_batch.json_types import json_type
 
 if sys.version_info >= (3, 11):
@@ -56,12 +59,62 @@ OBJECT_OPTIONS = ("chat_template_kwargs",)
 # The CLI default for max_tokens; SamplingParams' own default happens to agree.
 DEFAULT_MAX_TOKENS = 256
 
+# What a checkpoint shares with the run that resumes it; every option is in exactly one of
+# the three lists (a test checks it), so a new option must be placed deliberately.
+# RESULT_OPTIONS define a row's result: a resume under other values is refused, naming them.
+# The model is compared by its files (`jobs/fingerprint.py`), not by its name, so it is
+# absent here; `device` is compared by its kind (cpu, cuda), not its index. A numerics mode,
+# when one exists, belongs here.
+RESULT_OPTIONS = (
+    "device",
+    "dtype",
+    "revision",
+    "max_model_len",
+    "seed",
+    "input_format",
+    "prompt_column",
+    "id_column",
+    "keep_columns",
+    "chat_template_kwargs",
+    *SAMPLING_OPTIONS,
+)
+# PLANNING_OPTIONS decide the windows and the prefix groups (the `prefix_group` column), not
+# any row's completion. A job is planned once: a resumed run keeps the checkpoint's values
+# (the engine still uses the page size given now for its KV pages).
+PLANNING_OPTIONS = ("page_size", "grouping", "group_window")
+# RUN_OPTIONS may change between runs: memory, sequence and token budgets, the prefix cache
+# and the KV layout change which rows run together and where their KV lives, never a row's
+# result; the rest is operation.
+RUN_OPTIONS = (
+    "model",
+    "trust_remote_code",
+    "threads",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "kv_cache_memory",
+    "prefix_cache",
+    "kv_layout",
+    "output_format",
+    "save_tokens",
+    "overwrite",
+    "restart",
+    "max_errors",
+    "fail_on_row_errors",
+    "checkpoint_rows",
+    "checkpoint_seconds",
+    "progress_seconds",
+    "quiet",
+    "summary_json",
+)
+
 
 @dataclass(frozen=True)
 class JobConfig:
     """Every option of a run. Construct with `from_options`, which parses and checks types."""
 
     model: str = DEFAULT_MODEL
+    revision: str | None = None
+    trust_remote_code: bool = False
     device: str = "cpu"
     dtype: str = "float32"
     threads: int | None = None
@@ -70,6 +123,8 @@ class JobConfig:
     max_num_batched_tokens: int = 1024
     kv_cache_memory: int | None = None
     prefix_cache: bool = True
+    kv_layout: str = "paged"
+    max_model_len: int | None = None
     grouping: bool = True
     group_window: int = 100_000
     seed: int = 0
@@ -100,14 +155,15 @@ class JobConfig:
             if not getattr(self, name).strip():
                 raise ConfigError(f"{name} must not be empty")
         for name in ("page_size", "max_num_seqs", "max_num_batched_tokens", "group_window"):
-            _check_positive_int(name, getattr(self, name))
-        _check_positive_int("checkpoint_rows", self.checkpoint_rows)
-        for name in ("kv_cache_memory", "threads"):
+            require_positive_int(name, getattr(self, name))
+        require_positive_int("checkpoint_rows", self.checkpoint_rows)
+        for name in ("kv_cache_memory", "threads", "max_model_len"):
             if getattr(self, name) is not None:
-                _check_positive_int(name, getattr(self, name))
+                require_positive_int(name, getattr(self, name))
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ConfigError(f"seed must be a non-negative integer, got {self.seed!r}")
         for name in (
+            "trust_remote_code",
             "prefix_cache",
             "grouping",
             "save_tokens",
@@ -121,10 +177,14 @@ class JobConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ConfigError(f"{name} must be a number of seconds > 0, got {value!r}")
-        for name in ("input_format", "prompt_column", "id_column", "summary_json"):
+        for name in ("revision", "input_format", "prompt_column", "id_column", "summary_json"):
             value = getattr(self, name)
             if value is not None:
                 _check_type(name, value, str)
+        if self.kv_layout not in KV_LAYOUTS:
+            raise ConfigError(
+                f"kv_layout must be one of {', '.join(KV_LAYOUTS)}, got {self.kv_layout!r}"
+            )
         if self.input_format is not None and self.input_format not in INPUT_FORMAT_NAMES:
             raise ConfigError(f"input_format must be parquet or jsonl, got {self.input_format!r}")
         if self.output_format not in OUTPUT_FORMATS:
@@ -183,7 +243,19 @@ class JobConfig:
             "max_num_seqs": self.max_num_seqs,
             "max_num_batched_tokens": self.max_num_batched_tokens,
             "enable_prefix_cache": self.prefix_cache,
+            "kv_layout": self.kv_layout,
+            "max_model_len": self.max_model_len,
             "seed": self.seed,
+        }
+
+    def model_options(self) -> dict[str, Any]:
+        """Keyword arguments of `load_model` beside the model itself."""
+        return {
+            "device": self.device,
+            "dtype": self.dtype,
+            "revision": self.revision,
+            "trust_remote_code": self.trust_remote_code,
+            "max_model_len": self.max_model_len,
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -192,7 +264,8 @@ class JobConfig:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if f.name == "sampling":
-                out.update(value.to_dict())
+                # The job seed is `seed`; the sampling params' own seed is a per-row field.
+                out.update({k: v for k, v in value.to_dict().items() if k in SAMPLING_OPTIONS})
             elif f.name == "max_errors":
                 out[f.name] = None if value is None else value.describe()
             else:
@@ -200,26 +273,15 @@ class JobConfig:
         return out
 
     def result_options(self) -> dict[str, Any]:
-        """The options that can change a result row: what a resumed run must share.
+        """The values of `RESULT_OPTIONS`: what a resumed run must share (see there)."""
+        options = self.to_dict()
+        out = {name: options[name] for name in RESULT_OPTIONS}
+        out["device"] = self.device.split(":", 1)[0].strip().lower()
+        return out
 
-        Output format, token saving (checkpoints always keep token ids), error limits and
-        operational settings are left out, so changing them does not block a resume.
-        """
-        operational = {
-            "threads",
-            "output_format",
-            "save_tokens",
-            "overwrite",
-            "restart",
-            "max_errors",
-            "fail_on_row_errors",
-            "checkpoint_rows",
-            "checkpoint_seconds",
-            "progress_seconds",
-            "quiet",
-            "summary_json",
-        }
-        return {k: v for k, v in self.to_dict().items() if k not in operational}
+    def planning_options(self) -> PlanningOptions:
+        """The values of `PLANNING_OPTIONS`, as a new checkpoint records them."""
+        return PlanningOptions.from_dict({name: getattr(self, name) for name in PLANNING_OPTIONS})
 
 
 def load_toml_options(path: str | Path) -> dict[str, Any]:
@@ -251,10 +313,3 @@ def _check_type(name: str, value: Any, expected: type[str] | type[bool]) -> None
     if (expected is not bool and isinstance(value, bool)) or not isinstance(value, expected):
         wanted = "a boolean" if expected is bool else "a string"
         raise ConfigError(f"{name} must be {wanted}, got {json_type(value)}")
-
-
-def _check_positive_int(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"{name} must be an integer, got {json_type(value)}")
-    if value < 1:
-        raise ConfigError(f"{name} must be >= 1, got {value}")

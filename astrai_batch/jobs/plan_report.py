@@ -16,10 +16,11 @@ from typing import Any
 
 from astrai_batch.engine import load_tokenizer
 from astrai_batch.engine.constraints import Constraint
+from astrai_batch.engine.model_support import no_chat_template_message
 from astrai_batch.errors import UnsupportedModelError
 from astrai_batch.io import InputRow, open_input
 from astrai_batch.jobs.prefix_stats import PrefixStats, PrefixStatsBuilder
-from astrai_batch.jobs.tokenize import ENCODE_BATCH_ROWS, PromptEncoder, no_chat_template_message
+from astrai_batch.jobs.tokenize import ENCODE_BATCH_ROWS, PromptEncoder
 from astrai_batch.jobs.window import read_window
 
 PREVIEW_CHARS = 60
@@ -88,6 +89,8 @@ def plan_input(
     input_path: str | os.PathLike[str],
     *,
     model: str,
+    revision: str | None = None,
+    trust_remote_code: bool = False,
     page_size: int = 16,
     top: int = 10,
     input_format: str | None = None,
@@ -99,7 +102,7 @@ def plan_input(
         input_path, input_format=input_format, prompt_column=prompt_column, id_column=id_column
     )
     builder = PrefixStatsBuilder(page_size, top)  # checks page_size and top before loading
-    tokenizer, _ = load_tokenizer(model)
+    tokenizer, _ = load_tokenizer(model, revision=revision, trust_remote_code=trust_remote_code)
     encoder = PromptEncoder(tokenizer, model, chat_template_kwargs=chat_template_kwargs)
     if source.shape == "messages" and not encoder.has_chat_template:
         raise UnsupportedModelError(no_chat_template_message(model))

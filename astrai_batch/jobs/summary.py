@@ -10,7 +10,7 @@ from typing import Any
 from astrai_batch.io import AtomicFile
 from astrai_batch.jobs.stats import WorkStats
 
-STATUSES = ("completed", "completed_with_errors", "interrupted", "aborted")
+STATUSES = ("completed", "completed_with_errors", "failed", "interrupted", "aborted")
 
 
 @dataclass(frozen=True)

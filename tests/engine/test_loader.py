@@ -421,7 +421,7 @@ def test_require_chat_template(tiny_llama):
     with pytest.raises(UnsupportedModelError) as err:
         require_chat_template(plain)
     assert str(err.value) == (
-        f"Model {tiny_llama.name!r} has no chat template, so chat messages cannot be turned "
+        f"model {tiny_llama.name!r} has no chat template, so chat messages cannot be turned "
         "into a prompt; give plain-text prompts or use an instruct/chat model"
     )
 

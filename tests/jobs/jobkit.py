@@ -1,18 +1,21 @@
 """Helpers shared by the job tests: small input files, running the CLI in-process or as a
-process."""
+process, stopping a job part-way (the resume tests)."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 from click.testing import CliRunner, Result
 
 from astrai_batch.cli import main
@@ -92,3 +95,75 @@ def start_process(*args: Any) -> subprocess.Popen[str]:
 def summary_of(stdout: str) -> dict[str, Any]:
     """The JSON summary: the last line of stdout."""
     return json.loads(stdout.strip().splitlines()[-1])
+
+
+# -- resuming: a job of ROWS rows with small windows, stopped part-way ------------------------
+
+ROWS = 120
+
+
+def job_args(model_dir: Path, source: Path, output: Path, *extra: str) -> list[Any]:
+    """Small windows and frequent checkpoints, so every kill lands inside a window; seeded
+    sampling, so rows reproduce only if each keeps its own random stream across restarts."""
+    return [
+        "run",
+        source,
+        output,
+        *engine_args(model_dir),
+        "--group-window",
+        "40",
+        "--checkpoint-rows",
+        "4",
+        "--temperature",
+        "0.8",
+        "--seed",
+        "11",
+        *extra,
+    ]
+
+
+def saved_parts(checkpoint_dir: Path) -> int:
+    try:
+        return len(json.loads((checkpoint_dir / "manifest.json").read_text())["parts"])
+    except (OSError, ValueError):
+        return 0  # not created yet (or, on some filesystems, mid-rename)
+
+
+def saved_rows(checkpoint_dir: Path) -> int:
+    manifest = json.loads((checkpoint_dir / "manifest.json").read_text())
+    return sum(part["stats"]["input_rows"] for part in manifest["parts"])
+
+
+def stop_after_parts(args: list[Any], checkpoint_dir: Path, parts: int, signum: int):
+    """Start the job as a process and send `signum` once the checkpoint lists `parts` parts."""
+    process = start_process(*args)
+    wait_for_parts(process, checkpoint_dir, parts)
+    process.send_signal(signum)
+    stdout, stderr = process.communicate(timeout=60)
+    return process.returncode, stdout, stderr
+
+
+def wait_for_parts(process: subprocess.Popen[str], checkpoint_dir: Path, parts: int) -> None:
+    """Wait until the running job `process` has saved `parts` checkpoint parts."""
+    deadline = time.monotonic() + 120
+    while saved_parts(checkpoint_dir) < parts:
+        if process.poll() is not None:
+            pytest.fail(f"the job ended before {parts} parts: {process.communicate()[1]}")
+        if time.monotonic() > deadline:
+            process.kill()
+            pytest.fail(f"no {parts} checkpoint parts within two minutes")
+        time.sleep(0.01)
+
+
+def comparable(path: Path) -> list[dict[str, Any]]:
+    return [{k: v for k, v in row.items() if k != "cached_tokens"} for row in read_rows(path)]
+
+
+def killed_part_way(model_dir: Path, job: dict[str, Path], parts: int = 3) -> tuple[list[Any], int]:
+    """Run `job` (see the `job` fixture) as a process and kill -9 it once `parts` parts are
+    saved. Returns the job's arguments and the number of rows saved."""
+    args = job_args(model_dir, job["source"], job["output"])
+    returncode, _, _ = stop_after_parts(args, job["checkpoint"], parts, signal.SIGKILL)
+    assert returncode == -signal.SIGKILL
+    assert not job["output"].exists()
+    return args, saved_rows(job["checkpoint"])

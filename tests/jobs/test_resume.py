@@ -9,98 +9,23 @@ from __future__ import annotations
 
 import json
 import signal
-import time
 from pathlib import Path
-from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
 from jobs.jobkit import (
-    engine_args,
+    ROWS,
+    comparable,
+    job_args,
     listing,
     read_rows,
     run_cli,
-    shared_prefix_prompts,
-    start_process,
+    saved_rows,
+    stop_after_parts,
     summary_of,
-    write_jsonl,
 )
 
 from astrai_batch.jobs.checkpoint import Checkpoint
-
-ROWS = 120
-
-
-def job_args(model_dir: Path, source: Path, output: Path, *extra: str) -> list[Any]:
-    """Small windows and frequent checkpoints, so every kill lands inside a window; seeded
-    sampling, so rows reproduce only if each keeps its own random stream across restarts."""
-    return [
-        "run",
-        source,
-        output,
-        *engine_args(model_dir),
-        "--group-window",
-        "40",
-        "--checkpoint-rows",
-        "4",
-        "--temperature",
-        "0.8",
-        "--seed",
-        "11",
-        *extra,
-    ]
-
-
-def saved_parts(checkpoint_dir: Path) -> int:
-    try:
-        return len(json.loads((checkpoint_dir / "manifest.json").read_text())["parts"])
-    except (OSError, ValueError):
-        return 0  # not created yet (or, on some filesystems, mid-rename)
-
-
-def saved_rows(checkpoint_dir: Path) -> int:
-    manifest = json.loads((checkpoint_dir / "manifest.json").read_text())
-    return sum(part["stats"]["input_rows"] for part in manifest["parts"])
-
-
-def stop_after_parts(args: list[Any], checkpoint_dir: Path, parts: int, signum: int):
-    """Start the job as a process and send `signum` once the checkpoint lists `parts` parts."""
-    process = start_process(*args)
-    deadline = time.monotonic() + 120
-    while saved_parts(checkpoint_dir) < parts:
-        if process.poll() is not None:
-            pytest.fail(f"the job ended before {parts} parts: {process.communicate()[1]}")
-        if time.monotonic() > deadline:
-            process.kill()
-            pytest.fail(f"no {parts} checkpoint parts within two minutes")
-        time.sleep(0.01)
-    process.send_signal(signum)
-    stdout, stderr = process.communicate(timeout=60)
-    return process.returncode, stdout, stderr
-
-
-def comparable(path: Path) -> list[dict[str, Any]]:
-    return [{k: v for k, v in row.items() if k != "cached_tokens"} for row in read_rows(path)]
-
-
-@pytest.fixture(scope="module")
-def reference(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The input and the output of an uninterrupted run, shared by the tests here."""
-    directory = tmp_path_factory.mktemp("reference")
-    source = write_jsonl(
-        directory / "in.jsonl",
-        [{"id": f"r{i}", "prompt": p} for i, p in enumerate(shared_prefix_prompts(ROWS))],
-    )
-    output = directory / "out.parquet"
-    result = run_cli(*job_args(tiny_llama_dir, source, output))
-    assert result.exit_code == 0, result.stderr
-    return {"source": source, "reference": output}
-
-
-@pytest.fixture
-def job(reference: dict[str, Path], tmp_path: Path) -> dict[str, Path]:
-    output = tmp_path / "out.parquet"
-    return {**reference, "output": output, "checkpoint": tmp_path / ".out.parquet.ckpt"}
 
 
 def test_kill_9_at_several_points_then_rerun_equals_an_uninterrupted_run(
