@@ -61,7 +61,11 @@ def _run_options(function: Any) -> Any:
         _option("--model", d.model, "Model directory, .gguf file, alias or hub id."),
         *_model_source_options(),
         _option("--device", d.device),
-        _option("--dtype", d.dtype, "float32, bfloat16, float16 or auto."),
+        _option(
+            "--dtype",
+            d.dtype,
+            "float32, bfloat16, float16, or auto (bfloat16 on CUDA, else float32).",
+        ),
         _option(
             "--threads",
             None,
@@ -73,7 +77,14 @@ def _run_options(function: Any) -> Any:
         _option(
             "--kv-cache-memory",
             None,
-            "KV cache size, e.g. 2GiB or 512MiB [default: 2GiB, less if the model needs less].",
+            "KV cache size, e.g. 2GiB or 512MiB [default: 30% of the available RAM on CPU, "
+            "--gpu-memory-utilization on CUDA; less if the model needs less].",
+        ),
+        _option(
+            "--gpu-memory-utilization",
+            d.gpu_memory_utilization,
+            "Share of the GPU's memory for weights, activations and the KV cache (CUDA).",
+            type=float,
         ),
         _option("--page-size", d.page_size, "Tokens per KV page (prefix-cache unit).", type=int),
         _option("--prefix-cache/--no-prefix-cache", d.prefix_cache, "Reuse shared prefixes."),

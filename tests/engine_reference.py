@@ -66,3 +66,29 @@ def hf_greedy(
             )
             outputs.append(out[0, len(prompt) :].tolist())
     return outputs
+
+
+def make_sequence(
+    seq_id: int,
+    tokens: list[int],
+    *,
+    page_size: int,
+    max_tokens: int = 8,
+    arrival: int | None = None,
+):
+    """A greedy engine `Sequence` over `tokens` (request id = seq_id), for scheduler tests."""
+    from astrai_batch.engine.sampling import SequenceSampler
+    from astrai_batch.engine.sampling_params import SamplingParams
+    from astrai_batch.engine.sequence import Sequence
+
+    params = SamplingParams(max_tokens=max_tokens)
+    return Sequence(
+        seq_id=seq_id,
+        request_id=seq_id,
+        sample_index=0,
+        prompt_token_ids=tuple(tokens),
+        params=params,
+        sampler=SequenceSampler(params, tokens),
+        arrival=seq_id if arrival is None else arrival,
+        page_size=page_size,
+    )

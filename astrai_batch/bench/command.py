@@ -46,7 +46,12 @@ _ENGINE = EngineConfig()
     default=None,
     help="CPU threads for torch [default: one per core]; fewer when other work shares them.",
 )
-@click.option("--dtype", default="float32", show_default=True)
+@click.option(
+    "--dtype",
+    default="float32",
+    show_default=True,
+    help="float32, bfloat16, float16, or auto (bfloat16 on CUDA, float32 on CPU).",
+)
 @click.option(
     "--workload",
     default="shared-prefix",
@@ -87,7 +92,19 @@ _ENGINE = EngineConfig()
     "--max-num-batched-tokens", type=int, default=_ENGINE.max_num_batched_tokens, show_default=True
 )
 @click.option("--page-size", type=int, default=_ENGINE.page_size, show_default=True)
-@click.option("--kv-cache-memory", default=None, help="KV cache size, e.g. 2GiB (default 2GiB).")
+@click.option(
+    "--kv-cache-memory",
+    default=None,
+    help="KV cache size, e.g. 2GiB [default: 30% of the available RAM on CPU; on CUDA see "
+    "--gpu-memory-utilization].",
+)
+@click.option(
+    "--gpu-memory-utilization",
+    type=float,
+    default=_ENGINE.gpu_memory_utilization,
+    show_default=True,
+    help="Share of the GPU's memory for weights, activations and the KV cache (CUDA).",
+)
 @click.option("--prefix-cache/--no-prefix-cache", default=True, show_default=True)
 @click.option(
     "--kv-layout",
@@ -178,6 +195,7 @@ def _config(options: dict[str, Any]) -> BenchConfig:
         max_num_batched_tokens=options.pop("max_num_batched_tokens"),
         kv_cache_memory=parse_size(memory) if memory is not None else None,
         enable_prefix_cache=options.pop("prefix_cache"),
+        gpu_memory_utilization=options.pop("gpu_memory_utilization"),
         max_model_len=options.pop("max_model_len"),
     )
     return BenchConfig(

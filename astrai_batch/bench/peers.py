@@ -113,6 +113,7 @@ def _generate_batches(
                 input_ids=input_ids, attention_mask=attention_mask, generation_config=generation
             )
         lengths += [output.shape[1] - input_ids.shape[1]] * len(batch)
+    _synchronize(model.device)  # on CUDA the last kernels may still be queued
     return time.perf_counter() - started, lengths
 
 
@@ -146,6 +147,7 @@ def run_hf_generate_batch(
             # Its warm-up captures CUDA graphs; there are none to capture on a CPU.
             warmup=model.device.type == "cuda",
         )
+        _synchronize(model.device)
         wall = time.perf_counter() - started
     results = list(outputs.values())
     failed = [output for output in results if output.error is not None]
@@ -194,3 +196,8 @@ def _left_padded(
 
 def _compact(values: dict[str, object]) -> str:
     return json.dumps(values, sort_keys=True, separators=(",", ":"))
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

@@ -22,17 +22,23 @@ class _OpenRequest:
     """A request's pages by position, and its pinned match over the published leading pages.
 
     `lookup` holds the (hit, missed) tokens of its `open` until its first successful
-    `reserve`: only then is the request admitted and the lookup counted.
+    `reserve`: only then is the request admitted and the lookup counted. `version` changes
+    whenever `pages` does (see `KVCacheManager.pages_version`).
     """
 
-    __slots__ = ("lookup", "match", "pages")
+    __slots__ = ("lookup", "match", "pages", "version")
 
     def __init__(
-        self, match: PrefixMatch | None, pages: list[int], lookup: tuple[int, int] | None
+        self,
+        match: PrefixMatch | None,
+        pages: list[int],
+        lookup: tuple[int, int] | None,
+        version: int,
     ) -> None:
         self.match = match
         self.pages = pages
         self.lookup = lookup
+        self.version = version
 
     def num_published_pages(self) -> int:
         return 0 if self.match is None else len(self.match.pages)
@@ -56,6 +62,7 @@ class KVCacheManager:
         self._inserted_pages = 0
         self._evicted_pages = 0
         self._peak_pages_in_use = 0
+        self._page_table_stamp = 0  # last version handed out; versions never repeat
 
     @property
     def caches_prefixes(self) -> bool:
@@ -95,7 +102,7 @@ class KVCacheManager:
             pages = list(match.pages)
         hit = 0 if match is None else match.num_tokens
         lookup = (hit, len(tokens) - hit) if count_lookup else None
-        self._requests[request_id] = _OpenRequest(match, pages, lookup)
+        self._requests[request_id] = _OpenRequest(match, pages, lookup, self._next_version())
         return hit
 
     def cached_prefix_length(self, tokens: Sequence[int], max_cached_tokens: int) -> int:
@@ -116,6 +123,8 @@ class KVCacheManager:
         if num_tokens < 0:
             raise CacheUsageError(f"num_tokens must be >= 0, got {num_tokens}")
         missing = -(-num_tokens // self.page_size) - len(request.pages)
+        if missing <= 0 and request.lookup is None:
+            return True  # nothing changes: the common case, every running sequence every step
         if missing > 0:
             shortfall = missing - self.allocator.num_free()
             if shortfall > 0:
@@ -129,6 +138,7 @@ class KVCacheManager:
                     "held outside the manager without a pin"
                 )
             request.pages.extend(new_pages)
+            request.version = self._next_version()
         if request.lookup is not None:
             hit, missed = request.lookup
             request.lookup = None
@@ -167,6 +177,8 @@ class KVCacheManager:
                 switch_to.append(canonical)
                 switch_from.append(own[position])
                 own[position] = canonical
+        if switch_to:
+            request.version = self._next_version()
         self.allocator.incref(switch_to)
         self.allocator.decref(switch_from)
         self._inserted_pages += num_full - first - len(switch_to)
@@ -193,6 +205,17 @@ class KVCacheManager:
     def pages(self, request_id: Hashable) -> list[int]:
         """A copy of the request's page table: page of position p is `pages[p // page_size]`."""
         return list(self._request(request_id).pages)
+
+    def pages_and_version(self, request_id: Hashable) -> tuple[list[int], int]:
+        """`pages` and `pages_version` in one lookup (asked for every sequence every step)."""
+        request = self._request(request_id)
+        return list(request.pages), request.version
+
+    def pages_version(self, request_id: Hashable) -> int:
+        """A stamp that changes whenever the request's page table changes, and that no other
+        page table (of this or any request, before or after) ever had: a caller that keeps a
+        copy of the table rewrites it only when the stamp differs from the copy's."""
+        return self._request(request_id).version
 
     def __contains__(self, request_id: Hashable) -> bool:
         return request_id in self._requests
@@ -265,6 +288,10 @@ class KVCacheManager:
                 f"{in_use} pages are held by requests, but free/evictable counts imply "
                 f"{self._pages_in_use()}"
             )
+
+    def _next_version(self) -> int:
+        self._page_table_stamp += 1
+        return self._page_table_stamp
 
     def _request(self, request_id: Hashable) -> _OpenRequest:
         return lookup_open(self._requests, request_id)

@@ -43,6 +43,8 @@ class SeatTable:
         # Reversed so seats come out in ascending order, which keeps tests readable.
         self._free: list[int] = list(range(self.num_seats - 1, -1, -1))
         self._seat_of: dict[Hashable, int] = {}
+        self._version_of: dict[Hashable, int] = {}  # see `pages_and_version`
+        self._stamp = 0
         self._lookups = 0
         self._missed_tokens = 0
         self._peak_seats = 0
@@ -77,6 +79,8 @@ class SeatTable:
         if not self._free:
             raise CacheUsageError(f"no free seat for request {request_id!r}; check can_open")
         self._seat_of[request_id] = self._free.pop()
+        self._stamp += 1
+        self._version_of[request_id] = self._stamp
         if count_lookup:
             self._lookups += 1
             self._missed_tokens += len(tokens)
@@ -107,10 +111,16 @@ class SeatTable:
         """Free the request's seat; `tokens` is accepted for the paged layout's sake."""
         self._free.append(self._seat(request_id))
         del self._seat_of[request_id]
+        del self._version_of[request_id]
 
     def pages(self, request_id: Hashable) -> list[int]:
         first = self._seat(request_id) * self.seat_pages
         return list(range(first, first + self.seat_pages))
+
+    def pages_and_version(self, request_id: Hashable) -> tuple[list[int], int]:
+        """`pages` and a stamp that changes when they do: a seat's pages are fixed while the
+        request holds it, so the stamp changes only at `open` (and never repeats)."""
+        return self.pages(request_id), self._version_of[request_id]
 
     def __contains__(self, request_id: Hashable) -> bool:
         return request_id in self._seat_of

@@ -16,9 +16,11 @@ class EngineConfig:
     """How the engine batches and how big its KV cache is.
 
     The pool is sized by `num_pages` when given, else by `kv_cache_memory` bytes, else by
-    `default_kv_cache_memory` (2 GiB, or less when `max_num_seqs` sequences of the full context
-    fit in less). `max_model_len` caps prompt + output below the model's own limit; in the
-    contiguous `kv_layout` it is also each seat's size.
+    `memory_budget.default_kv_budget`: on CUDA `gpu_memory_utilization` of the GPU's memory
+    less the weights and a profiled activation peak, on CPU a share of the available RAM;
+    never more than `max_num_seqs` sequences of the full context use. `max_model_len` caps
+    prompt + output below the model's own limit; in the contiguous `kv_layout` it is also
+    each seat's size.
     """
 
     page_size: int = 16
@@ -32,8 +34,7 @@ class EngineConfig:
     seed: int = 0
     lookahead: int | None = None  # waiting requests pulled ahead; None = 2 * max_num_seqs
     max_wait_steps: int = 64  # a waiting request older than this many admissions goes first
-
-    default_kv_cache_memory = 2 * 1024**3
+    gpu_memory_utilization: float = 0.9  # vLLM's meaning: share of the GPU this engine may use
 
     def __post_init__(self) -> None:
         require_positive_int("page_size", self.page_size)
@@ -44,6 +45,7 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None:
                 require_positive_int(name, value)
+        check_utilization(self.gpu_memory_utilization)
         if not isinstance(self.enable_prefix_cache, bool):
             raise ConfigError(
                 f"enable_prefix_cache must be a bool, got {type(self.enable_prefix_cache).__name__}"
@@ -66,3 +68,9 @@ class EngineConfig:
         if unknown:
             raise ConfigError(f"unknown engine option(s): {', '.join(unknown)}")
         return cls(**values)
+
+
+def check_utilization(value: object) -> None:
+    """`gpu_memory_utilization` is a share of the GPU: a number in (0, 1]."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise ConfigError(f"gpu_memory_utilization must be a number in (0, 1], got {value!r}")

@@ -11,12 +11,14 @@ from collections.abc import Hashable
 
 import torch
 
-from astrai_batch.cache import KVPool, make_layout
+from astrai_batch.cache import KVLayout, KVPool, make_layout
 from astrai_batch.engine.config import EngineConfig
 from astrai_batch.engine.constraints.backend import ConstraintBackend, ConstraintCompileError
 from astrai_batch.engine.constraints.mask_filler import StepMasks
 from astrai_batch.engine.constraints.sequence_matchers import SequenceMatchers
+from astrai_batch.engine.forward_timer import ForwardTimer
 from astrai_batch.engine.loader import LoadedModel
+from astrai_batch.engine.memory_budget import capped, default_kv_budget, profile_activation_peak
 from astrai_batch.engine.model_runner import ModelRunner, ScheduledChunk
 from astrai_batch.engine.sampling import SequenceSampler, sample_next_tokens
 from astrai_batch.engine.scheduler import ScheduledWork, Scheduler
@@ -53,11 +55,23 @@ class EngineCore:
         else:
             budget = config.kv_cache_memory
             if budget is None:
-                # never more than max_num_seqs full-length sequences can use
                 page_args = {k: v for k, v in pool_args.items() if k != "device"}
-                most = KVPool.bytes_per_page(**page_args)
-                most *= config.max_num_seqs * -(-self.max_model_len // config.page_size)
-                budget = min(config.default_kv_cache_memory, most)
+                budget = capped(
+                    default_kv_budget(
+                        param.device,
+                        gpu_memory_utilization=config.gpu_memory_utilization,
+                        profile_activation_peak=lambda: profile_activation_peak(
+                            loaded.model,
+                            pool_args,
+                            max_num_batched_tokens=config.max_num_batched_tokens,
+                            max_num_seqs=config.max_num_seqs,
+                            max_model_len=self.max_model_len,
+                        ),
+                    ),
+                    bytes_per_page=KVPool.bytes_per_page(**page_args),
+                    max_num_seqs=config.max_num_seqs,
+                    pages_per_seq=-(-self.max_model_len // config.page_size),
+                )
             self.pool = KVPool.from_memory_budget(budget, **pool_args)
         self.cache = make_layout(
             config.kv_layout,
@@ -79,6 +93,7 @@ class EngineCore:
         self._finished = 0
         self._failed = 0
         self._forward_seconds = 0.0
+        self._pending_timers: list[ForwardTimer] = []  # forwards not yet read (see step)
         self._busy_seconds = 0.0
 
     # -- requests ------------------------------------------------------------------------
@@ -170,33 +185,34 @@ class EngineCore:
                     f"running={len(self.scheduler.running)})"
                 )
             return []
-        chunks = [self._chunk(item) for item in plan.work]
-        sampling = [item for item in plan.work if item.completes_known_tokens]
+        chunks: list[ScheduledChunk] = []
+        sampling: list[ScheduledWork] = []
+        cache = self.cache
+        for item in plan.work:
+            chunk = chunk_for(item, cache)
+            chunks.append(chunk)
+            if chunk.wants_logits:
+                sampling.append(item)
+            if item.num_tokens > 1 or chunk.start < len(item.seq.prompt_token_ids):
+                self._prefill_tokens += item.num_tokens
         # Grammar masks are filled in a worker thread while the forward runs.
         self.constraints.start_step([item.seq.seq_id for item in sampling])
         try:
             output = self.runner.forward(chunks)
         finally:
             masks = self.constraints.finish_step()
-        self._forward_seconds += output.forward_seconds
         self._steps += 1
-        for item in plan.work:
-            if item.seq.in_prefill or item.num_tokens > 1:
-                self._prefill_tokens += item.num_tokens
         self.scheduler.after_step(plan.work)
-        results = self._sample(sampling, output.logits, masks) if sampling else []
+        self._pending_timers.append(output.timer)
+        if sampling:
+            results = self._sample(sampling, output.logits, masks)
+            # on CUDA the tokens' read waited for this forward (and every earlier one), so
+            # reading the timers costs no synchronization
+            self._read_timers()
+        else:
+            results = []
         self._busy_seconds += time.perf_counter() - started
         return results
-
-    def _chunk(self, item: ScheduledWork) -> ScheduledChunk:
-        seq = item.seq
-        start = seq.num_computed
-        return ScheduledChunk(
-            token_ids=seq.tokens[start : start + item.num_tokens],
-            start=start,
-            pages=self.cache.pages(seq.seq_id),
-            wants_logits=item.completes_known_tokens,
-        )
 
     def _sample(
         self, work: list[ScheduledWork], logits: torch.Tensor, masks: StepMasks | None
@@ -206,6 +222,7 @@ class EngineCore:
         self.constraints.accept([seq.seq_id for seq in seqs], [t.token_id for t in tokens])
         now = time.perf_counter()
         results = []
+        self._decode_tokens += len(seqs)
         for seq, sampled in zip(seqs, tokens, strict=True):
             token = sampled.token_id
             seq.tokens.append(token)
@@ -214,7 +231,6 @@ class EngineCore:
                 seq.logprobs.append(sampled.logprob)
             if seq.first_token_at is None:
                 seq.first_token_at = now
-            self._decode_tokens += 1
             reason = self._finish_reason(seq, token)
             if reason is not None:
                 results.append(self._finish(seq, reason))
@@ -222,7 +238,8 @@ class EngineCore:
 
     def _finish_reason(self, seq: Sequence, token: int) -> FinishReason | None:
         params = seq.params
-        generated = seq.num_tokens - seq.prompt_len
+        num_tokens = len(seq.tokens)
+        generated = num_tokens - len(seq.prompt_token_ids)
         output = self._outputs.get(seq.seq_id)
         if output is not None and output.append(token):
             return "stop"
@@ -235,7 +252,7 @@ class EngineCore:
                 return "stop"
             if not params.ignore_eos and token in self.loaded.eos_token_ids:
                 return "stop"
-        if generated >= params.max_tokens or seq.num_tokens >= self.max_model_len:
+        if generated >= params.max_tokens or num_tokens >= self.max_model_len:
             return "length"
         return None
 
@@ -271,7 +288,13 @@ class EngineCore:
 
     # -- statistics ------------------------------------------------------------------------
 
+    def _read_timers(self) -> None:
+        for timer in self._pending_timers:
+            self._forward_seconds += timer.seconds()
+        self._pending_timers.clear()
+
     def stats(self) -> EngineStats:
+        self._read_timers()
         return EngineStats(
             steps=self._steps,
             prefill_tokens=self._prefill_tokens,
@@ -309,6 +332,18 @@ class EngineCore:
             vocab_size=self.loaded.model.config.vocab_size,
             eos_token_ids=self.loaded.eos_token_ids,
         )
+
+
+def chunk_for(item: ScheduledWork, cache: KVLayout) -> ScheduledChunk:
+    """What the runner computes for a scheduled sequence: its next tokens and page table."""
+    seq, num_tokens = item
+    start = seq.num_computed
+    end = start + num_tokens
+    pages, version = cache.pages_and_version(seq.seq_id)
+    # positional: token_ids, start, pages, wants_logits, seq_key, pages_version
+    return ScheduledChunk(
+        seq.tokens[start:end], start, pages, end == len(seq.tokens), seq.seq_id, version
+    )
 
 
 def _fallback_seed(engine_seed: int, request_id: Hashable, sample_index: int) -> int:

@@ -85,8 +85,12 @@ class LoadedModel:
             )
 
 
-def resolve_dtype(name: str | torch.dtype, *, config: Any | None = None) -> torch.dtype:
-    """The torch dtype for a name; "auto" means the checkpoint's own (float32 if unrecorded)."""
+def resolve_dtype(name: str | torch.dtype, *, device: torch.device | str = "cpu") -> torch.dtype:
+    """The torch dtype for a name; "auto" is bfloat16 on CUDA and float32 elsewhere.
+
+    Whatever the checkpoint was saved in: bfloat16 is what a GPU runs fast (and what the KV
+    pool then stores), float32 what a CPU runs exactly and at least as fast.
+    """
     if isinstance(name, torch.dtype):
         if name in _DTYPES.values():
             return name
@@ -95,19 +99,12 @@ def resolve_dtype(name: str | torch.dtype, *, config: Any | None = None) -> torc
         raise ConfigError(f"dtype must be a string or torch.dtype, got {type(name).__name__}")
     key = name.strip().lower()
     if key == "auto":
-        return _checkpoint_dtype(config)
+        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
     if key in _DTYPES:
         return _DTYPES[key]
     raise ConfigError(
         f"unknown dtype {name!r}; expected one of: {', '.join(_DTYPES)}, auto",
     )
-
-
-def _checkpoint_dtype(config: Any | None) -> torch.dtype:
-    recorded = getattr(config, "dtype", None) if config is not None else None
-    if isinstance(recorded, str):
-        recorded = getattr(torch, recorded, None)
-    return recorded if recorded in _DTYPES.values() else torch.float32
 
 
 def _load_error(
@@ -164,8 +161,8 @@ def load_model(
     """
     if max_model_len is not None:
         require_positive_int("max_model_len", max_model_len)
-    resolve_dtype(dtype)  # reject a bad name before any slow work; "auto" needs the config
     target_device = _resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, device=target_device)  # a bad name fails before slow work
     model_spec = resolve_model_spec(spec)
     hub = _hub_options(model_spec, revision, trust_remote_code)
     if model_spec.kind == "gguf":
@@ -176,7 +173,6 @@ def load_model(
     except Exception as err:
         raise _load_error(model_spec, "config", err, first_contact=True) from err
     check_supported(config)
-    torch_dtype = resolve_dtype(dtype, config=config)
     tokenizer = _load_tokenizer_at(model_spec, hub, first_contact=False)
     context = _max_model_len(config, tokenizer, model_spec)
     if max_model_len is not None:
@@ -273,6 +269,17 @@ def _require_fast(tokenizer: PreTrainedTokenizerBase, model_spec: ModelSpec) -> 
             f"The tokenizer of model {model_spec.name!r} is not a fast tokenizer "
             "(no tokenizer.json); astrai-batch needs one"
         )
+
+
+def describe_model(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, name: str, source: str
+) -> LoadedModel:
+    """A `LoadedModel` for a model built in memory (random weights for checks and benches),
+    checked like a loaded one."""
+    spec = ModelSpec("directory", name, source)
+    context = _max_model_len(model.config, tokenizer, spec)
+    check_supported(model.config, max_model_len=context)
+    return _describe(model, tokenizer, spec, context)
 
 
 def _describe(

@@ -26,14 +26,16 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from astrai_batch.cache import KVLayout
 from astrai_batch.engine.config import EngineConfig
 from astrai_batch.engine.sequence import Sequence, SequenceStatus
 
 
-@dataclass(frozen=True)
-class ScheduledWork:
+class ScheduledWork(NamedTuple):
+    """`num_tokens` more tokens of `seq` this step (a named tuple: one per sequence per step)."""
+
     seq: Sequence
     num_tokens: int
 
@@ -69,20 +71,38 @@ class Scheduler:
         return len(self.waiting) + len(self.running)
 
     def finish(self, seq: Sequence) -> None:
-        """Releases a finished sequence's pages, publishing everything it computed."""
+        """Releases a finished sequence's pages.
+
+        Everything it computed is published already: `after_step` publishes every page
+        filled, and a sequence finishes after the step that computed its last tokens.
+        """
         self._untrack_inflight(seq)
         self.running.remove(seq)
-        self.cache.close(seq.seq_id, seq.tokens[: seq.num_computed])
+        self.cache.close(seq.seq_id)
         seq.status = SequenceStatus.FINISHED
 
     def after_step(self, work: list[ScheduledWork]) -> None:
-        """Advances progress by what was computed and publishes the filled pages."""
-        for item in work:
-            seq = item.seq
-            self._untrack_inflight(seq)
-            seq.num_computed += item.num_tokens
-            self.cache.publish(seq.seq_id, seq.tokens[: seq.num_computed])
-            self._track_inflight(seq)
+        """Advances progress by what was computed and publishes the filled pages.
+
+        `publish` is called only when a page filled up: the pages before the old
+        `num_computed // page_size` were published by the previous call (or matched at
+        admission), so it would do nothing otherwise. It gets the token list itself when every
+        token is computed (a decode), else a copy of the computed ones.
+        """
+        page = self.cache.page_size
+        publish = self.cache.publish
+        for seq, num_tokens in work:
+            before = seq.num_computed
+            prefilling = before < len(seq.prompt_token_ids)
+            if prefilling:
+                self._untrack_inflight(seq)
+            seq.num_computed = after = before + num_tokens
+            if after // page > before // page:
+                tokens = seq.tokens
+                # a decode has computed every token it has (its next one is not sampled yet)
+                publish(seq.seq_id, tokens if len(tokens) == after else tokens[:after])
+            if prefilling:
+                self._track_inflight(seq)
 
     # -- one step ------------------------------------------------------------------------
 
@@ -91,13 +111,19 @@ class Scheduler:
         work: list[ScheduledWork] = []
         preempted_before = self.preemptions
         index = 0
-        while index < len(self.running) and budget > 0:
-            seq = self.running[index]
-            num = min(seq.num_uncomputed, budget)
+        running = self.running
+        reserve = self.cache.reserve
+        while index < len(running) and budget > 0:
+            seq = running[index]
+            computed = seq.num_computed
+            num = min(len(seq.tokens) - computed, budget)
             if num == 0:
                 index += 1
                 continue
-            if not self._reserve_or_preempt(seq, seq.num_computed + num):
+            # the plain reserve first: it succeeds for nearly every sequence of nearly every step
+            if not reserve(seq.seq_id, computed + num) and not self._reserve_or_preempt(
+                seq, computed + num
+            ):
                 continue  # seq itself was preempted; running[index] is now the next one
             work.append(ScheduledWork(seq, num))
             budget -= num

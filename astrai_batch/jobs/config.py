@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from astrai_batch.checks import require_positive_int
-from astrai_batch.engine.config import KV_LAYOUTS
+from astrai_batch.engine.config import KV_LAYOUTS, check_utilization
 from astrai_batch.engine.sampling_params import SamplingParams
 from astrai_batch.errors import ConfigError
 from astrai_batch.jobs.constraint_options import CONSTRAINT_OPTIONS, job_constraint
@@ -92,6 +92,7 @@ RUN_OPTIONS = (
     "max_num_seqs",
     "max_num_batched_tokens",
     "kv_cache_memory",
+    "gpu_memory_utilization",
     "prefix_cache",
     "kv_layout",
     "output_format",
@@ -122,6 +123,7 @@ class JobConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 1024
     kv_cache_memory: int | None = None
+    gpu_memory_utilization: float = 0.9
     prefix_cache: bool = True
     kv_layout: str = "paged"
     max_model_len: int | None = None
@@ -162,6 +164,7 @@ class JobConfig:
                 require_positive_int(name, getattr(self, name))
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ConfigError(f"seed must be a non-negative integer, got {self.seed!r}")
+        check_utilization(self.gpu_memory_utilization)
         for name in (
             "trust_remote_code",
             "prefix_cache",
@@ -240,6 +243,7 @@ class JobConfig:
         return {
             "page_size": self.page_size,
             "kv_cache_memory": self.kv_cache_memory,
+            "gpu_memory_utilization": self.gpu_memory_utilization,
             "max_num_seqs": self.max_num_seqs,
             "max_num_batched_tokens": self.max_num_batched_tokens,
             "enable_prefix_cache": self.prefix_cache,

@@ -156,9 +156,10 @@ def test_resolve_dtype(name, expected):
     assert resolve_dtype(name) is expected
 
 
-def test_resolve_dtype_auto_follows_the_checkpoint():
-    config = transformers.LlamaConfig(dtype="bfloat16")
-    assert resolve_dtype("auto", config=config) is torch.bfloat16
+def test_resolve_dtype_auto_is_bfloat16_on_cuda_only():
+    assert resolve_dtype("auto", device="cuda") is torch.bfloat16
+    assert resolve_dtype("auto", device=torch.device("cuda", 1)) is torch.bfloat16
+    assert resolve_dtype("auto", device="cpu") is torch.float32
 
 
 def test_resolve_dtype_errors():

@@ -55,6 +55,7 @@ def test_from_options_routes_sampling_and_parses_strings() -> None:
     assert config.engine_options() == {
         "page_size": 32,
         "kv_cache_memory": 512 * 1024**2,
+        "gpu_memory_utilization": 0.9,
         "max_num_seqs": 256,
         "max_num_batched_tokens": 1024,
         "enable_prefix_cache": True,
