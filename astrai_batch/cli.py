@@ -66,6 +66,17 @@ def _run_options(function: Any) -> Any:
             d.dtype,
             "float32, bfloat16, float16, or auto (bfloat16 on CUDA, else float32).",
         ),
+        # Where the job runs.
+        _option(
+            "--executor",
+            d.executor,
+            "local: this process; ray: prefix-aware shards on a Ray cluster.",
+            type=click.Choice(["local", "ray"]),
+        ),
+        _option("--ray-address", None, "Ray cluster to join (e.g. auto) [default: start one]."),
+        _option("--workers", d.workers, "Engine workers (shards) with --executor ray.", type=int),
+        _option("--worker-threads", d.worker_threads, "Torch threads per Ray worker.", type=int),
+        _option("--worker-gpus", d.worker_gpus, "GPUs per Ray worker.", type=float),
         _option(
             "--threads",
             None,
@@ -161,18 +172,18 @@ def _run_options(function: Any) -> Any:
 
 
 @main.command()
-@click.argument("input_path", metavar="INPUT", type=click.Path(path_type=Path))
-@click.argument("output_path", metavar="OUTPUT", type=click.Path(path_type=Path))
+@click.argument("input_path", metavar="INPUT")
+@click.argument("output_path", metavar="OUTPUT")
 @_run_options
 @click.pass_context
-def run(ctx: click.Context, input_path: Path, output_path: Path, **params: Any) -> None:
+def run(ctx: click.Context, input_path: str, output_path: str, **params: Any) -> None:
     """Generate a completion for every row of INPUT into the Parquet file OUTPUT.
 
     INPUT is a .parquet file, a directory of them, or a .jsonl / .jsonl.gz file, with
     prompt, messages, prompt_token_ids or OpenAI batch rows. Progress goes to stderr, a JSON
     summary to stdout. Rerunning an interrupted job resumes it.
     """
-    from astrai_batch.jobs.job import run_job
+    from astrai_batch.jobs.executors import run_with_executor
     from astrai_batch.jobs.summary import write_summary
 
     try:
@@ -183,7 +194,7 @@ def run(ctx: click.Context, input_path: Path, output_path: Path, **params: Any) 
     if config.quiet:
         _silence_library_progress()
     try:
-        summary = run_job(config, input_path, output_path)
+        summary = run_with_executor(config, input_path, output_path)
         click.echo(summary.to_json())
         if config.summary_json:
             write_summary(config.summary_json, summary)
@@ -238,6 +249,12 @@ def _explicit_options(ctx: click.Context, params: dict[str, Any]) -> tuple[dict[
     show_default=True,
     help="How many of the largest shared prefixes to list.",
 )
+@click.option(
+    "--workers",
+    type=int,
+    default=None,
+    help="Also predict the hit rate on this many workers: prefix-aware shards vs input order.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 @click.option("--input-format", type=click.Choice(["parquet", "jsonl"]), default=None)
 @click.option("--prompt-column", default=None)
@@ -254,6 +271,7 @@ def plan(
     trust_remote_code: bool,
     page_size: int,
     top: int,
+    workers: int | None,
     as_json: bool,
     input_format: str | None,
     prompt_column: str | None,
@@ -281,6 +299,7 @@ def plan(
             input_format=input_format,
             prompt_column=prompt_column,
             id_column=id_column,
+            workers=workers,
             chat_template_kwargs=kwargs,
         )
     except AstraiBatchError as exc:

@@ -34,7 +34,8 @@ else:  # pragma: no cover - exercised only on Python 3.10
     import tomli as tomllib
 
 DEFAULT_MODEL = "smollm2-135m"
-OUTPUT_FORMATS = ("parquet", "openai-jsonl")
+OUTPUT_FORMATS = ("parquet", "openai-jsonl", "parquet-dir")
+EXECUTORS = ("local", "ray")
 INPUT_FORMAT_NAMES = ("parquet", "jsonl")
 
 # Options that become fields of the job's default SamplingParams.
@@ -106,6 +107,11 @@ RUN_OPTIONS = (
     "progress_seconds",
     "quiet",
     "summary_json",
+    "executor",
+    "ray_address",
+    "workers",
+    "worker_threads",
+    "worker_gpus",
 )
 
 
@@ -150,13 +156,26 @@ class JobConfig:
     progress_seconds: float = 30.0
     quiet: bool = False
     summary_json: str | None = None
+    # Where the job runs: this process, or Ray workers (see jobs/executors).
+    executor: str = "local"
+    ray_address: str | None = None
+    workers: int = 1
+    worker_threads: int = 1
+    worker_gpus: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("model", "device", "dtype"):
             _check_type(name, getattr(self, name), str)
             if not getattr(self, name).strip():
                 raise ConfigError(f"{name} must not be empty")
-        for name in ("page_size", "max_num_seqs", "max_num_batched_tokens", "group_window"):
+        for name in (
+            "page_size",
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "group_window",
+            "workers",
+            "worker_threads",
+        ):
             require_positive_int(name, getattr(self, name))
         require_positive_int("checkpoint_rows", self.checkpoint_rows)
         for name in ("kv_cache_memory", "threads", "max_model_len"):
@@ -192,7 +211,21 @@ class JobConfig:
             raise ConfigError(f"input_format must be parquet or jsonl, got {self.input_format!r}")
         if self.output_format not in OUTPUT_FORMATS:
             raise ConfigError(
-                f"output_format must be parquet or openai-jsonl, got {self.output_format!r}"
+                "output_format must be parquet, openai-jsonl or parquet-dir, "
+                f"got {self.output_format!r}"
+            )
+        if self.executor not in EXECUTORS:
+            raise ConfigError(f"executor must be local or ray, got {self.executor!r}")
+        if self.ray_address is not None:
+            _check_type("ray_address", self.ray_address, str)
+        gpus = self.worker_gpus
+        if isinstance(gpus, bool) or not isinstance(gpus, (int, float)) or gpus < 0:
+            raise ConfigError(f"worker_gpus must be a number >= 0, got {gpus!r}")
+        if self.executor == "local" and (
+            self.ray_address is not None or self.workers != 1 or gpus or self.worker_threads != 1
+        ):
+            raise ConfigError(
+                "ray_address, workers, worker_threads and worker_gpus need --executor ray"
             )
         if not isinstance(self.keep_columns, tuple) or not all(
             isinstance(name, str) and name for name in self.keep_columns
@@ -237,6 +270,15 @@ class JobConfig:
             if values.get(name) is not None:
                 values[name] = parse_json_object(values[name], name)
         return cls(**values)
+
+    def input_options(self) -> dict[str, Any]:
+        """Keyword arguments of `io.open_input` for this job's input."""
+        return {
+            "input_format": self.input_format,
+            "prompt_column": self.prompt_column,
+            "id_column": self.id_column,
+            "keep_columns": self.keep_columns,
+        }
 
     def engine_options(self) -> dict[str, Any]:
         """Keyword arguments of `EngineConfig` (kept here so jobs/ owns the mapping)."""

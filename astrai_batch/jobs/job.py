@@ -26,6 +26,7 @@ from astrai_batch.engine.model_support import require_chat_template
 from astrai_batch.engine.threads import describe_threads
 from astrai_batch.errors import AstraiBatchError, ConfigError, JobAbortedError, OutputError
 from astrai_batch.io import open_input
+from astrai_batch.io.filesystems import resolve
 from astrai_batch.jobs.checkpoint import Checkpoint, checkpoint_dir_for, peek_run_id
 from astrai_batch.jobs.config import JobConfig
 from astrai_batch.jobs.execution import ExecutionResult, JobExecution
@@ -35,10 +36,12 @@ from astrai_batch.jobs.output import (
     output_run_id,
     remove_stale_temp_files,
     stats_path_for,
+    window_tables,
     write_openai_output,
     write_parquet_output,
     write_stats,
 )
+from astrai_batch.jobs.parquet_dir import check_output_location, write_parquet_dir
 from astrai_batch.jobs.progress import Progress, make_progress
 from astrai_batch.jobs.records import output_schema, part_schema
 from astrai_batch.jobs.run_lock import RunLock
@@ -77,7 +80,7 @@ def run_job(
     cannot start or fails (a `--max-errors` abort is a summary with status 'aborted')."""
     started = time.monotonic()
     paths = JobPaths.for_output(input_path, output_path)
-    _check_output_path(paths)
+    _check_output_path(paths, directory=config.output_format == "parquet-dir")
     # Before anything is touched: a second run on this output must change nothing.
     lock = RunLock(paths.checkpoint, str(paths.output))
     lock.acquire()
@@ -233,12 +236,13 @@ class _Report:
         )
 
 
-def _check_output_path(paths: JobPaths) -> None:
-    """Refuse an output path that can never be written (checks that touch nothing)."""
+def _check_output_path(paths: JobPaths, *, directory: bool) -> None:
+    """Refuse an output path that can never be written (checks that touch nothing); a
+    `directory` output (parquet-dir) may be an existing directory."""
     output = paths.output
     if not output.parent.is_dir():
         raise OutputError(f"output directory does not exist: {output.parent}")
-    if output.is_dir():
+    if output.is_dir() and not directory:
         raise OutputError(f"output {output} is a directory; give a file name")
     if output.resolve() == paths.input.resolve():
         raise OutputError(f"output {output} is the input file")
@@ -249,6 +253,9 @@ def _check_output(paths: JobPaths, config: JobConfig) -> str | None:
     run left. Returns the run id of an existing output that the checkpoint beside it produced
     (its job finished but was killed before cleaning up)."""
     output = paths.output
+    if config.output_format == "parquet-dir":
+        check_output_location(resolve(output), config.output_format, config.overwrite)
+        return None
     for target in (output, paths.stats):
         remove_stale_temp_files(target)
     if not output.exists() or config.overwrite:
@@ -272,6 +279,9 @@ def _write_outputs(
         write_parquet_output(
             checkpoint, paths.output, final_schema, metadata, overwrite=config.overwrite
         )
+    elif config.output_format == "parquet-dir":
+        tables = window_tables(checkpoint, final_schema.names)
+        write_parquet_dir(resolve(paths.output), tables, final_schema, metadata, config.overwrite)
     else:
         write_openai_output(
             checkpoint,

@@ -17,9 +17,12 @@ from typing import Any
 from astrai_batch.engine import load_tokenizer
 from astrai_batch.engine.constraints import Constraint
 from astrai_batch.engine.model_support import no_chat_template_message
-from astrai_batch.errors import UnsupportedModelError
+from astrai_batch.errors import ConfigError, UnsupportedModelError
 from astrai_batch.io import InputRow, open_input
+from astrai_batch.jobs.config import DEFAULT_MAX_TOKENS
 from astrai_batch.jobs.prefix_stats import PrefixStats, PrefixStatsBuilder
+from astrai_batch.jobs.shard_prediction import ShardPrediction, predict_shards
+from astrai_batch.jobs.sharding import KeyedRow
 from astrai_batch.jobs.tokenize import ENCODE_BATCH_ROWS, PromptEncoder
 from astrai_batch.jobs.window import read_window
 
@@ -36,6 +39,7 @@ class PlanReport:
     previews: tuple[str, ...]  # decoded preview of each top shared prefix
     constrained_rows: int = 0  # rows with their own output constraint
     distinct_constraints: int = 0  # grammars `run` would compile for them
+    shards: ShardPrediction | None = None  # with --workers
 
     def to_dict(self) -> dict[str, Any]:
         stats = self.stats.to_dict()
@@ -50,6 +54,7 @@ class PlanReport:
             **stats,
             "constrained_rows": self.constrained_rows,
             "distinct_constraints": self.distinct_constraints,
+            **({"shards": self.shards.to_dict()} if self.shards else {}),
         }
 
     def to_json(self) -> str:
@@ -72,6 +77,14 @@ class PlanReport:
                 f"output constraints        {self.distinct_constraints:,} distinct"
                 f" over {self.constrained_rows:,} rows (each compiled once)"
             )
+        if self.shards is not None:
+            shards = self.shards
+            lines += [
+                f"workers                   {shards.workers}",
+                f"predicted hit rate        {shards.one_worker_hit_rate:.1%} on one worker, "
+                f"{shards.prefix_aware_hit_rate:.1%} with prefix-aware shards, "
+                f"{shards.input_order_hit_rate:.1%} with blocks in input order",
+            ]
         if stats.top_shared_prefixes:
             lines.append("largest shared prefixes:")
             lines.append(f"  {'tokens':>8} {'rows':>8} {'saved':>10}  preview")
@@ -96,8 +109,11 @@ def plan_input(
     input_format: str | None = None,
     prompt_column: str | None = None,
     id_column: str | None = None,
+    workers: int | None = None,
     chat_template_kwargs: dict[str, Any] | None = None,
 ) -> PlanReport:
+    """The prefix statistics of INPUT; with `workers`, also the hit rates that prefix-aware
+    shards and input-order blocks would give (this keeps every row's token ids in memory)."""
     source = open_input(
         input_path, input_format=input_format, prompt_column=prompt_column, id_column=id_column
     )
@@ -106,8 +122,11 @@ def plan_input(
     encoder = PromptEncoder(tokenizer, model, chat_template_kwargs=chat_template_kwargs)
     if source.shape == "messages" and not encoder.has_chat_template:
         raise UnsupportedModelError(no_chat_template_message(model))
+    if workers is not None and workers < 1:
+        raise ConfigError(f"workers must be >= 1, got {workers}")
     bad_rows = 0
     constraints = ConstraintCounter()
+    keyed: list[KeyedRow] = []
     for batch in _batches(source.iter_rows()):
         for row, encoding in zip(batch, encoder.encode(batch), strict=True):
             if encoding.token_ids is None:
@@ -115,6 +134,8 @@ def plan_input(
             else:
                 builder.add(encoding.token_ids)
                 constraints.add(row)
+                if workers is not None:
+                    keyed.append(KeyedRow(row.index, encoding.token_ids, DEFAULT_MAX_TOKENS))
     stats = builder.result()
     previews = tuple(
         tokenizer.decode(list(prefix.preview_token_ids)) for prefix in stats.top_shared_prefixes
@@ -128,6 +149,7 @@ def plan_input(
         previews=previews,
         constrained_rows=constraints.rows,
         distinct_constraints=len(constraints.digests),
+        shards=predict_shards(keyed, workers, page_size) if workers is not None else None,
     )
 
 

@@ -1,4 +1,5 @@
-"""Fixtures of the resume tests: an input and the output of an uninterrupted run of it."""
+"""Fixtures of the job tests: an input and the output of an uninterrupted run of it (for
+the resume tests), and one local Ray for every Ray test."""
 
 from __future__ import annotations
 
@@ -26,3 +27,20 @@ def reference(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
 def job(reference: dict[str, Path], tmp_path: Path) -> dict[str, Path]:
     output = tmp_path / "out.parquet"
     return {**reference, "output": output, "checkpoint": tmp_path / ".out.parquet.ckpt"}
+
+
+@pytest.fixture(scope="session")
+def ray_address():
+    """A local Ray of 2 CPUs, started once for the session (no dashboard, loopback only)."""
+    ray = pytest.importorskip("ray")
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        logging_level="ERROR",
+        log_to_driver=False,
+        _node_ip_address="127.0.0.1",  # cluster traffic stays on loopback
+    )
+    try:
+        yield ray.get_runtime_context().gcs_address
+    finally:
+        ray.shutdown()

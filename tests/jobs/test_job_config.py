@@ -76,7 +76,10 @@ def test_from_options_routes_sampling_and_parses_strings() -> None:
         ({"grouping": "yes"}, "grouping must be a boolean, got string"),
         ({"model": 3}, "model must be a string, got integer"),
         ({"model": " "}, "model must not be empty"),
-        ({"output_format": "csv"}, "output_format must be parquet or openai-jsonl, got 'csv'"),
+        (
+            {"output_format": "csv"},
+            "output_format must be parquet, openai-jsonl or parquet-dir, got 'csv'",
+        ),
         ({"input_format": "csv"}, "input_format must be parquet or jsonl, got 'csv'"),
         ({"checkpoint_seconds": 0}, "checkpoint_seconds must be a number of seconds > 0, got 0"),
         ({"seed": -1}, "seed must be a non-negative integer, got -1"),
