@@ -143,6 +143,11 @@ def _run_options(function: Any) -> Any:
         _option("--stop", None, "Stop string (repeatable).", multiple=True),
         _option("--n", s.n, "Samples per prompt.", type=int),
         _option("--ignore-eos", help="Generate past end-of-sequence tokens.", **flag),
+        # The job-wide output constraint (one of them); a row's own constraint replaces it.
+        _option("--json-schema", None, "Outputs are JSON valid under this schema file."),
+        _option("--regex", None, "Outputs fully match this regular expression."),
+        _option("--choice", None, "Outputs are exactly one of these comma-separated strings."),
+        _option("--grammar", None, "Outputs follow this EBNF grammar file (rule root)."),
         _option("--seed", d.seed, "Job seed: sampled rows reproduce for a given seed.", type=int),
         # Output.
         _option("--output-format", d.output_format, type=click.Choice(list(OUTPUT_FORMATS))),

@@ -18,6 +18,7 @@ from astrai_batch.checks import require_positive_int
 from astrai_batch.engine.config import KV_LAYOUTS, check_utilization
 from astrai_batch.engine.sampling_params import SamplingParams
 from astrai_batch.errors import ConfigError
+from astrai_batch.jobs.constraint_options import CONSTRAINT_OPTIONS, job_constraint
 from astrai_batch.jobs.option_values import (
     ErrorLimit,
     parse_columns,
@@ -248,12 +249,16 @@ class JobConfig:
         `max_errors` a count / fraction / percentage, `keep_columns` a comma-separated string.
         """
         values = {str(key).replace("-", "_"): value for key, value in options.items()}
-        known = {f.name for f in dataclasses.fields(cls)} - {"sampling"} | set(SAMPLING_OPTIONS)
+        known = {f.name for f in dataclasses.fields(cls)} - {"sampling"}
+        known |= {*SAMPLING_OPTIONS, *CONSTRAINT_OPTIONS}
         unknown = sorted(set(values) - known)
         if unknown:
             raise ConfigError(f"unknown option(s) in {source}: {', '.join(unknown)}")
         sampling = {name: values.pop(name) for name in SAMPLING_OPTIONS if name in values}
         sampling.setdefault("max_tokens", DEFAULT_MAX_TOKENS)
+        sampling["constraint"] = job_constraint(
+            {name: values.pop(name) for name in CONSTRAINT_OPTIONS if name in values}
+        )
         values["sampling"] = SamplingParams.from_dict(sampling)
         if values.get("kv_cache_memory") is not None:
             values["kv_cache_memory"] = parse_size(values["kv_cache_memory"])
