@@ -1,8 +1,9 @@
 """The command line: a thin click layer over `jobs/`.
 
-Exit codes of `run`: 0 success, 1 the job failed (or was aborted by --max-errors),
-2 usage error, 3 finished with failed rows when --fail-on-row-errors is given, 130 / 143
-interrupted by SIGINT / SIGTERM (rerun the same command to resume).
+Exit codes of `run`: 0 success, 1 the job failed (could not start, every row failed, or
+aborted by --max-errors), 2 usage error, 3 finished with failed rows when
+--fail-on-row-errors is given, 130 / 143 interrupted by SIGINT / SIGTERM (rerun the same
+command to resume).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import click
 from click.core import ParameterSource
 
 from astrai_batch import __version__
+from astrai_batch.engine.config import KV_LAYOUTS
 from astrai_batch.errors import AstraiBatchError, ConfigError
 from astrai_batch.jobs.config import DEFAULT_MODEL, OUTPUT_FORMATS, JobConfig, load_toml_options
 
@@ -35,6 +37,19 @@ def _option(flag: str, default: Any = None, help: str | None = None, **kwargs: A
     return click.option(flag, default=default, show_default=shown, help=help, **kwargs)
 
 
+def _model_source_options() -> list[Any]:
+    """Where a model's files come from: shared by `run` and `plan`."""
+    return [
+        _option("--revision", None, "Branch, tag or commit of a hub model."),
+        _option(
+            "--trust-remote-code",
+            help="Allow a model's own Python code to run while it loads.",
+            is_flag=True,
+            default=False,
+        ),
+    ]
+
+
 def _run_options(function: Any) -> Any:
     """The options of `run`, each named as its JobConfig / TOML key."""
     d, s = _DEFAULTS, _DEFAULTS.sampling
@@ -44,8 +59,24 @@ def _run_options(function: Any) -> Any:
         _option("--config", None, "TOML file of options (flags win).", type=path),
         # Model and engine.
         _option("--model", d.model, "Model directory, .gguf file, alias or hub id."),
+        *_model_source_options(),
         _option("--device", d.device),
-        _option("--dtype", d.dtype, "float32, bfloat16, float16 or auto."),
+        _option(
+            "--dtype",
+            d.dtype,
+            "float32, bfloat16, float16, or auto (bfloat16 on CUDA, else float32).",
+        ),
+        # Where the job runs.
+        _option(
+            "--executor",
+            d.executor,
+            "local: this process; ray: prefix-aware shards on a Ray cluster.",
+            type=click.Choice(["local", "ray"]),
+        ),
+        _option("--ray-address", None, "Ray cluster to join (e.g. auto) [default: start one]."),
+        _option("--workers", d.workers, "Engine workers (shards) with --executor ray.", type=int),
+        _option("--worker-threads", d.worker_threads, "Torch threads per Ray worker.", type=int),
+        _option("--worker-gpus", d.worker_gpus, "GPUs per Ray worker.", type=float),
         _option(
             "--threads",
             None,
@@ -57,7 +88,14 @@ def _run_options(function: Any) -> Any:
         _option(
             "--kv-cache-memory",
             None,
-            "KV cache size, e.g. 2GiB or 512MiB [default: 2GiB, less if the model needs less].",
+            "KV cache size, e.g. 2GiB or 512MiB [default: 30% of the available RAM on CPU, "
+            "--gpu-memory-utilization on CUDA; less if the model needs less].",
+        ),
+        _option(
+            "--gpu-memory-utilization",
+            d.gpu_memory_utilization,
+            "Share of the GPU's memory for weights, activations and the KV cache (CUDA).",
+            type=float,
         ),
         _option("--page-size", d.page_size, "Tokens per KV page (prefix-cache unit).", type=int),
         _option("--prefix-cache/--no-prefix-cache", d.prefix_cache, "Reuse shared prefixes."),
@@ -66,6 +104,20 @@ def _run_options(function: Any) -> Any:
             help="Step-shaped kernels: faster, but a row's output may depend on its batch "
             "(for jobs that neither sample nor resume; a checkpoint keeps its numerics).",
             **flag,
+        ),
+        _option(
+            "--kv-layout",
+            d.kv_layout,
+            "paged: pages on demand, prefix reuse; contiguous: one full-context seat per "
+            "sequence, no prefix reuse.",
+            type=click.Choice(list(KV_LAYOUTS)),
+        ),
+        _option(
+            "--max-model-len",
+            None,
+            "Cap on prompt + output tokens [default: the model's context]; also the size of a "
+            "contiguous seat.",
+            type=int,
         ),
         _option("--grouping/--no-grouping", d.grouping, "Run shared prefixes together."),
         _option("--group-window", d.group_window, "Rows read and ordered together.", type=int),
@@ -97,6 +149,11 @@ def _run_options(function: Any) -> Any:
         _option("--stop", None, "Stop string (repeatable).", multiple=True),
         _option("--n", s.n, "Samples per prompt.", type=int),
         _option("--ignore-eos", help="Generate past end-of-sequence tokens.", **flag),
+        # The job-wide output constraint (one of them); a row's own constraint replaces it.
+        _option("--json-schema", None, "Outputs are JSON valid under this schema file."),
+        _option("--regex", None, "Outputs fully match this regular expression."),
+        _option("--choice", None, "Outputs are exactly one of these comma-separated strings."),
+        _option("--grammar", None, "Outputs follow this EBNF grammar file (rule root)."),
         _option("--seed", d.seed, "Job seed: sampled rows reproduce for a given seed.", type=int),
         # Output.
         _option("--output-format", d.output_format, type=click.Choice(list(OUTPUT_FORMATS))),
@@ -121,18 +178,18 @@ def _run_options(function: Any) -> Any:
 
 
 @main.command()
-@click.argument("input_path", metavar="INPUT", type=click.Path(path_type=Path))
-@click.argument("output_path", metavar="OUTPUT", type=click.Path(path_type=Path))
+@click.argument("input_path", metavar="INPUT")
+@click.argument("output_path", metavar="OUTPUT")
 @_run_options
 @click.pass_context
-def run(ctx: click.Context, input_path: Path, output_path: Path, **params: Any) -> None:
+def run(ctx: click.Context, input_path: str, output_path: str, **params: Any) -> None:
     """Generate a completion for every row of INPUT into the Parquet file OUTPUT.
 
     INPUT is a .parquet file, a directory of them, or a .jsonl / .jsonl.gz file, with
     prompt, messages, prompt_token_ids or OpenAI batch rows. Progress goes to stderr, a JSON
     summary to stdout. Rerunning an interrupted job resumes it.
     """
-    from astrai_batch.jobs.job import run_job
+    from astrai_batch.jobs.executors import run_with_executor
     from astrai_batch.jobs.summary import write_summary
 
     try:
@@ -143,7 +200,7 @@ def run(ctx: click.Context, input_path: Path, output_path: Path, **params: Any) 
     if config.quiet:
         _silence_library_progress()
     try:
-        summary = run_job(config, input_path, output_path)
+        summary = run_with_executor(config, input_path, output_path)
         click.echo(summary.to_json())
         if config.summary_json:
             write_summary(config.summary_json, summary)
@@ -198,18 +255,29 @@ def _explicit_options(ctx: click.Context, params: dict[str, Any]) -> tuple[dict[
     show_default=True,
     help="How many of the largest shared prefixes to list.",
 )
+@click.option(
+    "--workers",
+    type=int,
+    default=None,
+    help="Also predict the hit rate on this many workers: prefix-aware shards vs input order.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 @click.option("--input-format", type=click.Choice(["parquet", "jsonl"]), default=None)
 @click.option("--prompt-column", default=None)
 @click.option("--id-column", default=None)
+@_model_source_options()[0]
+@_model_source_options()[1]
 @click.option("--chat-template-kwargs", default=None, help="As for run: a JSON object.")
 @click.pass_context
 def plan(
     ctx: click.Context,
     input_path: Path,
     model: str,
+    revision: str | None,
+    trust_remote_code: bool,
     page_size: int,
     top: int,
+    workers: int | None,
     as_json: bool,
     input_format: str | None,
     prompt_column: str | None,
@@ -230,11 +298,14 @@ def plan(
         report = plan_input(
             input_path,
             model=model,
+            revision=revision,
+            trust_remote_code=trust_remote_code,
             page_size=page_size,
             top=top,
             input_format=input_format,
             prompt_column=prompt_column,
             id_column=id_column,
+            workers=workers,
             chat_template_kwargs=kwargs,
         )
     except AstraiBatchError as exc:

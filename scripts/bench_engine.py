@@ -4,9 +4,10 @@ Run: .venv/bin/python scripts/bench_engine.py [--repeat 3] [--out results.parque
 
 The same SmolLM2-135M weights (float32, CPU), 256 prompts (8 system prompts of about 250
 tokens, each shared by 32 questions, shuffled), 64 new tokens each, greedy with end of
-sequence ignored, through our engine, transformers `generate` (left-padded batches of 32)
-and transformers `generate_batch`, alternating, in one process. It is `astrai-batch bench`
-with these settings; any further bench option given here is passed on (and wins).
+sequence ignored, through our engine, transformers `generate` (sorted by length, left-padded
+batches of the fastest of 16/32/64/128 on a probe) and transformers `generate_batch`,
+alternating, in one process. It is `astrai-batch bench` with these settings; any further
+bench option given here is passed on (and wins).
 
 Targets on a 2-core CPU: generated tokens/s at least 5x `generate` and 10x `generate_batch`;
 prefill computed at most 1.05x the ideal; engine overhead at most 15% of wall time.

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-from astrai_batch.bench.workloads import WorkloadSpec, build_workload, workload_prefix_stats
+from astrai_batch.bench.workloads import WorkloadSpec, build_workload
 from astrai_batch.engine import (
     EngineConfig,
     GenerationRequest,
@@ -16,6 +16,7 @@ from astrai_batch.engine import (
     generate_sync,
     load_model,
 )
+from astrai_batch.jobs.prefix_stats import ideal_prefix_stats
 
 
 def main() -> None:
@@ -28,8 +29,8 @@ def main() -> None:
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         return tokenizer(text, add_special_tokens=False)["input_ids"]
 
-    ideal = workload_prefix_stats(rows, encode, page_size=16)
     prompts = [encode(row) for row in rows]
+    ideal = ideal_prefix_stats(prompts, page_size=16)
     params = SamplingParams(max_tokens=1, ignore_eos=True)
     requests = [GenerationRequest(i, p, params) for i, p in enumerate(prompts)]
     started = time.perf_counter()

@@ -1,40 +1,44 @@
 """`--baseline`: did a tracked figure get worse than in an earlier results file?
 
-Tracked figures (medians over repeats):
+Tracked figures (medians over repeats), for each of our systems present (`astrai`, the paged
+layout, and `astrai-contiguous`):
 
-* `astrai.generated_tokens_per_second` and `ratio.<peer>` (our generated tokens/s over the
-  peer's): higher is better; a regression is falling below baseline * (1 - tolerance);
-* `astrai.prefill_ratio` (prefill computed / ideal): lower is better; a regression is rising
+* `<system>.generated_tokens_per_second` and `ratio.<peer>` (`astrai`'s generated tokens/s
+  over the peer's): higher is better; a regression is falling below baseline * (1 - tolerance);
+* `<system>.prefill_ratio` (prefill computed / ideal): lower is better; a regression is rising
   above baseline * (1 + tolerance);
-* `astrai.engine_overhead` (a share of wall time): lower is better, compared in points; a
+* `<system>.engine_overhead` (a share of wall time): lower is better, compared in points; a
   regression is rising above baseline + tolerance (5% lets 8% overhead grow to 13%).
 
-A figure absent on either side (a peer not run, say) is skipped, not failed. The command
-exits with `EXIT_REGRESSION` when any compared figure regressed.
+The gate is honest: it passes only when every tracked figure of either side was compared
+and held. Results that measure different work (another workload fingerprint, model, dtype,
+device kind, max tokens or set of KV layouts), a tracked figure present on one side only,
+or no tracked figure at all make the two results not comparable, a usage error
+(`EXIT_NOT_COMPARABLE`), never a silent pass. Other context differences (another CPU, other
+library versions) are reported and compared through: that is what a team may want to know.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
-from astrai_batch.bench.config import OURS, PEER_NAMES
+from astrai_batch.bench.config import OURS_SYSTEMS, PEER_NAMES
 from astrai_batch.bench.summary import BenchSummary
 
 EXIT_REGRESSION = 4
-# Context that should match for a comparison to mean much; a difference is reported, and
-# the comparison still runs (a new CPU is exactly what a team may want to compare against).
-MATCHED_CONTEXT = (
-    "workload",
+EXIT_NOT_COMPARABLE = 2  # click's usage-error code
+# Context that must match for a comparison to mean anything.
+REQUIRED_CONTEXT = (
+    "workload_fingerprint",
     "model",
     "dtype",
-    "num_prompts",
+    "device_kind",
     "max_tokens",
-    "prompt_tokens",
-    "page_size",
-    "cpu_model",
-    "device",
+    "kv_layouts",
 )
+# Context that is reported when it differs; the comparison still runs.
+REPORTED_CONTEXT = ("workload", "page_size", "cpu_model", "device", "torch_version")
 
 
 @dataclass(frozen=True)
@@ -45,9 +49,15 @@ class TrackedFigure:
 
 
 TRACKED = (
-    TrackedFigure(f"{OURS}.generated_tokens_per_second", "higher", in_points=False),
-    TrackedFigure(f"{OURS}.prefill_ratio", "lower", in_points=False),
-    TrackedFigure(f"{OURS}.engine_overhead", "lower", in_points=True),
+    *(
+        figure
+        for system in OURS_SYSTEMS
+        for figure in (
+            TrackedFigure(f"{system}.generated_tokens_per_second", "higher", in_points=False),
+            TrackedFigure(f"{system}.prefill_ratio", "lower", in_points=False),
+            TrackedFigure(f"{system}.engine_overhead", "lower", in_points=True),
+        )
+    ),
     *(TrackedFigure(f"ratio.{peer}", "higher", in_points=False) for peer in PEER_NAMES),
 )
 
@@ -108,8 +118,8 @@ class FigureComparison:
 class BaselineComparison:
     tolerance: float
     compared: tuple[FigureComparison, ...]
-    skipped: tuple[str, ...]  # tracked figures missing on one side
-    context_differences: tuple[str, ...]
+    not_comparable: tuple[str, ...]  # why the two results cannot be compared; empty if they can
+    context_differences: tuple[str, ...]  # reported only
 
     @property
     def regressions(self) -> tuple[FigureComparison, ...]:
@@ -117,14 +127,20 @@ class BaselineComparison:
 
     @property
     def exit_code(self) -> int:
+        if self.not_comparable:
+            return EXIT_NOT_COMPARABLE
         return EXIT_REGRESSION if self.regressions else 0
+
+    def reason(self) -> str:
+        """The usage error's message when the results are not comparable."""
+        return "not comparable with the baseline: " + "; ".join(self.not_comparable)
 
     def lines(self) -> list[str]:
         """Human-readable lines for stderr: context differences, regressions, a verdict."""
         out = [f"baseline: {difference}" for difference in self.context_differences]
+        if self.not_comparable:
+            return [*out, f"baseline: {self.reason()}"]
         out += [f"regression: {comparison.describe()}" for comparison in self.regressions]
-        if self.skipped:
-            out.append(f"baseline: not compared (missing on one side): {', '.join(self.skipped)}")
         verdict = (
             f"{len(self.regressions)} of {len(self.compared)} tracked figures regressed"
             if self.regressions
@@ -138,7 +154,7 @@ class BaselineComparison:
             "tolerance": self.tolerance,
             "compared": [comparison.to_dict() for comparison in self.compared],
             "regressions": [comparison.figure.name for comparison in self.regressions],
-            "skipped": list(self.skipped),
+            "not_comparable": list(self.not_comparable),
             "context_differences": list(self.context_differences),
             "exit_code": self.exit_code,
         }
@@ -150,17 +166,41 @@ def compare_to_baseline(
     if not 0 <= tolerance < 1:
         raise ValueError(f"tolerance must lie in [0, 1), got {tolerance}")
     now, before = tracked_values(current), tracked_values(baseline)
+    problems = [
+        _context_problem(key, _context(baseline, key), _context(current, key))
+        for key in REQUIRED_CONTEXT
+        if _context(baseline, key) != _context(current, key)
+    ]
+    for figure in TRACKED:
+        if figure.name in before and figure.name not in now:
+            problems.append(f"{figure.name} is in the baseline but not in these results")
+        elif figure.name in now and figure.name not in before:
+            problems.append(f"{figure.name} is in these results but not in the baseline")
     compared = tuple(
         FigureComparison(figure, before[figure.name], now[figure.name], tolerance)
         for figure in TRACKED
         if figure.name in now and figure.name in before
     )
-    skipped = tuple(
-        figure.name for figure in TRACKED if (figure.name in now) != (figure.name in before)
-    )
+    if not compared:
+        problems.append("no tracked figure is in both results")
     differences = tuple(
-        f"{key} differs: {baseline.context.get(key)!r} then, {current.context.get(key)!r} now"
-        for key in MATCHED_CONTEXT
-        if baseline.context.get(key) != current.context.get(key)
+        f"{key} differs: {_context(baseline, key)!r} then, {_context(current, key)!r} now"
+        for key in REPORTED_CONTEXT
+        if _context(baseline, key) != _context(current, key)
     )
-    return BaselineComparison(tolerance, compared, skipped, differences)
+    return BaselineComparison(tolerance, compared, tuple(problems), differences)
+
+
+def _context(summary: BenchSummary, key: str) -> Any:
+    if key == "device_kind":  # "cuda:0 NVIDIA H200" -> "cuda"
+        device = summary.context.get("device")
+        return device.partition(":")[0] if isinstance(device, str) else None
+    return summary.context.get(key)
+
+
+def _context_problem(key: str, before: Any, now: Any) -> str:
+    if before is None:
+        return f"the baseline records no {key} (an older results file?)"
+    if now is None:
+        return f"these results record no {key}"
+    return f"{key} differs ({before!r} then, {now!r} now)"

@@ -1,7 +1,8 @@
 """`astrai-batch bench`: throughput of the engine (and its peers) on a workload, gated.
 
-Exit codes: 0 done (and no regression against --baseline), 1 the benchmark failed,
-2 usage error, 4 (`EXIT_REGRESSION`) a tracked figure regressed past --tolerance.
+Exit codes: 0 done (and, with --baseline, every tracked figure compared and held), 1 the
+benchmark failed, 2 usage error (also: results not comparable with --baseline), 4
+(`EXIT_REGRESSION`) a tracked figure regressed past --tolerance.
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ import click
 
 from astrai_batch.bench.config import (
     DEFAULT_TOLERANCE,
-    HF_GENERATE_BATCH_SIZE,
+    HF_GENERATE_BATCH_SIZES,
     PEER_NAMES,
     BenchConfig,
+    parse_batch_size,
+    parse_kv_layouts,
     parse_peers,
     parse_tolerance,
 )
@@ -30,6 +33,12 @@ _ENGINE = EngineConfig()
 
 @click.command()
 @click.option("--model", default=DEFAULT_MODEL, show_default=True, help="Model to benchmark.")
+@click.option("--revision", default=None, help="Branch, tag or commit of a hub model.")
+@click.option(
+    "--trust-remote-code",
+    is_flag=True,
+    help="Allow a model's own Python code to run while it loads.",
+)
 @click.option("--device", default="cpu", show_default=True)
 @click.option(
     "--threads",
@@ -37,7 +46,12 @@ _ENGINE = EngineConfig()
     default=None,
     help="CPU threads for torch [default: one per core]; fewer when other work shares them.",
 )
-@click.option("--dtype", default="float32", show_default=True)
+@click.option(
+    "--dtype",
+    default="float32",
+    show_default=True,
+    help="float32, bfloat16, float16, or auto (bfloat16 on CUDA, float32 on CPU).",
+)
 @click.option(
     "--workload",
     default="shared-prefix",
@@ -57,7 +71,8 @@ _ENGINE = EngineConfig()
     "--baseline",
     type=click.Path(path_type=Path),
     default=None,
-    help="An earlier results file; exit 4 when a tracked figure regressed.",
+    help="An earlier results file; exit 4 when a tracked figure regressed, 2 when the two "
+    "results are not comparable.",
 )
 @click.option(
     "--tolerance",
@@ -77,7 +92,19 @@ _ENGINE = EngineConfig()
     "--max-num-batched-tokens", type=int, default=_ENGINE.max_num_batched_tokens, show_default=True
 )
 @click.option("--page-size", type=int, default=_ENGINE.page_size, show_default=True)
-@click.option("--kv-cache-memory", default=None, help="KV cache size, e.g. 2GiB (default 2GiB).")
+@click.option(
+    "--kv-cache-memory",
+    default=None,
+    help="KV cache size, e.g. 2GiB [default: 30% of the available RAM on CPU; on CUDA see "
+    "--gpu-memory-utilization].",
+)
+@click.option(
+    "--gpu-memory-utilization",
+    type=float,
+    default=_ENGINE.gpu_memory_utilization,
+    show_default=True,
+    help="Share of the GPU's memory for weights, activations and the KV cache (CUDA).",
+)
 @click.option("--prefix-cache/--no-prefix-cache", default=True, show_default=True)
 @click.option(
     "--fast-numerics",
@@ -85,11 +112,24 @@ _ENGINE = EngineConfig()
     help="Our engine with step-shaped kernels instead of batch-invariant numerics.",
 )
 @click.option(
-    "--hf-batch-size",
-    type=int,
-    default=HF_GENERATE_BATCH_SIZE,
+    "--kv-layout",
+    default="paged",
     show_default=True,
-    help="Static batch size of the hf-generate peer.",
+    help="KV layouts our engine runs in, comma-separated (paged, contiguous); each runs "
+    "every repeat, in the same KV memory.",
+)
+@click.option(
+    "--max-model-len",
+    type=int,
+    default=None,
+    help="Cap on prompt + output tokens [model's context]; a contiguous seat's size.",
+)
+@click.option(
+    "--hf-batch-size",
+    default="auto",
+    show_default=True,
+    help="Batch size of the hf-generate peer; auto: the fastest of "
+    f"{', '.join(map(str, HF_GENERATE_BATCH_SIZES))} on a short probe.",
 )
 @click.option(
     "--from-results",
@@ -106,7 +146,8 @@ def bench(ctx: click.Context, **options: Any) -> None:
 
     Our engine (greedy, end-of-sequence ignored, so every system generates exactly
     --max-tokens per prompt) runs --repeat times after a warm-up, alternating with each of
-    --peers. Exit 4 when --baseline is given and a tracked figure regressed past --tolerance.
+    --peers. With --baseline: exit 4 when a tracked figure regressed past --tolerance, 2 when
+    the results are not comparable (other work, model, dtype, device kind or KV layouts).
     """
     from astrai_batch.bench.baseline import compare_to_baseline
     from astrai_batch.bench.report import summary_json, summary_table
@@ -146,6 +187,8 @@ def bench(ctx: click.Context, **options: Any) -> None:
         for line in comparison.lines():
             click.echo(line, err=True)
     click.echo(summary_json(summary, comparison))
+    if comparison is not None and comparison.not_comparable:
+        raise click.UsageError(comparison.reason(), ctx)
     ctx.exit(comparison.exit_code if comparison is not None else 0)
 
 
@@ -158,11 +201,15 @@ def _config(options: dict[str, Any]) -> BenchConfig:
         kv_cache_memory=parse_size(memory) if memory is not None else None,
         enable_prefix_cache=options.pop("prefix_cache"),
         numerics="fast" if options.pop("fast_numerics") else "invariant",
+        gpu_memory_utilization=options.pop("gpu_memory_utilization"),
+        max_model_len=options.pop("max_model_len"),
     )
     return BenchConfig(
         model=options.pop("model"),
         device=options.pop("device"),
         dtype=options.pop("dtype"),
+        revision=options.pop("revision"),
+        trust_remote_code=options.pop("trust_remote_code"),
         threads=options.pop("threads"),
         workload=options.pop("workload"),
         repeat=options.pop("repeat"),
@@ -173,7 +220,8 @@ def _config(options: dict[str, Any]) -> BenchConfig:
         system_prompt_words=options.pop("system_prompt_words"),
         seed=options.pop("seed"),
         engine=engine,
-        hf_generate_batch_size=options.pop("hf_batch_size"),
+        hf_generate_batch_size=parse_batch_size(options.pop("hf_batch_size")),
+        kv_layouts=parse_kv_layouts(options.pop("kv_layout")),
         warmup=not options.pop("no_warmup"),
         floor=not options.pop("no_floor"),
     )

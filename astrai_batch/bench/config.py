@@ -6,7 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from astrai_batch.engine.config import EngineConfig
+from astrai_batch.checks import require_positive_int
+from astrai_batch.engine.config import KV_LAYOUTS, EngineConfig
 from astrai_batch.errors import ConfigError
 
 OURS = "astrai"
@@ -15,8 +16,10 @@ HF_GENERATE_BATCH = "hf-generate-batch"
 FLOOR = "floor"
 PEER_NAMES = (HF_GENERATE, HF_GENERATE_BATCH)
 DEFAULT_TOLERANCE = 0.05
-# transformers `generate` is run the way most scripts run it: fixed batches, left-padded.
-HF_GENERATE_BATCH_SIZE = 32
+# transformers `generate` is run the way a careful script runs it: prompts sorted by length,
+# fixed batches, left-padded; with `hf_generate_batch_size` None (auto) the batch size is the
+# fastest of these on a short probe, as the floor's sizes are chosen.
+HF_GENERATE_BATCH_SIZES = (16, 32, 64, 128)
 # The warm-up touches every code path once (allocators, kernels, tokenizer caches) on a few
 # short prompts, so the first measured run is not also the first run of the process.
 WARMUP_PROMPTS = 4
@@ -43,9 +46,12 @@ class BenchConfig:
     seed: int = 0
     device: str = "cpu"
     dtype: str = "float32"
+    revision: str | None = None
+    trust_remote_code: bool = False
     threads: int | None = None
     engine: EngineConfig = field(default_factory=EngineConfig)
-    hf_generate_batch_size: int = HF_GENERATE_BATCH_SIZE
+    hf_generate_batch_size: int | None = None  # None: the fastest of HF_GENERATE_BATCH_SIZES
+    kv_layouts: tuple[str, ...] = ("paged",)  # our engine runs once per layout per repeat
     warmup: bool = True
     floor: bool = True
 
@@ -54,15 +60,23 @@ class BenchConfig:
             value = getattr(self, name)
             if not isinstance(value, str) or not value:
                 raise ConfigError(f"{name} must be a non-empty string, got {value!r}")
-        _positive("repeat", self.repeat)
-        if self.threads is not None:
-            _positive("threads", self.threads)
-        _positive("hf_generate_batch_size", self.hf_generate_batch_size)
-        for name in ("max_tokens", "num_system_prompts", "questions_per_prompt"):
+        if self.revision is not None and (not isinstance(self.revision, str) or not self.revision):
+            raise ConfigError(f"revision must be a non-empty string, got {self.revision!r}")
+        if not isinstance(self.trust_remote_code, bool):
+            raise ConfigError(
+                f"trust_remote_code must be true or false, got {self.trust_remote_code!r}"
+            )
+        require_positive_int("repeat", self.repeat)
+        for name in (
+            "threads",
+            "hf_generate_batch_size",
+            "max_tokens",
+            "num_system_prompts",
+            "questions_per_prompt",
+            "system_prompt_words",
+        ):
             if getattr(self, name) is not None:
-                _positive(name, getattr(self, name))
-        if self.system_prompt_words is not None:
-            _positive("system_prompt_words", self.system_prompt_words)
+                require_positive_int(name, getattr(self, name))
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
             raise ConfigError(f"seed must be a non-negative int, got {self.seed!r}")
         if not isinstance(self.peers, tuple):
@@ -74,6 +88,15 @@ class BenchConfig:
             )
         if len(set(self.peers)) != len(self.peers):
             raise ConfigError(f"peers: {', '.join(self.peers)} names a peer twice")
+        if not isinstance(self.kv_layouts, tuple) or not self.kv_layouts:
+            raise ConfigError(f"kv_layouts must name at least one layout, got {self.kv_layouts!r}")
+        for layout in self.kv_layouts:
+            if layout not in KV_LAYOUTS:
+                raise ConfigError(
+                    f"kv layout: unknown layout {layout!r}; known layouts: {', '.join(KV_LAYOUTS)}"
+                )
+        if len(set(self.kv_layouts)) != len(self.kv_layouts):
+            raise ConfigError(f"kv layout: {', '.join(self.kv_layouts)} names a layout twice")
         if not isinstance(self.engine, EngineConfig):
             raise ConfigError(f"engine must be an EngineConfig, got {type(self.engine).__name__}")
         for name in ("warmup", "floor"):
@@ -90,9 +113,35 @@ class BenchConfig:
         converted = dict(values)
         if isinstance(converted.get("engine"), Mapping):
             converted["engine"] = EngineConfig.from_dict(converted["engine"])
-        if isinstance(converted.get("peers"), list):
-            converted["peers"] = tuple(converted["peers"])
+        for name in ("peers", "kv_layouts"):
+            if isinstance(converted.get(name), list):
+                converted[name] = tuple(converted[name])
         return cls(**converted)
+
+
+def ours_system(kv_layout: str) -> str:
+    """Our engine's system name in results: `astrai` for the paged layout, else suffixed."""
+    return OURS if kv_layout == "paged" else f"{OURS}-{kv_layout}"
+
+
+OURS_SYSTEMS = tuple(ours_system(layout) for layout in KV_LAYOUTS)
+
+
+def parse_kv_layouts(text: str) -> tuple[str, ...]:
+    """'contiguous,paged' -> ('contiguous', 'paged'), in the order given (the run order)."""
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def parse_batch_size(text: str) -> int | None:
+    """'auto' -> None (probe for the fastest), else a positive int."""
+    if text.strip() == "auto":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise ConfigError(f"hf batch size must be auto or a positive int, got {text!r}") from None
+    require_positive_int("hf batch size", value)
+    return value
 
 
 def parse_peers(text: str) -> tuple[str, ...]:
@@ -118,10 +167,3 @@ def parse_tolerance(text: str | float) -> float:
     if not 0 <= value < 1:
         raise ConfigError(f"tolerance must be at least 0% and below 100%, got {text!r}")
     return value
-
-
-def _positive(name: str, value: object) -> None:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise ConfigError(f"{name} must be an int, got {type(value).__name__}")
-    if value < 1:
-        raise ConfigError(f"{name} must be >= 1, got {value}")

@@ -7,8 +7,9 @@ sizes and decode batch sizes (each size timed as the fastest of a few forwards),
 is what this machine allows with this model whatever the engine's scheduling does.
 
 Timings come from our own `ModelRunner.forward` and its `forward_seconds` (the same
-measure as the engine's `forward_seconds`), over a private KV pool: the model with the
-paged attention, the LM head on the rows that need logits, no scheduling and no sampling.
+measure as the engine's `forward_seconds`: CUDA events on a GPU, so queued kernels count),
+over a private KV pool: the model with the paged attention, the LM head on the rows that
+need logits, no scheduling and no sampling.
 Two simplifications: prefill chunks are timed from position 0 (the workload's unique
 suffixes really attend to a cached prefix, a small extra at these lengths), and every
 decode sequence has the same context, the workload's mean prompt length plus half the

@@ -5,14 +5,15 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 
 import anyio
 
-from astrai_batch.bench.config import OURS
+from astrai_batch.bench.config import ours_system
 from astrai_batch.bench.prompts import BenchPrompts
 from astrai_batch.bench.rss import PeakRss
 from astrai_batch.bench.runs import EngineFigures, SystemRun, check_generated, percentile
+from astrai_batch.cache import SeatTable
 from astrai_batch.engine import (
     Engine,
     EngineConfig,
@@ -30,6 +31,8 @@ def run_ours(
 ) -> SystemRun:
     """Greedy, end-of-sequence ignored, so every prompt generates exactly `max_tokens`.
 
+    The run is named after `config.kv_layout` (`astrai`, `astrai-contiguous`).
+
     Wall time covers engine start (KV pool allocation) to the last result, as the
     transformers peers also allocate their caches inside the timed call.
     """
@@ -40,23 +43,24 @@ def run_ours(
     ]
     with PeakRss() as rss:
         started = time.perf_counter()
-        results, stats, pool_pages = anyio.run(_generate, loaded, requests, config)
+        results, stats, shape = anyio.run(_generate, loaded, requests, config)
         wall = time.perf_counter() - started
+    system = ours_system(config.kv_layout)
     failed = [r for r in results if r.finish_reason == "error"]
     if failed:
         raise AstraiBatchError(
-            f"{OURS}: {len(failed)} of {len(results)} prompts failed, first: {failed[0].error}"
+            f"{system}: {len(failed)} of {len(results)} prompts failed, first: {failed[0].error}"
         )
-    generated = check_generated(OURS, [r.completion_tokens for r in results], prompts.max_tokens)
+    generated = check_generated(system, [r.completion_tokens for r in results], prompts.max_tokens)
     first_tokens = [
         r.timings.first_token_seconds
         for r in results
         if r.timings is not None and r.timings.first_token_seconds is not None
     ]
     if len(first_tokens) != len(results):
-        raise AstraiBatchError(f"{OURS}: some results carry no time to first token")
+        raise AstraiBatchError(f"{system}: some results carry no time to first token")
     return SystemRun(
-        system=OURS,
+        system=system,
         repeat=repeat,
         wall_seconds=wall,
         prompt_tokens=prompts.prompt_tokens,
@@ -69,7 +73,10 @@ def run_ours(
             ttft_p50_seconds=percentile(first_tokens, 0.5),
             ttft_p90_seconds=percentile(first_tokens, 0.9),
             peak_kv_pages=stats.cache.peak_pages_in_use,
-            kv_pool_pages=pool_pages,
+            kv_pool_pages=shape.pool_pages,
+            kv_layout=config.kv_layout,
+            kv_seats=shape.seats,
+            peak_running_seqs=shape.peak_running,
             forward_seconds=stats.forward_seconds,
             step_seconds=stats.busy_seconds,
             steps=stats.steps,
@@ -78,10 +85,23 @@ def run_ours(
     )
 
 
+@dataclass(frozen=True)
+class _KVShape:
+    pool_pages: int
+    seats: int | None
+    peak_running: int
+
+
 async def _generate(
     loaded: LoadedModel, requests: Sequence[GenerationRequest], config: EngineConfig
-) -> tuple[list[GenerationResult], EngineStats, int]:
-    """Like `generate_sync`, and also says how many pages the engine's pool got."""
+) -> tuple[list[GenerationResult], EngineStats, _KVShape]:
+    """Like `generate_sync`, and also says what the engine's KV memory held."""
     async with Engine(loaded, config) as engine:
         results = [result async for result in engine.generate(requests)]
-        return results, engine.stats(), engine.core.pool.num_pages
+        core = engine.core
+        shape = _KVShape(
+            pool_pages=core.pool.num_pages,
+            seats=core.cache.num_seats if isinstance(core.cache, SeatTable) else None,
+            peak_running=core.scheduler.peak_running,
+        )
+        return results, engine.stats(), shape

@@ -1,8 +1,10 @@
 """The peers: the same prompts through transformers' own generation, on the same weights.
 
-* `hf-generate`: `model.generate` over fixed batches of the prompts in input order, left
-  padded, as most scripts use it. `min_new_tokens = max_new_tokens` keeps it from stopping
-  at an end-of-sequence token, so it does the same work as our engine with `ignore_eos`.
+* `hf-generate`: `model.generate` over fixed batches, left padded, the way a careful script
+  uses it: prompts sorted by length first (so a batch pads little), results put back in input
+  order, and the batch size the fastest of `HF_GENERATE_BATCH_SIZES` on a short probe unless
+  one is given. `min_new_tokens = max_new_tokens` keeps it from stopping at an
+  end-of-sequence token, so it does the same work as our engine with `ignore_eos`.
 * `hf-generate-batch`: `model.generate_batch`, transformers' continuous batching with its
   paged cache and prefix sharing. Its automatic sizing targets GPUs: on a CPU it takes 90%
   of system RAM and an 8192-token step, and spends most of a short run filling static
@@ -19,12 +21,13 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from transformers import GenerationConfig
 from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
-from astrai_batch.bench.config import HF_GENERATE, HF_GENERATE_BATCH
+from astrai_batch.bench.config import HF_GENERATE, HF_GENERATE_BATCH, HF_GENERATE_BATCH_SIZES
 from astrai_batch.bench.prompts import BenchPrompts
 from astrai_batch.bench.rss import PeakRss
 from astrai_batch.bench.runs import SystemRun, check_generated
@@ -32,41 +35,86 @@ from astrai_batch.engine import EngineConfig, LoadedModel
 from astrai_batch.errors import AstraiBatchError
 
 PEER_ATTENTION = "sdpa"
+PROBE_MAX_TOKENS = 4
+
+
+@dataclass(frozen=True)
+class BatchSizeChoice:
+    """The hf-generate batch size and how it was chosen, recorded with its runs."""
+
+    batch_size: int
+    probed: dict[int, float] | None = None  # size -> generated tokens/s on the probe; None: given
+
+    def to_dict(self) -> dict[str, object]:
+        if self.probed is None:
+            return {"batch_size": self.batch_size, "batch_size_from": "given"}
+        rates = {str(size): round(rate, 3) for size, rate in self.probed.items()}
+        return {"batch_size": self.batch_size, "batch_size_from": "probe", "probe": rates}
+
+
+def choose_hf_batch_size(loaded: LoadedModel, prompts: BenchPrompts) -> BatchSizeChoice:
+    """The fastest of `HF_GENERATE_BATCH_SIZES` (those the prompt set can fill) on a probe.
+
+    Each size generates `PROBE_MAX_TOKENS` tokens for one batch of that many prompts, taken
+    from the middle of the length-sorted prompt set, and is scored in generated tokens per
+    second; a prompt set smaller than every size probes one batch of all of it.
+    """
+    sizes = [size for size in HF_GENERATE_BATCH_SIZES if size <= prompts.num_prompts]
+    sizes = sizes or [prompts.num_prompts]
+    order = sorted(range(prompts.num_prompts), key=lambda i: len(prompts.prompt_token_ids[i]))
+    rates = {}
+    for size in sizes:
+        start = (len(order) - size) // 2
+        batch = [prompts.prompt_token_ids[i] for i in order[start : start + size]]
+        seconds, _ = _generate_batches(loaded, [batch], PROBE_MAX_TOKENS)
+        rates[size] = size * PROBE_MAX_TOKENS / seconds
+    return BatchSizeChoice(max(rates, key=rates.__getitem__), rates)
 
 
 def run_hf_generate(
-    loaded: LoadedModel, prompts: BenchPrompts, batch_size: int, repeat: int | None
+    loaded: LoadedModel, prompts: BenchPrompts, choice: BatchSizeChoice, repeat: int | None
 ) -> SystemRun:
-    model = loaded.model
-    model.set_attn_implementation(PEER_ATTENTION)
-    pad_id = _pad_token_id(loaded)
-    max_tokens = prompts.max_tokens
-    generation = GenerationConfig(
-        max_new_tokens=max_tokens, min_new_tokens=max_tokens, do_sample=False, pad_token_id=pad_id
-    )
-    lengths: list[int] = []
+    size = choice.batch_size
+    ids = prompts.prompt_token_ids
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+    batches = [[ids[i] for i in order[start : start + size]] for start in range(0, len(ids), size)]
     with PeakRss() as rss:
-        started = time.perf_counter()
-        for start in range(0, prompts.num_prompts, batch_size):
-            batch = prompts.prompt_token_ids[start : start + batch_size]
-            input_ids, attention_mask = _left_padded(batch, pad_id, model.device)
-            with torch.inference_mode():
-                output = model.generate(
-                    input_ids=input_ids,
-                    attention_mask=attention_mask,
-                    generation_config=generation,
-                )
-            lengths += [output.shape[1] - input_ids.shape[1]] * len(batch)
-        wall = time.perf_counter() - started
+        wall, sorted_lengths = _generate_batches(loaded, batches, prompts.max_tokens)
+    lengths = [0] * len(ids)
+    for index, length in zip(order, sorted_lengths, strict=True):
+        lengths[index] = length  # back in input order, so a short prompt is named by its index
     return SystemRun(
         system=HF_GENERATE,
         repeat=repeat,
         wall_seconds=wall,
         prompt_tokens=prompts.prompt_tokens,
-        generated_tokens=check_generated(HF_GENERATE, lengths, max_tokens),
+        generated_tokens=check_generated(HF_GENERATE, lengths, prompts.max_tokens),
         peak_rss_bytes=rss.peak_bytes,
-        system_config=_compact({"batch_size": batch_size, "padding": "left"}),
+        system_config=_compact({**choice.to_dict(), "order": "by length", "padding": "left"}),
     )
+
+
+def _generate_batches(
+    loaded: LoadedModel, batches: Sequence[Sequence[Sequence[int]]], max_tokens: int
+) -> tuple[float, list[int]]:
+    """Seconds for `generate` over the batches, and each prompt's generated length in order."""
+    model = loaded.model
+    model.set_attn_implementation(PEER_ATTENTION)
+    pad_id = _pad_token_id(loaded)
+    generation = GenerationConfig(
+        max_new_tokens=max_tokens, min_new_tokens=max_tokens, do_sample=False, pad_token_id=pad_id
+    )
+    lengths: list[int] = []
+    started = time.perf_counter()
+    for batch in batches:
+        input_ids, attention_mask = _left_padded(batch, pad_id, model.device)
+        with torch.inference_mode():
+            output = model.generate(
+                input_ids=input_ids, attention_mask=attention_mask, generation_config=generation
+            )
+        lengths += [output.shape[1] - input_ids.shape[1]] * len(batch)
+    _synchronize(model.device)  # on CUDA the last kernels may still be queued
+    return time.perf_counter() - started, lengths
 
 
 def run_hf_generate_batch(
@@ -99,6 +147,7 @@ def run_hf_generate_batch(
             # Its warm-up captures CUDA graphs; there are none to capture on a CPU.
             warmup=model.device.type == "cuda",
         )
+        _synchronize(model.device)
         wall = time.perf_counter() - started
     results = list(outputs.values())
     failed = [output for output in results if output.error is not None]
@@ -147,3 +196,8 @@ def _left_padded(
 
 def _compact(values: dict[str, object]) -> str:
     return json.dumps(values, sort_keys=True, separators=(",", ":"))
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

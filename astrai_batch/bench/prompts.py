@@ -7,6 +7,7 @@ peers see the very same token ids and `run` would see them too.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,14 @@ class BenchPrompts:
             raise InputError(f"workload {self.workload!r} has no prompts")
         if self.max_tokens < 1:
             raise InputError(f"max_tokens must be >= 1, got {self.max_tokens}")
+
+    @property
+    def fingerprint(self) -> str:
+        """Identifies the work: equal token ids and max_tokens, equal fingerprint."""
+        digest = hashlib.sha256(str(self.max_tokens).encode())
+        for ids in self.prompt_token_ids:
+            digest.update(b"\n" + ",".join(map(str, ids)).encode())
+        return digest.hexdigest()[:16]
 
     @property
     def num_prompts(self) -> int:

@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from astrai_batch.bench.baseline import BaselineComparison, tracked_values
-from astrai_batch.bench.config import FLOOR, OURS
+from astrai_batch.bench.config import FLOOR, OURS_SYSTEMS
 from astrai_batch.bench.summary import BenchSummary, Spread
 
 _HEADER = ("system", "wall s", "gen tok/s", "total tok/s", "peak RSS", "astrai is")
@@ -21,7 +21,7 @@ def summary_json(summary: BenchSummary, comparison: BaselineComparison | None) -
 
 def summary_table(summary: BenchSummary) -> str:
     context = summary.context
-    ours = summary.systems.get(OURS, {})
+    ours = next((summary.systems[s] for s in OURS_SYSTEMS if s in summary.systems), {})
     repeats = ours["wall_seconds"].count if "wall_seconds" in ours else 0
     title = (
         f"astrai-batch bench: {context.get('workload')}, {context.get('num_prompts')} prompts "
@@ -57,41 +57,50 @@ def summary_table(summary: BenchSummary) -> str:
             )
         )
     lines = [title, *_aligned(table)]
-    if ours:
-        lines.extend(_engine_lines(summary))
+    for system in OURS_SYSTEMS:
+        if system in summary.systems:
+            lines.extend(_engine_lines(summary, system))
     return "\n".join(lines)
 
 
-def _engine_lines(summary: BenchSummary) -> list[str]:
-    ours = summary.systems[OURS]
+def _engine_lines(summary: BenchSummary, system: str) -> list[str]:
+    ours = summary.systems[system]
     context = summary.context
     out = []
+    seats, running = ours.get("kv_seats"), ours.get("peak_running_seqs")
+    if running:
+        held = f"{_spread(seats, ',.0f')} seats, " if seats else "pages on demand, "
+        out.append(
+            f"{system} KV memory: {held}{_spread(running, ',.0f')} sequences at once at peak, "
+            f"peak KV pages {_spread(ours.get('peak_kv_pages'), ',.0f')}, "
+            f"peak RSS {_bytes(ours.get('peak_rss_bytes'))}"
+        )
     prefill = ours.get("prefill_tokens")
     ratio = ours.get("prefill_ratio")
     if prefill and ratio:
         out.append(
-            f"astrai prefill: {_int(prefill.median)} tokens computed, "
+            f"{system} prefill: {_int(prefill.median)} tokens computed, "
             f"{_spread(ratio, '.3f')}x the ideal {_int(context.get('ideal_prefill_tokens'))}"
         )
     hit = ours.get("cache_hit_rate")
-    if hit:
+    if hit is not None:
         ideal = context.get("ideal_cache_hit_rate")
         out.append(
-            f"astrai cache hit rate: {_spread(hit, '.1%')} (ideal {_percent(ideal)}); "
+            f"{system} cache hit rate: {_spread(hit, '.1%')} (ideal {_percent(ideal)}); "
             f"peak KV pages {_spread(ours.get('peak_kv_pages'), ',.0f')}; "
             f"preemptions {_spread(ours.get('preemptions'), ',.0f')}"
         )
     ttft50, ttft90 = ours.get("ttft_p50_seconds"), ours.get("ttft_p90_seconds")
     if ttft50 and ttft90:
         out.append(
-            f"astrai time to first token: p50 {_spread(ttft50, '.2f')} s, "
+            f"{system} time to first token: p50 {_spread(ttft50, '.2f')} s, "
             f"p90 {_spread(ttft90, '.2f')} s"
         )
     overhead = ours.get("engine_overhead")
     forward, steps = ours.get("forward_seconds"), ours.get("step_seconds")
     if overhead and forward and steps:
         out.append(
-            f"astrai engine overhead (wall outside the forward): {_spread(overhead, '.1%')}; "
+            f"{system} engine overhead (wall outside the forward): {_spread(overhead, '.1%')}; "
             f"model forward {_spread(forward, ',.1f')} s, engine steps {_spread(steps, ',.1f')} s"
         )
     load = ours.get("load_average_1m")

@@ -1,7 +1,7 @@
 """The results Parquet: one row per system per repeat, plus the floor, with machine info.
 
-Engine-only columns (prefill, cache, time to first token, KV pages, forward time,
-overhead, steps, preemptions) are null on peer and floor rows; `repeat` is null on the
+Engine-only columns (prefill, cache, time to first token, KV pages, layout and seats,
+forward time, overhead, steps, preemptions) are null on peer and floor rows; `repeat` is null on the
 floor row; `peak_rss_bytes` is null on the floor row (it is computed, not run).
 """
 
@@ -26,9 +26,10 @@ RESULTS_FORMAT = "astrai-batch-bench/1"
 RESULTS_SCHEMA = pa.schema(
     [
         ("started_at", pa.string()),  # UTC ISO time the invocation started
-        ("system", pa.string()),  # astrai | hf-generate | hf-generate-batch | floor
+        ("system", pa.string()),  # astrai | astrai-contiguous | hf-generate | ... | floor
         ("repeat", pa.int32()),
         ("workload", pa.string()),
+        ("workload_fingerprint", pa.string()),  # hash of the prompts' token ids and max_tokens
         ("model", pa.string()),
         ("dtype", pa.string()),
         ("seed", pa.int64()),
@@ -48,6 +49,9 @@ RESULTS_SCHEMA = pa.schema(
         ("ttft_p90_seconds", pa.float64()),
         ("peak_kv_pages", pa.int64()),
         ("kv_pool_pages", pa.int64()),
+        ("kv_layout", pa.string()),  # paged | contiguous
+        ("kv_seats", pa.int64()),  # contiguous: seats the pool was cut into
+        ("peak_running_seqs", pa.int64()),  # most sequences running at once
         ("peak_rss_bytes", pa.int64()),
         ("forward_seconds", pa.float64()),
         ("step_seconds", pa.float64()),  # inside engine steps (forward + scheduling + sampling)
@@ -57,6 +61,8 @@ RESULTS_SCHEMA = pa.schema(
         ("page_size", pa.int64()),
         ("max_num_seqs", pa.int64()),
         ("max_num_batched_tokens", pa.int64()),
+        ("max_model_len", pa.int64()),  # the engine's context cap (a contiguous seat's size)
+        ("kv_layouts", pa.string()),  # the layouts this invocation ran, comma-separated
         ("system_config", pa.string()),  # the system's own settings, compact JSON
         ("load_average_1m", pa.float64()),  # when the run started
         ("cpu_model", pa.string()),
@@ -95,6 +101,7 @@ def result_row(
         "system": run.system,
         "repeat": run.repeat,
         "workload": prompts.workload,
+        "workload_fingerprint": prompts.fingerprint,
         "model": config.model,
         "dtype": config.dtype,
         "seed": config.seed,
@@ -111,6 +118,8 @@ def result_row(
         "page_size": config.engine.page_size,
         "max_num_seqs": config.engine.max_num_seqs,
         "max_num_batched_tokens": config.engine.max_num_batched_tokens,
+        "max_model_len": config.engine.max_model_len,
+        "kv_layouts": ",".join(config.kv_layouts),
         "system_config": run.system_config,
         "load_average_1m": measured.load_average_1m,
         **machine.to_dict(),
@@ -131,6 +140,9 @@ def _engine_columns(run: SystemRun, ideal_prefill: int) -> dict[str, Any]:
         "ttft_p90_seconds": engine.ttft_p90_seconds,
         "peak_kv_pages": engine.peak_kv_pages,
         "kv_pool_pages": engine.kv_pool_pages,
+        "kv_layout": engine.kv_layout,
+        "kv_seats": engine.kv_seats,
+        "peak_running_seqs": engine.peak_running_seqs,
         "forward_seconds": engine.forward_seconds,
         "step_seconds": engine.step_seconds,
         "engine_overhead": run.engine_overhead,

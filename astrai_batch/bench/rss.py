@@ -8,11 +8,10 @@ elsewhere a sampling thread catches it to within one sampling interval. Both are
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 from types import TracebackType
-
-import psutil
 
 SAMPLE_SECONDS = 0.02
 
@@ -24,14 +23,28 @@ class PeakRss:
         if interval_seconds <= 0:
             raise ValueError(f"interval_seconds must be > 0, got {interval_seconds}")
         self._interval = interval_seconds
-        self._process = psutil.Process()
+        try:
+            import psutil  # absent on some GPU machines: /proc/self/statm does the same there
+        except ImportError:
+            self._process = None
+        else:
+            self._process = psutil.Process()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.peak_bytes = 0
         self._kernel_reset = False
 
     def _sample(self) -> None:
-        self.peak_bytes = max(self.peak_bytes, self._process.memory_info().rss)
+        self.peak_bytes = max(self.peak_bytes, self._rss())
+
+    def _rss(self) -> int:
+        if self._process is not None:
+            return self._process.memory_info().rss
+        try:
+            pages = int(Path("/proc/self/statm").read_text().split()[1])
+        except (OSError, ValueError, IndexError):
+            return 0
+        return pages * os.sysconf("SC_PAGE_SIZE")
 
     def _reset_kernel_peak(self) -> bool:
         try:

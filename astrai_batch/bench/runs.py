@@ -19,6 +19,9 @@ class EngineFigures:
     ttft_p90_seconds: float
     peak_kv_pages: int
     kv_pool_pages: int
+    kv_layout: str  # paged | contiguous
+    kv_seats: int | None  # contiguous: the seats the pool was cut into; paged: None
+    peak_running_seqs: int  # the most sequences running at once: what fit in the KV memory
     forward_seconds: float  # inside the model forward
     step_seconds: float  # inside engine steps: the forward plus scheduling and sampling
     steps: int

@@ -1,28 +1,35 @@
 """One benchmark end to end: load, warm up, alternate the systems, price the floor.
 
-Order matters for fairness: in every repeat our engine runs first and then each peer, so
-a machine that slows down (another job starting on the same cores) weighs on both sides of
-each repeat's ratio. The floor is measured last, once.
+Order matters for fairness: in every repeat our engine runs first (once per KV layout, in
+the order given) and then each peer, so a machine that slows down (another job starting on
+the same cores) weighs on both sides of each repeat's ratio. The hf-generate batch size is
+probed once after the warm-up, when not given; the floor is measured last, once.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any
 
 from astrai_batch.bench.config import (
     HF_GENERATE,
-    OURS,
+    HF_GENERATE_BATCH_SIZES,
     WARMUP_MAX_TOKENS,
     WARMUP_PROMPTS,
     BenchConfig,
+    ours_system,
 )
 from astrai_batch.bench.floor import measure_floor
 from astrai_batch.bench.machine import MachineInfo, load_average, machine_info
 from astrai_batch.bench.ours import run_ours
-from astrai_batch.bench.peers import run_hf_generate, run_hf_generate_batch
+from astrai_batch.bench.peers import (
+    BatchSizeChoice,
+    choose_hf_batch_size,
+    run_hf_generate,
+    run_hf_generate_batch,
+)
 from astrai_batch.bench.prompts import BenchPrompts, load_prompts
 from astrai_batch.bench.results import MeasuredRun, result_row
 from astrai_batch.engine import LoadedModel, keep_freed_memory, load_model, set_cpu_threads
@@ -46,7 +53,13 @@ def run_bench(config: BenchConfig, progress: Progress) -> BenchOutcome:
     progress(
         f"loading {config.model} ({config.dtype}, {config.device}, {describe_threads(threads)})"
     )
-    loaded = load_model(config.model, device=config.device, dtype=config.dtype)
+    loaded = load_model(
+        config.model,
+        device=config.device,
+        dtype=config.dtype,
+        revision=config.revision,
+        trust_remote_code=config.trust_remote_code,
+    )
     prompts = load_prompts(config, loaded.tokenizer, loaded.name)
     machine = machine_info(next(loaded.model.parameters()).device)
     progress(
@@ -56,11 +69,13 @@ def run_bench(config: BenchConfig, progress: Progress) -> BenchOutcome:
     )
     if config.warmup:
         warmup = prompts.head(WARMUP_PROMPTS, WARMUP_MAX_TOKENS)
-        progress(f"warm-up: {', '.join((OURS, *config.peers))}")
-        list(_one_round(loaded, warmup, config, repeat=None))  # timings dropped
+        progress(f"warm-up: {', '.join((*map(ours_system, config.kv_layouts), *config.peers))}")
+        warmup_choice = BatchSizeChoice(config.hf_generate_batch_size or WARMUP_PROMPTS)
+        list(_one_round(loaded, warmup, config, None, warmup_choice))  # timings dropped
+    choice = _hf_batch_size(loaded, prompts, config, progress)
     measured: list[MeasuredRun] = []
     for repeat in range(config.repeat):
-        for measured_run in _one_round(loaded, prompts, config, repeat):
+        for measured_run in _one_round(loaded, prompts, config, repeat, choice):
             run = measured_run.run
             measured.append(measured_run)
             progress(
@@ -79,21 +94,38 @@ def run_bench(config: BenchConfig, progress: Progress) -> BenchOutcome:
     return BenchOutcome(rows=rows, prompts=prompts, machine=machine)
 
 
+def _hf_batch_size(
+    loaded: LoadedModel, prompts: BenchPrompts, config: BenchConfig, progress: Progress
+) -> BatchSizeChoice:
+    if config.hf_generate_batch_size is not None or HF_GENERATE not in config.peers:
+        return BatchSizeChoice(config.hf_generate_batch_size or HF_GENERATE_BATCH_SIZES[0])
+    progress(f"{HF_GENERATE}: probing batch sizes")
+    choice = choose_hf_batch_size(loaded, prompts)
+    rates = ", ".join(f"{size}: {rate:,.1f}" for size, rate in (choice.probed or {}).items())
+    progress(f"{HF_GENERATE}: batch size {choice.batch_size} (generated tokens/s {rates})")
+    return choice
+
+
 def _one_round(
-    loaded: LoadedModel, prompts: BenchPrompts, config: BenchConfig, repeat: int | None
+    loaded: LoadedModel,
+    prompts: BenchPrompts,
+    config: BenchConfig,
+    repeat: int | None,
+    hf_batch: BatchSizeChoice,
 ) -> Iterator[MeasuredRun]:
-    """Ours, then each peer; yields each run as it ends."""
-    load = load_average()
-    ours = run_ours(loaded, prompts, config.engine, repeat)
-    yield MeasuredRun(ours, load)
-    if ours.engine is None:
-        raise AstraiBatchError("our engine's run carries no engine figures; this is a bug")
+    """Ours in each KV layout, then each peer; yields each run as it ends."""
+    pool_pages = 0
+    for layout in config.kv_layouts:
+        load = load_average()
+        ours = run_ours(loaded, prompts, replace(config.engine, kv_layout=layout), repeat)
+        if ours.engine is None:
+            raise AstraiBatchError("our engine's run carries no engine figures; this is a bug")
+        pool_pages = ours.engine.kv_pool_pages  # the same KV memory in every layout
+        yield MeasuredRun(ours, load)
     for peer in config.peers:
         load = load_average()
         if peer == HF_GENERATE:
-            run = run_hf_generate(loaded, prompts, config.hf_generate_batch_size, repeat)
+            run = run_hf_generate(loaded, prompts, hf_batch, repeat)
         else:
-            run = run_hf_generate_batch(
-                loaded, prompts, config.engine, ours.engine.kv_pool_pages, repeat
-            )
+            run = run_hf_generate_batch(loaded, prompts, config.engine, pool_pages, repeat)
         yield MeasuredRun(run, load)

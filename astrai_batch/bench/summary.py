@@ -30,6 +30,8 @@ FIGURES = (
     "ttft_p50_seconds",
     "ttft_p90_seconds",
     "peak_kv_pages",
+    "kv_seats",
+    "peak_running_seqs",
     "engine_overhead",
     "forward_seconds",
     "step_seconds",
@@ -38,6 +40,9 @@ FIGURES = (
 )
 CONTEXT = (
     "workload",
+    "workload_fingerprint",
+    "kv_layouts",
+    "max_model_len",
     "model",
     "dtype",
     "num_prompts",

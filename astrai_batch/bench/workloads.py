@@ -1,7 +1,8 @@
 """Benchmark workloads for `astrai-batch bench`: prompt sets generated from a seed.
 
-Workloads are text, so any tokenizer can run them; `workload_prefix_stats` gives their
-ideal prefix reuse once the caller has encoded them. Each workload is deterministic for a
+Workloads are text, so any tokenizer can run them; `jobs.prefix_stats.ideal_prefix_stats`
+(the one prefix-tree count, shared with `plan`) gives their ideal prefix reuse once the
+caller has encoded them. Each workload is deterministic for a
 seed (see `synthetic_text`), and its rows are shuffled so the runner has to regroup them.
 
 Sizes are in words. With a typical English BPE (measured on SmolLM2's 49k vocabulary) the
@@ -19,15 +20,15 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from os import PathLike
 from pathlib import Path
 from types import MappingProxyType
 
 from astrai_batch.bench import synthetic_text as text
+from astrai_batch.checks import require_positive_int
 from astrai_batch.errors import ConfigError, OutputError
-from astrai_batch.jobs.prefix_stats import PrefixStats, PrefixStatsBuilder
 
 WORKLOAD_NAMES = ("shared-prefix", "unique", "multi-turn", "long-prefill")
 
@@ -92,8 +93,8 @@ class WorkloadSpec:
             "max_tokens",
         ):
             value = getattr(self, field_name)
-            if value is not None and not (_is_int(value) and value >= 1):
-                raise ConfigError(f"{field_name} must be an integer >= 1, got {value!r}")
+            if value is not None:
+                require_positive_int(field_name, value)
         words = self.question_words
         if words is not None and not (
             isinstance(words, tuple)
@@ -279,17 +280,3 @@ def write_workload_jsonl(rows: Iterable[WorkloadRow], path: str | PathLike[str])
                 stream.write(json.dumps(row.to_json_dict(), ensure_ascii=False) + "\n")
     except OSError as exc:
         raise OutputError(f"cannot write the workload to {target}: {exc}") from exc
-
-
-def workload_prefix_stats(
-    rows: Iterable[WorkloadRow],
-    encode: Callable[[WorkloadRow], Sequence[int]],
-    *,
-    page_size: int,
-    top: int = 10,
-) -> PrefixStats:
-    """Ideal prefix reuse of a workload once `encode` (the engine's prompt encoding) runs."""
-    builder = PrefixStatsBuilder(page_size, top)
-    for row in rows:
-        builder.add(encode(row))
-    return builder.result()

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from astrai_batch.cache.errors import CacheUsageError
-from astrai_batch.errors import ConfigError
+from astrai_batch.checks import require_positive_int
 
 
 class PageAllocator:
@@ -23,8 +23,7 @@ class PageAllocator:
     __slots__ = ("_free", "_refcounts", "num_pages")
 
     def __init__(self, num_pages: int) -> None:
-        if isinstance(num_pages, bool) or not isinstance(num_pages, int) or num_pages < 1:
-            raise ConfigError(f"num_pages must be a positive integer, got {num_pages!r}")
+        require_positive_int("num_pages", num_pages)
         self.num_pages = num_pages
         # Reversed so that pages come out in ascending order, which keeps tests readable.
         self._free: list[int] = list(range(num_pages - 1, -1, -1))

@@ -10,13 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from astrai_batch.cache.errors import CacheUsageError
+from astrai_batch.checks import require_positive_int
 from astrai_batch.errors import ConfigError
-
-
-def _require_positive(name: str, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{name} must be a positive integer, got {value!r}")
 
 
 class KVPool:
@@ -44,7 +39,7 @@ class KVPool:
             ("page_size", page_size),
             ("num_pages", num_pages),
         ):
-            _require_positive(name, value)
+            require_positive_int(name, value)
         if not isinstance(dtype, torch.dtype):
             raise ConfigError(f"dtype must be a torch.dtype, got {dtype!r}")
         self.num_layers = num_layers
@@ -73,7 +68,7 @@ class KVPool:
             ("head_dim", head_dim),
             ("page_size", page_size),
         ):
-            _require_positive(name, value)
+            require_positive_int(name, value)
         element_size = torch.empty((), dtype=dtype).element_size()
         return 2 * num_layers * page_size * num_kv_heads * head_dim * element_size
 
@@ -125,42 +120,6 @@ class KVPool:
         """Flat slots of `positions` (LongTensor [T]) for one request's `page_table` ([n_pages])."""
         page_size = self.page_size
         return page_table[positions // page_size] * page_size + positions % page_size
-
-    def batched_slot_indices(
-        self, page_tables: torch.Tensor, lengths: torch.Tensor
-    ) -> torch.Tensor:
-        """Slots `[N, max(lengths)]` of positions `0..length-1` of each row of `page_tables`.
-
-        `page_tables` is `[N, max_pages]`, rows padded with any valid page id; positions at or
-        past a row's length map to slot 0 and are for the caller to mask.
-        """
-        if page_tables.dim() != 2:
-            raise CacheUsageError(
-                f"page_tables must be 2-D [N, max_pages], got {page_tables.dim()}-D"
-            )
-        if lengths.dim() != 1 or lengths.shape[0] != page_tables.shape[0]:
-            raise CacheUsageError(
-                f"lengths must be 1-D with {page_tables.shape[0]} entries, "
-                f"got shape {tuple(lengths.shape)}"
-            )
-        num_rows, max_pages = page_tables.shape
-        max_len = int(lengths.max()) if num_rows else 0
-        if max_len > max_pages * self.page_size:
-            raise CacheUsageError(
-                f"a length of {max_len} tokens needs more than the {max_pages} pages per row given"
-            )
-        page_size = self.page_size
-        positions = torch.arange(max_len, device=page_tables.device)
-        slots = page_tables[:, positions // page_size] * page_size + positions % page_size
-        valid = positions.unsqueeze(0) < lengths.to(page_tables.device).unsqueeze(1)
-        return torch.where(valid, slots, torch.zeros((), dtype=slots.dtype, device=slots.device))
-
-    def store(
-        self, layer: int, slots: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
-    ) -> None:
-        """Write `keys`/`values` (`[T, num_kv_heads, head_dim]`) of `layer` into `slots` ([T])."""
-        self.key_cache[layer].index_copy_(0, slots, keys.to(self.dtype))
-        self.value_cache[layer].index_copy_(0, slots, values.to(self.dtype))
 
     def __repr__(self) -> str:
         return (

@@ -11,28 +11,34 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 
 from astrai_batch.cache.allocator import PageAllocator
-from astrai_batch.cache.errors import CacheUsageError
+from astrai_batch.cache.errors import CacheUsageError, lookup_open
 from astrai_batch.cache.prefix_index import PrefixIndex
 from astrai_batch.cache.radix_node import PrefixMatch
 from astrai_batch.cache.stats import CacheStats
-from astrai_batch.errors import ConfigError
+from astrai_batch.checks import require_positive_int
 
 
 class _OpenRequest:
     """A request's pages by position, and its pinned match over the published leading pages.
 
     `lookup` holds the (hit, missed) tokens of its `open` until its first successful
-    `reserve`: only then is the request admitted and the lookup counted.
+    `reserve`: only then is the request admitted and the lookup counted. `version` changes
+    whenever `pages` does (see `KVCacheManager.pages_version`).
     """
 
-    __slots__ = ("lookup", "match", "pages")
+    __slots__ = ("lookup", "match", "pages", "version")
 
     def __init__(
-        self, match: PrefixMatch | None, pages: list[int], lookup: tuple[int, int] | None
+        self,
+        match: PrefixMatch | None,
+        pages: list[int],
+        lookup: tuple[int, int] | None,
+        version: int,
     ) -> None:
         self.match = match
         self.pages = pages
         self.lookup = lookup
+        self.version = version
 
     def num_published_pages(self) -> int:
         return 0 if self.match is None else len(self.match.pages)
@@ -42,8 +48,7 @@ class KVCacheManager:
     """Page allocator + prefix index + request table: the cache API the scheduler calls."""
 
     def __init__(self, num_pages: int, page_size: int, enable_prefix_cache: bool = True) -> None:
-        if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
-            raise ConfigError(f"page_size must be a positive integer, got {page_size!r}")
+        require_positive_int("page_size", page_size)
         self.page_size = page_size
         self.num_pages = num_pages
         self.allocator = PageAllocator(num_pages)
@@ -57,6 +62,15 @@ class KVCacheManager:
         self._inserted_pages = 0
         self._evicted_pages = 0
         self._peak_pages_in_use = 0
+        self._page_table_stamp = 0  # last version handed out; versions never repeat
+
+    @property
+    def caches_prefixes(self) -> bool:
+        return self.index is not None
+
+    def can_open(self) -> bool:
+        """Always: a paged request takes pages only in `reserve`, which may refuse."""
+        return True
 
     def open(
         self,
@@ -88,7 +102,7 @@ class KVCacheManager:
             pages = list(match.pages)
         hit = 0 if match is None else match.num_tokens
         lookup = (hit, len(tokens) - hit) if count_lookup else None
-        self._requests[request_id] = _OpenRequest(match, pages, lookup)
+        self._requests[request_id] = _OpenRequest(match, pages, lookup, self._next_version())
         return hit
 
     def cached_prefix_length(self, tokens: Sequence[int], max_cached_tokens: int) -> int:
@@ -109,6 +123,8 @@ class KVCacheManager:
         if num_tokens < 0:
             raise CacheUsageError(f"num_tokens must be >= 0, got {num_tokens}")
         missing = -(-num_tokens // self.page_size) - len(request.pages)
+        if missing <= 0 and request.lookup is None:
+            return True  # nothing changes: the common case, every running sequence every step
         if missing > 0:
             shortfall = missing - self.allocator.num_free()
             if shortfall > 0:
@@ -122,6 +138,7 @@ class KVCacheManager:
                     "held outside the manager without a pin"
                 )
             request.pages.extend(new_pages)
+            request.version = self._next_version()
         if request.lookup is not None:
             hit, missed = request.lookup
             request.lookup = None
@@ -160,6 +177,8 @@ class KVCacheManager:
                 switch_to.append(canonical)
                 switch_from.append(own[position])
                 own[position] = canonical
+        if switch_to:
+            request.version = self._next_version()
         self.allocator.incref(switch_to)
         self.allocator.decref(switch_from)
         self._inserted_pages += num_full - first - len(switch_to)
@@ -175,23 +194,6 @@ class KVCacheManager:
             self.index.unpin(request.match)
         self.allocator.decref(request.pages)
 
-    def truncate(self, request_id: Hashable, num_tokens: int) -> None:
-        """Give back the pages past the first `num_tokens` positions (not published ones)."""
-        request = self._request(request_id)
-        if num_tokens < 0:
-            raise CacheUsageError(f"num_tokens must be >= 0, got {num_tokens}")
-        published = request.num_published_pages()
-        # A published page is shared and immutable: the next token must not be written into it.
-        if num_tokens < published * self.page_size:
-            raise CacheUsageError(
-                f"cannot truncate request {request_id!r} to {num_tokens} tokens: its first "
-                f"{published * self.page_size} tokens are published to the prefix index"
-            )
-        keep = -(-num_tokens // self.page_size)
-        dropped = request.pages[keep:]
-        del request.pages[keep:]
-        self.allocator.decref(dropped)
-
     def evict(self, num_pages: int) -> list[int]:
         """Free up to `num_pages` cached pages no request uses (LRU leaves first)."""
         if self.index is None:
@@ -203,6 +205,17 @@ class KVCacheManager:
     def pages(self, request_id: Hashable) -> list[int]:
         """A copy of the request's page table: page of position p is `pages[p // page_size]`."""
         return list(self._request(request_id).pages)
+
+    def pages_and_version(self, request_id: Hashable) -> tuple[list[int], int]:
+        """`pages` and `pages_version` in one lookup (asked for every sequence every step)."""
+        request = self._request(request_id)
+        return list(request.pages), request.version
+
+    def pages_version(self, request_id: Hashable) -> int:
+        """A stamp that changes whenever the request's page table changes, and that no other
+        page table (of this or any request, before or after) ever had: a caller that keeps a
+        copy of the table rewrites it only when the stamp differs from the copy's."""
+        return self._request(request_id).version
 
     def __contains__(self, request_id: Hashable) -> bool:
         return request_id in self._requests
@@ -276,11 +289,12 @@ class KVCacheManager:
                 f"{self._pages_in_use()}"
             )
 
+    def _next_version(self) -> int:
+        self._page_table_stamp += 1
+        return self._page_table_stamp
+
     def _request(self, request_id: Hashable) -> _OpenRequest:
-        request = self._requests.get(request_id)
-        if request is None:
-            raise CacheUsageError(f"request {request_id!r} is not open")
-        return request
+        return lookup_open(self._requests, request_id)
 
     def _pages_in_use(self) -> int:
         return self.num_pages - self.num_free_pages() - self.num_evictable_pages()

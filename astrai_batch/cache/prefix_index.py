@@ -20,21 +20,20 @@ a pin see such a page dropped from the index but not freed.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from itertools import islice
 
 from astrai_batch.cache.allocator import PageAllocator
 from astrai_batch.cache.errors import CacheUsageError
 from astrai_batch.cache.eviction_queue import EvictionQueue
+from astrai_batch.cache.page_keys import full_pages
 from astrai_batch.cache.radix_node import PrefixMatch, RadixNode, as_token_sequence
-from astrai_batch.errors import ConfigError
+from astrai_batch.checks import require_positive_int
 
 
 class PrefixIndex:
     """Radix tree of cached full pages keyed by their tokens, with pins and LRU leaf eviction."""
 
     def __init__(self, page_size: int, allocator: PageAllocator) -> None:
-        if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
-            raise ConfigError(f"page_size must be a positive integer, got {page_size!r}")
+        require_positive_int("page_size", page_size)
         self.page_size = page_size
         self.allocator = allocator
         self._roots: dict[tuple[int, ...], RadixNode] = {}
@@ -78,7 +77,7 @@ class PrefixIndex:
             node = child
             children = child.children
         self._num_pinned += newly_pinned
-        return PrefixMatch(self, pages, len(pages) * self.page_size, node)
+        return PrefixMatch(pages, len(pages) * self.page_size, node)
 
     def cached_prefix_length(self, tokens: Sequence[int], max_tokens: int | None = None) -> int:
         """How many leading tokens `match` would hit now; pins, touches and counts nothing.
@@ -113,20 +112,6 @@ class PrefixIndex:
                     self._push(node)
             node = node.parent
 
-    def insert(self, tokens: Sequence[int], pages: Sequence[int]) -> list[int]:
-        """Cache every full page of `tokens` not cached yet, taking one reference on each.
-
-        `pages[i]` holds the K/V of `tokens[i * page_size:(i + 1) * page_size]`. Returns, for
-        every full page position, the page the index holds there: where an identical page was
-        already cached, that canonical page rather than the caller's. Nothing is pinned.
-        """
-        tokens = as_token_sequence(tokens)
-        num_full = len(tokens) // self.page_size
-        self._check_enough_pages(pages, num_full)
-        self._clock += 1
-        canonical, _ = self._add_path(None, 0, tokens, num_full, pages, pin=False)
-        return canonical
-
     def extend(
         self, match: PrefixMatch, tokens: Sequence[int], pages: Sequence[int]
     ) -> PrefixMatch:
@@ -134,7 +119,8 @@ class PrefixIndex:
 
         `tokens` must start with the tokens `match` was made for and `pages` is the caller's
         whole page list (position 0 onwards). `match` is consumed: its pins move to the result,
-        whose `pages` are canonical (see `insert`). Costs O(new pages), not O(len(tokens)).
+        whose `pages` are canonical: where an identical page was already cached, that page
+        rather than the caller's. Costs O(new pages), not O(len(tokens)).
         """
         self._check_owned_and_active(match)
         tokens = as_token_sequence(tokens)
@@ -153,7 +139,7 @@ class PrefixIndex:
         self._clock += 1
         new_pages, deepest = self._add_path(match.node, first, tokens, num_full, pages, pin=True)
         match.active = False
-        return PrefixMatch(self, match.pages + new_pages, num_full * page_size, deepest)
+        return PrefixMatch(match.pages + new_pages, num_full * page_size, deepest)
 
     def evict(self, num_pages: int) -> list[int]:
         """Evict unpinned leaves, least recently used first, until `num_pages` pages are freed.
@@ -232,7 +218,7 @@ class PrefixIndex:
         """Walk/extend the path below `start` for pages `first..num_full-1`; canonical pages."""
         page_size = self.page_size
         span = tokens[first * page_size : num_full * page_size]
-        page_keys = zip(*[iter(span)] * page_size, strict=False)  # see `match`
+        page_keys = full_pages(span, page_size)
         children = self._roots if start is None else start.children
         existing: list[RadixNode] = []
         new_keys: list[tuple[int, ...]] = []
@@ -283,10 +269,7 @@ class PrefixIndex:
         tokens = as_token_sequence(tokens)
         if max_tokens is not None and max_tokens < 0:
             raise CacheUsageError(f"max_tokens must be >= 0, got {max_tokens}")
-        source = iter(tokens) if max_tokens is None else islice(tokens, max_tokens)
-        # zip over one iterator repeated page_size times yields the full pages as tuples, in C;
-        # a trailing partial page is dropped, as it should be.
-        return zip(*[source] * self.page_size, strict=False)
+        return full_pages(tokens, self.page_size, max_tokens)
 
     def _check_new_pages(self, new_pages: list[int]) -> None:
         if len(set(new_pages)) != len(new_pages):
@@ -304,7 +287,10 @@ class PrefixIndex:
             )
 
     def _check_owned_and_active(self, match: PrefixMatch) -> None:
-        if match.index is not self:
+        # A match's pins live on its node's path; a node this index does not hold (another
+        # index's) would have its pins released in the wrong tree.
+        node = match.node
+        if node is not None and self._node_by_page.get(node.page) is not node:
             raise CacheUsageError("this match belongs to a different PrefixIndex")
         if not match.active:
             raise CacheUsageError("this match was already unpinned or extended")

@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from astrai_batch.cache.prefix_index import PrefixIndex
 
 
 class RadixNode:
@@ -45,15 +41,13 @@ class PrefixMatch:
 
     The handle keeps the deepest matched node so `PrefixIndex.unpin` can release the path
     without searching; it becomes inactive once unpinned or extended, so pins are never
-    released twice.
+    released twice. It holds no reference to its index: the index recognises its own
+    matches by their node (see `PrefixIndex._check_owned_and_active`).
     """
 
-    __slots__ = ("active", "index", "node", "num_tokens", "pages")
+    __slots__ = ("active", "node", "num_tokens", "pages")
 
-    def __init__(
-        self, index: PrefixIndex, pages: list[int], num_tokens: int, node: RadixNode | None
-    ) -> None:
-        self.index = index
+    def __init__(self, pages: list[int], num_tokens: int, node: RadixNode | None) -> None:
         self.pages = pages
         self.num_tokens = num_tokens
         self.node = node

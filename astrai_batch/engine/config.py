@@ -6,6 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from astrai_batch.cache.layout import KV_LAYOUTS
+from astrai_batch.checks import require_positive_int
 from astrai_batch.errors import ConfigError
 
 
@@ -14,8 +16,11 @@ class EngineConfig:
     """How the engine batches and how big its KV cache is.
 
     The pool is sized by `num_pages` when given, else by `kv_cache_memory` bytes, else by
-    `default_kv_cache_memory` (2 GiB, or less when `max_num_seqs` sequences of the full context
-    fit in less). `max_model_len` caps prompt + output below the model's own limit.
+    `memory_budget.default_kv_budget`: on CUDA `gpu_memory_utilization` of the GPU's memory
+    less the weights and a profiled activation peak, on CPU a share of the available RAM;
+    never more than `max_num_seqs` sequences of the full context use. `max_model_len` caps
+    prompt + output below the model's own limit; in the contiguous `kv_layout` it is also
+    each seat's size.
     """
 
     page_size: int = 16
@@ -24,6 +29,7 @@ class EngineConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 1024
     enable_prefix_cache: bool = True
+    kv_layout: str = "paged"  # or "contiguous": one seat of max_model_len slots per sequence
     max_model_len: int | None = None
     seed: int = 0
     lookahead: int | None = None  # waiting requests pulled ahead; None = 2 * max_num_seqs
@@ -31,21 +37,25 @@ class EngineConfig:
     # "invariant": a row's logits never depend on what runs beside it; "fast": step-shaped
     # kernels (last bits move with the batch; for jobs that neither sample nor resume)
     numerics: str = "invariant"
-
-    default_kv_cache_memory = 2 * 1024**3
+    gpu_memory_utilization: float = 0.9  # vLLM's meaning: share of the GPU this engine may use
 
     def __post_init__(self) -> None:
-        _positive("page_size", self.page_size)
-        _positive("max_num_seqs", self.max_num_seqs)
-        _positive("max_num_batched_tokens", self.max_num_batched_tokens)
-        _positive("max_wait_steps", self.max_wait_steps)
+        require_positive_int("page_size", self.page_size)
+        require_positive_int("max_num_seqs", self.max_num_seqs)
+        require_positive_int("max_num_batched_tokens", self.max_num_batched_tokens)
+        require_positive_int("max_wait_steps", self.max_wait_steps)
         for name in ("num_pages", "kv_cache_memory", "max_model_len", "lookahead"):
             value = getattr(self, name)
             if value is not None:
-                _positive(name, value)
+                require_positive_int(name, value)
+        check_utilization(self.gpu_memory_utilization)
         if not isinstance(self.enable_prefix_cache, bool):
             raise ConfigError(
                 f"enable_prefix_cache must be a bool, got {type(self.enable_prefix_cache).__name__}"
+            )
+        if self.kv_layout not in KV_LAYOUTS:
+            raise ConfigError(
+                f"kv_layout must be one of {', '.join(KV_LAYOUTS)}, got {self.kv_layout!r}"
             )
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
             raise ConfigError(f"seed must be a non-negative int, got {self.seed!r}")
@@ -65,8 +75,7 @@ class EngineConfig:
         return cls(**values)
 
 
-def _positive(name: str, value: object) -> None:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise ConfigError(f"{name} must be an int, got {type(value).__name__}")
-    if value < 1:
-        raise ConfigError(f"{name} must be >= 1, got {value}")
+def check_utilization(value: object) -> None:
+    """`gpu_memory_utilization` is a share of the GPU: a number in (0, 1]."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise ConfigError(f"gpu_memory_utilization must be a number in (0, 1], got {value!r}")

@@ -11,9 +11,14 @@ from collections.abc import Callable, Hashable
 
 import torch
 
-from astrai_batch.cache import KVCacheManager, KVPool
+from astrai_batch.cache import KVLayout, KVPool, make_layout
 from astrai_batch.engine.config import EngineConfig
+from astrai_batch.engine.constraints.backend import ConstraintBackend, ConstraintCompileError
+from astrai_batch.engine.constraints.mask_filler import StepMasks
+from astrai_batch.engine.constraints.sequence_matchers import SequenceMatchers
+from astrai_batch.engine.forward_timer import ForwardTimer
 from astrai_batch.engine.loader import LoadedModel
+from astrai_batch.engine.memory_budget import capped, default_kv_budget, profile_activation_peak
 from astrai_batch.engine.model_runner import ModelRunner, ScheduledChunk
 from astrai_batch.engine.sampling import SequenceSampler, sample_next_tokens
 from astrai_batch.engine.scheduler import ScheduledWork, Scheduler
@@ -50,14 +55,31 @@ class EngineCore:
         else:
             budget = config.kv_cache_memory
             if budget is None:
-                # never more than max_num_seqs full-length sequences can use
                 page_args = {k: v for k, v in pool_args.items() if k != "device"}
-                most = KVPool.bytes_per_page(**page_args)
-                most *= config.max_num_seqs * -(-self.max_model_len // config.page_size)
-                budget = min(config.default_kv_cache_memory, most)
+                budget = capped(
+                    default_kv_budget(
+                        param.device,
+                        gpu_memory_utilization=config.gpu_memory_utilization,
+                        profile_activation_peak=lambda: profile_activation_peak(
+                            loaded.model,
+                            pool_args,
+                            max_num_batched_tokens=config.max_num_batched_tokens,
+                            max_num_seqs=config.max_num_seqs,
+                            max_model_len=self.max_model_len,
+                        ),
+                    ),
+                    bytes_per_page=KVPool.bytes_per_page(**page_args),
+                    max_num_seqs=config.max_num_seqs,
+                    pages_per_seq=-(-self.max_model_len // config.page_size),
+                )
             self.pool = KVPool.from_memory_budget(budget, **pool_args)
-        self.cache = KVCacheManager(
-            self.pool.num_pages, config.page_size, enable_prefix_cache=config.enable_prefix_cache
+        self.cache = make_layout(
+            config.kv_layout,
+            num_pages=self.pool.num_pages,
+            page_size=config.page_size,
+            max_model_len=self.max_model_len,
+            max_num_seqs=config.max_num_seqs,
+            enable_prefix_cache=config.enable_prefix_cache,
         )
         self.runner = ModelRunner(loaded.model, self.pool, numerics=config.numerics)
         # (request id, sample index, logits row) of every sampled position; tests of the
@@ -65,6 +87,7 @@ class EngineCore:
         self.logits_observer: Callable[[Hashable, int, torch.Tensor], None] | None = None
         self.scheduler = Scheduler(config, self.cache)
         self._outputs: dict[int, StopStringTracker] = {}
+        self.constraints = SequenceMatchers(self._constraint_backend)
         self._next_seq_id = 0
         self._arrivals = 0
         self._steps = 0
@@ -73,6 +96,7 @@ class EngineCore:
         self._finished = 0
         self._failed = 0
         self._forward_seconds = 0.0
+        self._pending_timers: list[ForwardTimer] = []  # forwards not yet read (see step)
         self._busy_seconds = 0.0
 
     # -- requests ------------------------------------------------------------------------
@@ -93,6 +117,13 @@ class EngineCore:
         if problem is not None:
             self._failed += params.n
             return [error_result(request, problem, i) for i in range(params.n)]
+        compiled = None
+        if params.constraint is not None:
+            try:
+                compiled = self.constraints.compile(params.constraint)
+            except ConstraintCompileError as exc:
+                self._failed += params.n
+                return [error_result(request, str(exc), i) for i in range(params.n)]
         self._arrivals += 1
         seed_key = request.request_id if request.seed_key is None else request.seed_key
         for sample_index in range(params.n):
@@ -119,6 +150,8 @@ class EngineCore:
                 self._outputs[seq_id] = StopStringTracker(
                     self.tokenizer, params.stop, params.min_tokens
                 )
+            if compiled is not None:
+                self.constraints.attach(seq_id, compiled)
             self.scheduler.add(seq)
         return []
 
@@ -156,37 +189,47 @@ class EngineCore:
                     f"running={len(self.scheduler.running)})"
                 )
             return []
-        chunks = [self._chunk(item) for item in plan.work]
-        output = self.runner.forward(chunks)
-        self._forward_seconds += output.forward_seconds
-        self._steps += 1
-        sampling = [item for item in plan.work if item.completes_known_tokens]
+        chunks: list[ScheduledChunk] = []
+        sampling: list[ScheduledWork] = []
+        cache = self.cache
         for item in plan.work:
-            if item.seq.in_prefill or item.num_tokens > 1:
+            chunk = chunk_for(item, cache)
+            chunks.append(chunk)
+            if chunk.wants_logits:
+                sampling.append(item)
+            if item.num_tokens > 1 or chunk.start < len(item.seq.prompt_token_ids):
                 self._prefill_tokens += item.num_tokens
+        # Grammar masks are filled in a worker thread while the forward runs.
+        self.constraints.start_step([item.seq.seq_id for item in sampling])
+        try:
+            output = self.runner.forward(chunks)
+        finally:
+            masks = self.constraints.finish_step()
+        self._steps += 1
         self.scheduler.after_step(plan.work)
-        results = self._sample(sampling, output.logits) if sampling else []
+        self._pending_timers.append(output.timer)
+        if sampling:
+            results = self._sample(sampling, output.logits, masks)
+            # on CUDA the tokens' read waited for this forward (and every earlier one), so
+            # reading the timers costs no synchronization
+            self._read_timers()
+        else:
+            results = []
         self._busy_seconds += time.perf_counter() - started
         return results
 
-    def _chunk(self, item: ScheduledWork) -> ScheduledChunk:
-        seq = item.seq
-        start = seq.num_computed
-        return ScheduledChunk(
-            token_ids=seq.tokens[start : start + item.num_tokens],
-            start=start,
-            pages=self.cache.pages(seq.seq_id),
-            wants_logits=item.completes_known_tokens,
-        )
-
-    def _sample(self, work: list[ScheduledWork], logits: torch.Tensor) -> list[GenerationResult]:
+    def _sample(
+        self, work: list[ScheduledWork], logits: torch.Tensor, masks: StepMasks | None
+    ) -> list[GenerationResult]:
         seqs = [item.seq for item in work]
         if self.logits_observer is not None:
             for seq, row in zip(seqs, logits, strict=True):
                 self.logits_observer(seq.request_id, seq.sample_index, row)
-        tokens = sample_next_tokens(logits, [seq.sampler for seq in seqs])
+        tokens = sample_next_tokens(logits, [seq.sampler for seq in seqs], masks)
+        self.constraints.accept([seq.seq_id for seq in seqs], [t.token_id for t in tokens])
         now = time.perf_counter()
         results = []
+        self._decode_tokens += len(seqs)
         for seq, sampled in zip(seqs, tokens, strict=True):
             token = sampled.token_id
             seq.tokens.append(token)
@@ -195,7 +238,6 @@ class EngineCore:
                 seq.logprobs.append(sampled.logprob)
             if seq.first_token_at is None:
                 seq.first_token_at = now
-            self._decode_tokens += 1
             reason = self._finish_reason(seq, token)
             if reason is not None:
                 results.append(self._finish(seq, reason))
@@ -203,10 +245,13 @@ class EngineCore:
 
     def _finish_reason(self, seq: Sequence, token: int) -> FinishReason | None:
         params = seq.params
-        generated = seq.num_tokens - seq.prompt_len
+        num_tokens = len(seq.tokens)
+        generated = num_tokens - len(seq.prompt_token_ids)
         output = self._outputs.get(seq.seq_id)
         if output is not None and output.append(token):
             return "stop"
+        if self.constraints.terminated(seq.seq_id):
+            return "stop"  # the grammar is complete and accepted an end token
         # min_tokens holds off every stop: stop strings in the tracker, stop ids and EOS here
         # (the sampler masks them too, so the first that can end a row is token min_tokens + 1).
         if generated > params.min_tokens:
@@ -214,13 +259,14 @@ class EngineCore:
                 return "stop"
             if not params.ignore_eos and token in self.loaded.eos_token_ids:
                 return "stop"
-        if generated >= params.max_tokens or seq.num_tokens >= self.max_model_len:
+        if generated >= params.max_tokens or num_tokens >= self.max_model_len:
             return "length"
         return None
 
     def _finish(self, seq: Sequence, reason: FinishReason) -> GenerationResult:
         self.scheduler.finish(seq)
         self._finished += 1
+        self.constraints.release(seq.seq_id)
         output = self._outputs.pop(seq.seq_id, None)
         ids = seq.output_token_ids
         if output is not None and output.cut is not None:
@@ -249,7 +295,13 @@ class EngineCore:
 
     # -- statistics ------------------------------------------------------------------------
 
+    def _read_timers(self) -> None:
+        for timer in self._pending_timers:
+            self._forward_seconds += timer.seconds()
+        self._pending_timers.clear()
+
     def stats(self) -> EngineStats:
+        self._read_timers()
         return EngineStats(
             steps=self._steps,
             prefill_tokens=self._prefill_tokens,
@@ -259,14 +311,46 @@ class EngineCore:
             requests_failed=self._failed,
             forward_seconds=self._forward_seconds,
             busy_seconds=self._busy_seconds,
+            constrained_requests=self.constraints.constrained_requests,
+            grammars_compiled=self.constraints.grammars_compiled,
+            grammar_compile_seconds=self.constraints.compile_seconds,
+            mask_fill_seconds=self.constraints.fill_seconds,
+            mask_wait_seconds=self.constraints.wait_seconds,
             cache=self.cache.stats(),
         )
+
+    def close(self) -> None:
+        """Stops the mask worker thread (the engine is unusable afterwards)."""
+        self.constraints.close()
 
     def check_invariants(self) -> None:
         self.cache.check_invariants()
         for seq in self.scheduler.running:
             if len(self.cache.pages(seq.seq_id)) * self.config.page_size < seq.num_computed:
                 raise RuntimeError(f"sequence {seq.seq_id} computed past its pages")
+        live = {seq.seq_id: seq for seq in (*self.scheduler.running, *self.scheduler.waiting)}
+        self.constraints.check_invariants(lambda seq_id: live[seq_id].sampler.num_generated)
+
+    def _constraint_backend(self) -> ConstraintBackend:
+        from astrai_batch.engine.constraints.xgrammar_backend import XGrammarBackend
+
+        return XGrammarBackend(
+            self.tokenizer,
+            vocab_size=self.loaded.model.config.vocab_size,
+            eos_token_ids=self.loaded.eos_token_ids,
+        )
+
+
+def chunk_for(item: ScheduledWork, cache: KVLayout) -> ScheduledChunk:
+    """What the runner computes for a scheduled sequence: its next tokens and page table."""
+    seq, num_tokens = item
+    start = seq.num_computed
+    end = start + num_tokens
+    pages, version = cache.pages_and_version(seq.seq_id)
+    # positional: token_ids, start, pages, wants_logits, seq_key, pages_version
+    return ScheduledChunk(
+        seq.tokens[start:end], start, pages, end == len(seq.tokens), seq.seq_id, version
+    )
 
 
 def _fallback_seed(engine_seed: int, seed_key: Hashable, sample_index: int) -> int:

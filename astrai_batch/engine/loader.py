@@ -22,11 +22,12 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from astrai_batch.checks import require_positive_int
 from astrai_batch.engine.converted_models import is_complete
 from astrai_batch.engine.gguf_models import converted_dir_for, ensure_converted, error_summary
 from astrai_batch.engine.library_progress import library_progress_off
 from astrai_batch.engine.model_spec import ModelSpec, alias_list, resolve_model_spec
-from astrai_batch.engine.model_support import check_supported
+from astrai_batch.engine.model_support import check_supported, has_chat_template
 from astrai_batch.errors import ConfigError, ModelLoadError
 
 _DTYPES: MappingProxyType[str, torch.dtype] = MappingProxyType(
@@ -84,8 +85,12 @@ class LoadedModel:
             )
 
 
-def resolve_dtype(name: str | torch.dtype, *, config: Any | None = None) -> torch.dtype:
-    """The torch dtype for a name; "auto" means the checkpoint's own (float32 if unrecorded)."""
+def resolve_dtype(name: str | torch.dtype, *, device: torch.device | str = "cpu") -> torch.dtype:
+    """The torch dtype for a name; "auto" is bfloat16 on CUDA and float32 elsewhere.
+
+    Whatever the checkpoint was saved in: bfloat16 is what a GPU runs fast (and what the KV
+    pool then stores), float32 what a CPU runs exactly and at least as fast.
+    """
     if isinstance(name, torch.dtype):
         if name in _DTYPES.values():
             return name
@@ -94,7 +99,7 @@ def resolve_dtype(name: str | torch.dtype, *, config: Any | None = None) -> torc
         raise ConfigError(f"dtype must be a string or torch.dtype, got {type(name).__name__}")
     key = name.strip().lower()
     if key == "auto":
-        return _checkpoint_dtype(config)
+        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
     if key in _DTYPES:
         return _DTYPES[key]
     raise ConfigError(
@@ -102,17 +107,16 @@ def resolve_dtype(name: str | torch.dtype, *, config: Any | None = None) -> torc
     )
 
 
-def _checkpoint_dtype(config: Any | None) -> torch.dtype:
-    recorded = getattr(config, "dtype", None) if config is not None else None
-    if isinstance(recorded, str):
-        recorded = getattr(torch, recorded, None)
-    return recorded if recorded in _DTYPES.values() else torch.float32
-
-
 def _load_error(
     spec: ModelSpec, what: str, err: Exception, *, first_contact: bool = False
 ) -> ModelLoadError:
     """The error for a failed step; the first read of a hub id may mean it does not exist."""
+    if "trust_remote_code" in str(err):
+        # transformers' own verdict: the model's classes exist only in its repository's code.
+        return ModelLoadError(
+            f"Model {spec.name!r} needs code from its own files to load ({what}); pass "
+            "--trust-remote-code to run it, if you trust its source"
+        )
     if spec.kind == "hub" and first_contact:
         return ModelLoadError(
             f"Could not load model {spec.location!r}: it is not a local path or a known model "
@@ -141,6 +145,7 @@ def load_model(
     *,
     device: str = "cpu",
     dtype: str | torch.dtype = "float32",
+    revision: str | None = None,
     trust_remote_code: bool = False,
     cache_dir: str | os.PathLike[str] | None = None,
     max_model_len: int | None = None,
@@ -149,28 +154,26 @@ def load_model(
 
     A GGUF file (or the `smollm2-135m` alias) is converted once into the cache under
     `cache_dir` (default `$ASTRAI_BATCH_CACHE`, else ~/.cache/astrai-batch) and loaded from there.
+    `revision` (a branch, tag or commit of a hub model) is refused for local models, whose
+    files have no revisions. Code shipped with a model runs only with `trust_remote_code`.
     `max_model_len` caps the context below the model's own; the model is checked at the
     context it will run at (a sliding window or longrope threshold above it never binds).
     """
-    if max_model_len is not None and (
-        isinstance(max_model_len, bool) or not isinstance(max_model_len, int) or max_model_len < 1
-    ):
-        raise ConfigError(f"max_model_len must be a positive integer, got {max_model_len!r}")
-    resolve_dtype(dtype)  # reject a bad name before any slow work; "auto" needs the config
+    if max_model_len is not None:
+        require_positive_int("max_model_len", max_model_len)
     target_device = _resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, device=target_device)  # a bad name fails before slow work
     model_spec = resolve_model_spec(spec)
+    hub = _hub_options(model_spec, revision, trust_remote_code)
     if model_spec.kind == "gguf":
         converted = ensure_converted(Path(model_spec.location), cache_dir)
         model_spec = ModelSpec("directory", model_spec.name, str(converted))
     try:
-        config = AutoConfig.from_pretrained(
-            model_spec.location, trust_remote_code=trust_remote_code
-        )
+        config = AutoConfig.from_pretrained(model_spec.location, **hub)
     except Exception as err:
         raise _load_error(model_spec, "config", err, first_contact=True) from err
     check_supported(config)
-    torch_dtype = resolve_dtype(dtype, config=config)
-    tokenizer = _load_tokenizer_at(model_spec, trust_remote_code, first_contact=False)
+    tokenizer = _load_tokenizer_at(model_spec, hub, first_contact=False)
     context = _max_model_len(config, tokenizer, model_spec)
     if max_model_len is not None:
         context = min(context, max_model_len)
@@ -181,9 +184,7 @@ def load_model(
     if target_device.type != "cpu":
         weights["device_map"] = {"": target_device}
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            model_spec.location, trust_remote_code=trust_remote_code, **weights
-        )
+        model = AutoModelForCausalLM.from_pretrained(model_spec.location, **hub, **weights)
     except Exception as err:
         raise _load_error(model_spec, "weights", err) from err
     model.eval()
@@ -195,6 +196,7 @@ def load_model(
 def load_tokenizer(
     spec: str | os.PathLike[str],
     *,
+    revision: str | None = None,
     trust_remote_code: bool = False,
     cache_dir: str | os.PathLike[str] | None = None,
 ) -> tuple[PreTrainedTokenizerBase, str]:
@@ -204,6 +206,7 @@ def load_tokenizer(
     read from the GGUF itself (no conversion is started).
     """
     model_spec = resolve_model_spec(spec)
+    hub = _hub_options(model_spec, revision, trust_remote_code)
     if model_spec.kind == "gguf":
         gguf_path = Path(model_spec.location)
         converted = converted_dir_for(gguf_path, cache_dir)
@@ -218,17 +221,42 @@ def load_tokenizer(
                 raise _load_error(model_spec, "tokenizer", err) from err
             _require_fast(tokenizer, model_spec)
             return tokenizer, str(gguf_path)
-    tokenizer = _load_tokenizer_at(model_spec, trust_remote_code, first_contact=True)
+    tokenizer = _load_tokenizer_at(model_spec, hub, first_contact=True)
     return tokenizer, model_spec.location
 
 
+def model_files_dir(loaded: LoadedModel, revision: str | None = None) -> Path | None:
+    """The local directory holding the files `loaded` was read from: its own directory, or
+    for a hub model the cached snapshot of `revision` (None when it is not in the cache)."""
+    source = Path(loaded.source)
+    if source.is_dir():
+        return source
+    from huggingface_hub import try_to_load_from_cache
+
+    config_file = try_to_load_from_cache(loaded.source, "config.json", revision=revision)
+    return Path(config_file).parent if isinstance(config_file, str) else None
+
+
+def _hub_options(
+    model_spec: ModelSpec, revision: str | None, trust_remote_code: bool
+) -> dict[str, Any]:
+    """`from_pretrained` keywords for the revision and remote code options."""
+    if revision is not None and model_spec.kind != "hub":
+        raise ConfigError(
+            f"--revision {revision} applies to hub models only; {model_spec.name!r} is a local "
+            f"{'GGUF file' if model_spec.kind == 'gguf' else 'directory'}"
+        )
+    options: dict[str, Any] = {"trust_remote_code": trust_remote_code}
+    if revision is not None:
+        options["revision"] = revision
+    return options
+
+
 def _load_tokenizer_at(
-    model_spec: ModelSpec, trust_remote_code: bool, *, first_contact: bool
+    model_spec: ModelSpec, hub: dict[str, Any], *, first_contact: bool
 ) -> PreTrainedTokenizerBase:
     try:
-        tokenizer = AutoTokenizer.from_pretrained(
-            model_spec.location, trust_remote_code=trust_remote_code
-        )
+        tokenizer = AutoTokenizer.from_pretrained(model_spec.location, **hub)
     except Exception as err:
         raise _load_error(model_spec, "tokenizer", err, first_contact=first_contact) from err
     _require_fast(tokenizer, model_spec)
@@ -241,6 +269,17 @@ def _require_fast(tokenizer: PreTrainedTokenizerBase, model_spec: ModelSpec) -> 
             f"The tokenizer of model {model_spec.name!r} is not a fast tokenizer "
             "(no tokenizer.json); astrai-batch needs one"
         )
+
+
+def describe_model(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, name: str, source: str
+) -> LoadedModel:
+    """A `LoadedModel` for a model built in memory (random weights for checks and benches),
+    checked like a loaded one."""
+    spec = ModelSpec("directory", name, source)
+    context = _max_model_len(model.config, tokenizer, spec)
+    check_supported(model.config, max_model_len=context)
+    return _describe(model, tokenizer, spec, context)
 
 
 def _describe(
@@ -271,7 +310,7 @@ def _describe(
         num_layers=int(config.num_hidden_layers),
         num_kv_heads=int(getattr(config, "num_key_value_heads", None) or num_heads),
         head_dim=int(head_dim),
-        has_chat_template=bool(getattr(tokenizer, "chat_template", None)),
+        has_chat_template=has_chat_template(tokenizer),
     )
 
 

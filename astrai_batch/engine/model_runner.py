@@ -8,10 +8,11 @@ their sequence's last known token.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from astrai_batch.cache.kv_pool import KVPool
@@ -24,34 +25,45 @@ from astrai_batch.engine.attention import (
     offset_causal_mask,
     register_paged_attention,
 )
-from astrai_batch.engine.block_plan import (
-    BlockBatch,
-    QuerySpan,
-    block_tokens_for,
-    plan_blocks,
-)
-from astrai_batch.engine.cascade import DecodePartition, partition_decodes
-from astrai_batch.engine.cascade_plan import CascadeBatch, padded_tables, plan_cascade
+from astrai_batch.engine.block_plan import BlockBatch, QuerySpan, block_tokens_for, plan_blocks
+from astrai_batch.engine.cascade import DecodePartition
+from astrai_batch.engine.cascade_plan import CascadeBatch, plan_cascade
+from astrai_batch.engine.forward_timer import ForwardTimer
 from astrai_batch.engine.invariant_linear import set_row_tiling
 from astrai_batch.engine.page_gather import PageGatherer
+from astrai_batch.engine.step_buffers import StepArrays, StepBuffers, partition_rows, to_device
 
-NUMERICS = ("invariant", "fast")
 
+class ScheduledChunk(NamedTuple):
+    """Compute `token_ids` at positions [start, start + len) of one sequence.
 
-@dataclass(frozen=True)
-class ScheduledChunk:
-    """Compute `token_ids` at positions [start, start + len) of one sequence."""
+    A named tuple, not a dataclass: a step makes one per scheduled sequence, and a frozen
+    dataclass's field-by-field `__init__` cost a few microseconds each at 256 sequences.
+    """
 
     token_ids: Sequence[int]
     start: int
     pages: Sequence[int]  # the sequence's page table, covering at least start + len tokens
     wants_logits: bool  # the chunk ends at the sequence's last known token
+    # The sequence and its page table's version (`KVCacheManager.pages_version`): the runner
+    # keeps the table between steps and rewrites it only when the version changes. None: the
+    # table is written for this step only.
+    seq_key: Hashable | None = None
+    pages_version: int | None = None
 
 
 @dataclass(frozen=True)
 class ForwardOutput:
     logits: torch.Tensor  # [number of chunks with wants_logits, vocab], float32
-    forward_seconds: float
+    timer: ForwardTimer
+
+    @property
+    def forward_seconds(self) -> float:
+        """The model's time (device time on CUDA: read after the step's sync, it costs none)."""
+        return self.timer.seconds()
+
+
+NUMERICS = ("invariant", "fast")
 
 
 class ModelRunner:
@@ -78,13 +90,15 @@ class ModelRunner:
         self.page_size = pool.page_size
         self.use_cascade = use_cascade
         self.gatherer = PageGatherer()
+        self.buffers = StepBuffers(self.page_size)
 
     @torch.inference_mode()
     def forward(self, chunks: Sequence[ScheduledChunk]) -> ForwardOutput:
         if not chunks:
             raise ValueError("forward needs at least one chunk")
         batch, input_ids, positions, logit_rows = self._build_batch(chunks)
-        started = time.perf_counter()
+        timer = ForwardTimer(self.device)
+        timer.start()
         outputs = self.model(
             input_ids=input_ids.unsqueeze(0),
             position_ids=positions.unsqueeze(0),
@@ -93,60 +107,37 @@ class ModelRunner:
             **{BATCH_KWARG: batch},
         )
         logits = outputs.logits[0].float()
-        return ForwardOutput(logits=logits, forward_seconds=time.perf_counter() - started)
+        timer.stop()
+        return ForwardOutput(logits=logits, timer=timer)
 
     def _build_batch(self, chunks: Sequence[ScheduledChunk]):
         device = self.device
         page = self.page_size
-        token_ids: list[int] = []
-        positions: list[int] = []
-        write_slots: list[torch.Tensor] = []
-        logit_rows: list[int] = []
-        decode_rows: list[int] = []
-        decode_tables: list[list[int]] = []
-        decode_lengths: list[int] = []
+        step = self.buffers.build(chunks)
+        input_ids = to_device(step.token_ids, device)
+        position_ids = to_device(step.positions, device)
+        rows = to_device(step.logit_rows, device)
+        if self.numerics == "invariant":
+            batch = self._block_batch(chunks, step)
+            return batch, input_ids, position_ids, rows
         prefills: list[PrefillSpan] = []
-        for chunk in chunks:
-            n = len(chunk.token_ids)
-            if n == 0:
-                raise ValueError("a scheduled chunk has no tokens")
-            end = chunk.start + n
-            if len(chunk.pages) * page < end:
-                raise ValueError(
-                    f"chunk ends at token {end} but its {len(chunk.pages)} pages "
-                    f"hold {len(chunk.pages) * page}"
-                )
-            row = len(token_ids)
-            token_ids.extend(chunk.token_ids)
-            positions.extend(range(chunk.start, end))
-            table = torch.tensor(chunk.pages[: (end + page - 1) // page], dtype=torch.long)
-            write_slots.append(self.pool.slot_indices(table, torch.arange(chunk.start, end)))
-            if chunk.wants_logits:
-                logit_rows.append(row + n - 1)
-            if self.numerics == "invariant":
-                continue  # the block plan below reads the chunks themselves
-            if n == 1:
-                decode_rows.append(row)
-                decode_tables.append([int(p) for p in chunk.pages[: (end + page - 1) // page]])
-                decode_lengths.append(end)
-            elif chunk.start == 0:
+        for i in np.flatnonzero(step.num_tokens > 1).tolist():
+            row, n = int(step.token_start[i]), int(step.num_tokens[i])
+            start = int(step.context_start[i])
+            if start == 0:
                 prefills.append(PrefillSpan(row, row + n, 0, None, None))
             else:
-                mask = offset_causal_mask(n, end, device)
-                prefills.append(PrefillSpan(row, row + n, chunk.start, table.to(device), mask))
-        input_ids = torch.tensor(token_ids, dtype=torch.long, device=device)
-        position_ids = torch.tensor(positions, dtype=torch.long, device=device)
-        rows = torch.tensor(logit_rows, dtype=torch.long, device=device)
-        slots = torch.cat(write_slots).to(device)
-        if self.numerics == "invariant":
-            return self._block_batch(chunks, slots), input_ids, position_ids, rows
-        decode, cascade = self._decode_groups(decode_rows, decode_tables, decode_lengths)
+                needed = -(-(start + n) // page)
+                table = to_device(step.page_tables[i, :needed], device)
+                mask = offset_causal_mask(n, start + n, device)
+                prefills.append(PrefillSpan(row, row + n, start, table, mask))
+        decode, cascade = self._decode_groups(step)
         batch = AttentionBatch(
             key_cache=self.pool.key_cache,
             value_cache=self.pool.value_cache,
             page_size=page,
-            write_slots=slots,
-            longest_context=max(chunk.start + len(chunk.token_ids) for chunk in chunks),
+            write_slots=to_device(step.write_slots, device),
+            longest_context=int(step.lengths.max()),
             decode=decode,
             cascade=cascade,
             prefills=prefills,
@@ -154,46 +145,54 @@ class ModelRunner:
         )
         return batch, input_ids, position_ids, rows
 
-    def _block_batch(self, chunks: Sequence[ScheduledChunk], slots: torch.Tensor) -> BlockBatch:
-        spans = []
-        row = 0
-        for chunk in chunks:
-            spans.append(QuerySpan(row, chunk.start, len(chunk.token_ids), chunk.pages))
-            row += len(chunk.token_ids)
+    def _block_batch(self, chunks: Sequence[ScheduledChunk], step: StepArrays) -> BlockBatch:
+        spans = [
+            QuerySpan(int(row), chunk.start, len(chunk.token_ids), chunk.pages)
+            for row, chunk in zip(step.token_start.tolist(), chunks, strict=True)
+        ]
         runs, units = plan_blocks(spans, self.page_size, self.use_cascade, self.device)
         return BlockBatch(
             key_cache=self.pool.key_cache,
             value_cache=self.pool.value_cache,
             page_size=self.page_size,
             block_tokens=block_tokens_for(self.page_size),
-            write_slots=slots,
-            longest_context=max(chunk.start + len(chunk.token_ids) for chunk in chunks),
+            write_slots=to_device(step.write_slots, self.device),
+            longest_context=int(step.lengths.max()),
             runs=runs,
             units=units,
             gatherer=self.gatherer,
         )
 
-    def _decode_groups(
-        self, rows: list[int], tables: list[list[int]], lengths: list[int]
-    ) -> tuple[DecodeGroup | None, CascadeBatch | None]:
+    def _decode_groups(self, step: StepArrays) -> tuple[DecodeGroup | None, CascadeBatch | None]:
         """Decodes sharing prefix pages go to the cascade batch; the rest one padded group."""
-        if not rows:
+        decodes = step.decodes
+        if len(decodes) == 0:
             return None, None
         device = self.device
         page = self.page_size
+        tables = step.page_tables[decodes]
+        lengths = step.lengths[decodes]
+        token_rows = step.token_start[decodes]
         if self.use_cascade:
-            partition = partition_decodes(tables, lengths, page)
+            partition = partition_rows(tables, lengths, page)
         else:
-            partition = DecodePartition(groups=[], rest=list(range(len(rows))))
-        cascade = plan_cascade(partition.groups, rows, tables, lengths, page, device)
+            partition = DecodePartition(groups=[], rest=list(range(len(decodes))))
+        cascade = None
+        if partition.groups:
+            needed = step.pages_needed(page)[decodes]
+            exact = [tables[i, : needed[i]] for i in range(len(decodes))]
+            cascade = plan_cascade(
+                partition.groups, token_rows.tolist(), exact, lengths.tolist(), page, device
+            )
         if not partition.rest:
             return None, cascade
-        rest_tables, key_mask = padded_tables(
-            [tables[i] for i in partition.rest], [lengths[i] for i in partition.rest], page
-        )
+        rest = np.asarray(partition.rest, dtype=np.int64)
+        rest_lengths = lengths[rest]
+        width = int(-(-rest_lengths.max() // page))
+        key_mask = np.arange(width * page) < rest_lengths[:, None]
         decode = DecodeGroup(
-            token_index=torch.tensor([rows[i] for i in partition.rest], device=device),
-            page_tables=rest_tables.to(device),
-            key_mask=key_mask.to(device),
+            token_index=to_device(token_rows[rest], device),
+            page_tables=to_device(tables[rest, :width], device),
+            key_mask=to_device(key_mask, device).view(len(rest), 1, 1, -1),
         )
         return decode, cascade

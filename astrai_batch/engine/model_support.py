@@ -212,10 +212,20 @@ def _rope_types(config: Any) -> list[str]:
     return [str(p.get("rope_type", p.get("type", "default"))) for p in _rope_parameter_sets(config)]
 
 
+def has_chat_template(tokenizer: Any) -> bool:
+    """Whether the tokenizer can turn chat messages into a prompt: the one place that decides."""
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
+def no_chat_template_message(model_name: str) -> str:
+    """Why chat messages cannot run on this model: a job's refusal and a row's error alike."""
+    return (
+        f"model {model_name!r} has no chat template, so chat messages cannot be turned into "
+        "a prompt; give plain-text prompts or use an instruct/chat model"
+    )
+
+
 def require_chat_template(loaded: LoadedModel) -> None:
     """Refuse chat-style input for a model whose tokenizer cannot format messages."""
     if not loaded.has_chat_template:
-        raise UnsupportedModelError(
-            f"Model {loaded.name!r} has no chat template, so chat messages cannot be turned "
-            "into a prompt; give plain-text prompts or use an instruct/chat model"
-        )
+        raise UnsupportedModelError(no_chat_template_message(loaded.name))

@@ -15,6 +15,10 @@ running sequence always progresses, so that wait is bounded).
 When pages run out, cached pages are evicted first (inside `KVCacheManager.reserve`), then the
 newest running sequences are preempted by recompute: their computed pages are published to the
 prefix index and released, and they go back to the head of the waiting list.
+
+The same scheduler serves both KV layouts (`cache.layout`). In the contiguous one, admission
+also needs a free seat (`can_open`), a seat covers the whole context so `reserve` never fails
+and nothing is preempted for pages, and no prefix is ever cached.
 """
 
 from __future__ import annotations
@@ -22,14 +26,16 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import dataclass
+from typing import NamedTuple
 
-from astrai_batch.cache import KVCacheManager
+from astrai_batch.cache import KVLayout
 from astrai_batch.engine.config import EngineConfig
 from astrai_batch.engine.sequence import Sequence, SequenceStatus
 
 
-@dataclass(frozen=True)
-class ScheduledWork:
+class ScheduledWork(NamedTuple):
+    """`num_tokens` more tokens of `seq` this step (a named tuple: one per sequence per step)."""
+
     seq: Sequence
     num_tokens: int
 
@@ -45,12 +51,13 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, cache: KVCacheManager) -> None:
+    def __init__(self, config: EngineConfig, cache: KVLayout) -> None:
         self.config = config
         self.cache = cache
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self.preemptions = 0
+        self.peak_running = 0
         self._inflight_pages: Counter[int] = Counter()
 
     # -- queue ---------------------------------------------------------------------------
@@ -64,20 +71,38 @@ class Scheduler:
         return len(self.waiting) + len(self.running)
 
     def finish(self, seq: Sequence) -> None:
-        """Releases a finished sequence's pages, publishing everything it computed."""
+        """Releases a finished sequence's pages.
+
+        Everything it computed is published already: `after_step` publishes every page
+        filled, and a sequence finishes after the step that computed its last tokens.
+        """
         self._untrack_inflight(seq)
         self.running.remove(seq)
-        self.cache.close(seq.seq_id, seq.tokens[: seq.num_computed])
+        self.cache.close(seq.seq_id)
         seq.status = SequenceStatus.FINISHED
 
     def after_step(self, work: list[ScheduledWork]) -> None:
-        """Advances progress by what was computed and publishes the filled pages."""
-        for item in work:
-            seq = item.seq
-            self._untrack_inflight(seq)
-            seq.num_computed += item.num_tokens
-            self.cache.publish(seq.seq_id, seq.tokens[: seq.num_computed])
-            self._track_inflight(seq)
+        """Advances progress by what was computed and publishes the filled pages.
+
+        `publish` is called only when a page filled up: the pages before the old
+        `num_computed // page_size` were published by the previous call (or matched at
+        admission), so it would do nothing otherwise. It gets the token list itself when every
+        token is computed (a decode), else a copy of the computed ones.
+        """
+        page = self.cache.page_size
+        publish = self.cache.publish
+        for seq, num_tokens in work:
+            before = seq.num_computed
+            prefilling = before < len(seq.prompt_token_ids)
+            if prefilling:
+                self._untrack_inflight(seq)
+            seq.num_computed = after = before + num_tokens
+            if after // page > before // page:
+                tokens = seq.tokens
+                # a decode has computed every token it has (its next one is not sampled yet)
+                publish(seq.seq_id, tokens if len(tokens) == after else tokens[:after])
+            if prefilling:
+                self._track_inflight(seq)
 
     # -- one step ------------------------------------------------------------------------
 
@@ -86,13 +111,19 @@ class Scheduler:
         work: list[ScheduledWork] = []
         preempted_before = self.preemptions
         index = 0
-        while index < len(self.running) and budget > 0:
-            seq = self.running[index]
-            num = min(seq.num_uncomputed, budget)
+        running = self.running
+        reserve = self.cache.reserve
+        while index < len(running) and budget > 0:
+            seq = running[index]
+            computed = seq.num_computed
+            num = min(len(seq.tokens) - computed, budget)
             if num == 0:
                 index += 1
                 continue
-            if not self._reserve_or_preempt(seq, seq.num_computed + num):
+            # the plain reserve first: it succeeds for nearly every sequence of nearly every step
+            if not reserve(seq.seq_id, computed + num) and not self._reserve_or_preempt(
+                seq, computed + num
+            ):
                 continue  # seq itself was preempted; running[index] is now the next one
             work.append(ScheduledWork(seq, num))
             budget -= num
@@ -124,7 +155,11 @@ class Scheduler:
             return budget
         admitted: list[Sequence] = []
         for seq, cached in self._admission_order():
-            if budget <= 0 or len(self.running) >= self.config.max_num_seqs:
+            if (
+                budget <= 0
+                or len(self.running) >= self.config.max_num_seqs
+                or not self.cache.can_open()  # the contiguous layout: no free seat
+            ):
                 break
             # Even an aged sequence waits for in-flight pages: the wait ends within a few steps,
             # as the running sequence computing them always progresses, and recomputing them
@@ -153,6 +188,7 @@ class Scheduler:
             work.append(ScheduledWork(seq, num))
             budget -= num
             admitted.append(seq)
+        self.peak_running = max(self.peak_running, len(self.running))
         if admitted:
             ids = {id(s) for s in admitted}
             self.waiting = [s for s in self.waiting if id(s) not in ids]
@@ -194,11 +230,12 @@ class Scheduler:
         return hashes
 
     def _track_inflight(self, seq: Sequence) -> None:
-        if seq.in_prefill:
+        # Without prefix caching a sequence gains nothing by waiting for another's pages.
+        if seq.in_prefill and self.cache.caches_prefixes:
             self._inflight_pages.update(self._inflight_hashes(seq))
 
     def _untrack_inflight(self, seq: Sequence) -> None:
-        if not seq.in_prefill:
+        if not seq.in_prefill or not self.cache.caches_prefixes:
             return
         for value in self._inflight_hashes(seq):
             left = self._inflight_pages[value] - 1

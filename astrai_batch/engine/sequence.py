@@ -6,6 +6,7 @@ import enum
 import time
 from collections.abc import Hashable
 
+from astrai_batch.cache.page_keys import prefix_page_hashes
 from astrai_batch.engine.sampling import SequenceSampler
 from astrai_batch.engine.sampling_params import SamplingParams
 
@@ -54,7 +55,7 @@ class Sequence:
         self.first_token_at: float | None = None
         self.admissions_waited = 0
         self.was_preempted = False
-        self._page_hashes = _page_hash_chain(prompt_token_ids, page_size)
+        self._page_hashes = prefix_page_hashes(prompt_token_ids, page_size)
 
     @property
     def prompt_len(self) -> int:
@@ -81,12 +82,3 @@ class Sequence:
         if page_index < len(self._page_hashes):
             return self._page_hashes[page_index]
         return None
-
-
-def _page_hash_chain(tokens: tuple[int, ...], page_size: int) -> list[int]:
-    hashes = []
-    running = 0
-    for start in range(0, len(tokens) - page_size + 1, page_size):
-        running = hash((running, tokens[start : start + page_size]))
-        hashes.append(running)
-    return hashes

@@ -84,19 +84,21 @@ class IncrementalDetokenizer:
         self._window: list[int] = list(prompt_token_ids[-PROMPT_CONTEXT_TOKENS:])
         self._read = len(self._window)
         self._prefix_text = self._decode(self._window)
-        self._text = ""
+        self._pieces: list[str] = []  # the stable text, joined on demand (appending is O(1))
         self._pending = ""
         self._num_tokens = 0
 
     @property
     def text(self) -> str:
         """The stable completion text: never ends inside an unfinished character."""
-        return self._text
+        if len(self._pieces) > 1:
+            self._pieces = ["".join(self._pieces)]
+        return self._pieces[0] if self._pieces else ""
 
     @property
     def full_text(self) -> str:
         """The completion text including whatever held-back tokens decode to now."""
-        return self._text + self._pending
+        return self.text + self._pending
 
     @property
     def num_tokens(self) -> int:
@@ -114,14 +116,14 @@ class IncrementalDetokenizer:
         self._window = self._window[self._read :]
         self._read = len(self._window)
         self._prefix_text = self._decode(self._window)
-        self._text += new_text
+        self._pieces.append(new_text)
         self._pending = ""
         return new_text
 
     def check_invariants(self) -> None:
         if not 0 <= self._read <= len(self._window):
             raise ValueError(f"read offset {self._read} outside window of {len(self._window)}")
-        if self._text.endswith(REPLACEMENT_CHAR):
+        if self.text.endswith(REPLACEMENT_CHAR):
             raise ValueError("stable text ends in U+FFFD")
 
     def _decode(self, token_ids: list[int]) -> str:
@@ -145,17 +147,28 @@ class StopStringTracker:
         self.detokenizer = IncrementalDetokenizer(tokenizer, [])
         self.matcher = StopStringMatcher(stops)
         self.min_tokens = min_tokens
-        self.checked = 0
+        # Only the checked text's last `max_stop_len - 1` characters are kept for the search
+        # (a stop string may span them and the new text), so a token costs its new text's
+        # length, not the whole text's.
+        self._tail = ""
+        self._tail_start = 0  # where `_tail` starts in the text
         self.cut: int | None = None
 
     def append(self, token_id: int) -> bool:
         """Adds a generated token; True when a stop string has appeared (`cut` says where)."""
-        self.detokenizer.append(token_id)
-        text = self.detokenizer.text
+        new = self.detokenizer.append(token_id)
+        if not new:
+            return False
+        window = self._tail + new
         if self.detokenizer.num_tokens > self.min_tokens:
-            self.cut = self.matcher.find(text, self.checked)
-        self.checked = len(text)
-        return self.cut is not None
+            found = self.matcher.find(window, len(self._tail))
+            if found is not None:
+                self.cut = self._tail_start + found
+                return True
+        keep = min(self.matcher.max_stop_len - 1, len(window))
+        self._tail = window[len(window) - keep :]
+        self._tail_start += len(window) - keep
+        return False
 
     @property
     def text(self) -> str:

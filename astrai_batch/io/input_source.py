@@ -49,8 +49,7 @@ class InputSource(ABC):
         return list(self._columns)
 
     def fingerprint(self) -> dict[str, Any]:
-        """Identifies the input for resume checks: format and, per file, resolved path, size,
-        mtime_ns and a sha256 of its first and last MiB."""
+        """Identifies the input by content for resume checks (see `io.fingerprint`)."""
         return files_fingerprint(self.format, list(self.files))
 
     @abstractmethod

@@ -5,10 +5,12 @@ files (``part-000001.parquet``, records in the part schema of `records`) and
 ``manifest.json``. Both kinds of file are written atomically (temporary file, fsync, rename),
 and a part counts only once the manifest lists it, so a crash at any moment leaves either the
 old state or the new one; files the manifest does not list are removed when the checkpoint is
-opened again.
+opened again (except the run lock's file, see `run_lock`: only the run holding that lock
+opens the checkpoint).
 
-The manifest records the job's identity (input fingerprint, model, result-affecting options),
-each window's planning (first row, row count, prefix-group offset and count) and each part's
+The manifest records the job's identity (input content, model files, result options; see
+`fingerprint`), its planning options (a resumed job plans as the checkpoint did), each
+window's planning (first row, row count, prefix-group offset and count) and each part's
 window and statistics. A window is complete when its parts hold all its rows; inside the
 window the job is running, parts hold the rows that finished, in any order.
 """
@@ -27,14 +29,16 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from astrai_batch.errors import CheckpointError, OutputError
+from astrai_batch.errors import CheckpointError, ConfigError, OutputError
 from astrai_batch.io import AtomicFile, write_table_atomic
 from astrai_batch.jobs.fingerprint import job_differences
+from astrai_batch.jobs.planning import PlanningOptions
 from astrai_batch.jobs.records import INDEX_COLUMN
+from astrai_batch.jobs.run_lock import LOCK_NAME
 from astrai_batch.jobs.stats import WorkStats, total
 
 MANIFEST_NAME = "manifest.json"
-MANIFEST_FORMAT = 1
+MANIFEST_FORMAT = 2  # 2: content identities, planning options kept with the job
 RESTART_HINT = "rerun with --restart to discard it and start over"
 
 
@@ -78,6 +82,7 @@ class Checkpoint:
             self.run_id: str = manifest["run_id"]
             self.created: int = int(manifest["created"])
             self.job: dict[str, Any] = manifest["job"]
+            self.planning = PlanningOptions.from_dict(manifest["planning"])
             self._windows = {
                 int(item["number"]): WindowRecord(**item) for item in manifest["windows"]
             }
@@ -85,7 +90,7 @@ class Checkpoint:
                 PartRecord(item["file"], int(item["window"]), WorkStats.from_dict(item["stats"]))
                 for item in manifest["parts"]
             ]
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, ConfigError) as exc:
             raise CheckpointError(
                 f"checkpoint manifest in {directory} is damaged ({exc!r}); {RESTART_HINT}"
             ) from exc
@@ -93,16 +98,25 @@ class Checkpoint:
     # -- opening ---------------------------------------------------------------------------
 
     @classmethod
-    def open(cls, directory: Path, job: Mapping[str, Any], *, restart: bool) -> Checkpoint:
+    def open(
+        cls,
+        directory: Path,
+        job: Mapping[str, Any],
+        *,
+        planning: PlanningOptions,
+        restart: bool,
+    ) -> Checkpoint:
         """Resume the checkpoint in `directory` if it belongs to `job`, else start a new one.
 
         An existing checkpoint of a different job is refused with `CheckpointError` listing
-        what changed, unless `restart` is set, which discards it.
+        what changed, unless `restart` is set, which discards it. A new checkpoint records
+        `planning`; a resumed one keeps its own (`self.planning`), which the job then uses.
+        The caller holds the output's `RunLock`.
         """
         job = json.loads(json.dumps(job))  # compare as stored: tuples are lists in JSON
         manifest_path = directory / MANIFEST_NAME
-        if directory.exists() and restart:
-            shutil.rmtree(directory)
+        if restart:
+            _remove_entries(directory, keep={LOCK_NAME})
         if manifest_path.exists():
             checkpoint = cls(directory, read_manifest(manifest_path))
             differences = job_differences(checkpoint.job, job)
@@ -127,6 +141,7 @@ class Checkpoint:
             "run_id": secrets.token_hex(8),
             "created": int(time.time()),
             "job": job,
+            "planning": planning.to_dict(),
             "windows": [],
             "parts": [],
         }
@@ -180,6 +195,18 @@ class Checkpoint:
             table = pq.read_table(path, columns=[INDEX_COLUMN])
             done.update(table.column(INDEX_COLUMN).to_pylist())
         return done
+
+    def first_error(self) -> tuple[int, str] | None:
+        """(input index, message) of the earliest failed row saved, or None."""
+        first: tuple[int, str] | None = None
+        for path in self.part_paths():
+            table = pq.read_table(path, columns=[INDEX_COLUMN, "finish_reason", "error"])
+            for index, reason, error in zip(
+                *(table.column(name).to_pylist() for name in table.column_names), strict=True
+            ):
+                if reason == "error" and (first is None or index < first[0]):
+                    first = (index, error or "")
+        return first
 
     def part_paths(self, window: int | None = None) -> list[Path]:
         """Part files in writing order, of one window or of all."""
@@ -241,6 +268,7 @@ class Checkpoint:
             "run_id": self.run_id,
             "created": self.created,
             "job": self.job,
+            "planning": self.planning.to_dict(),
             "windows": [self._windows[k].to_dict() for k in sorted(self._windows)],
             "parts": [
                 {"file": part.file, "window": part.window, "stats": part.stats.to_dict()}
@@ -258,18 +286,26 @@ class Checkpoint:
         manifest.commit()
 
     def _remove_unlisted_files(self) -> None:
-        listed = {part.file for part in self._parts} | {MANIFEST_NAME}
-        for entry in self.directory.iterdir():
-            if entry.name not in listed:
-                if entry.is_dir():
-                    shutil.rmtree(entry, ignore_errors=True)
-                else:
-                    entry.unlink(missing_ok=True)
+        listed = {part.file for part in self._parts} | {MANIFEST_NAME, LOCK_NAME}
+        _remove_entries(self.directory, keep=listed)
 
     def _require_parts(self) -> None:
         for path in self.part_paths():
             if not path.is_file():
                 raise CheckpointError(f"checkpoint part {path} is missing; {RESTART_HINT}")
+
+
+def _remove_entries(directory: Path, *, keep: set[str]) -> None:
+    """Remove everything in `directory` except the names in `keep` (the run lock's file
+    among them: the run that holds it is the one calling this)."""
+    if not directory.is_dir():
+        return
+    for entry in directory.iterdir():
+        if entry.name not in keep:
+            if entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
 
 
 def read_manifest(path: Path) -> dict[str, Any]:

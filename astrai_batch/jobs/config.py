@@ -14,14 +14,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from astrai_batch.checks import require_positive_int
+from astrai_batch.engine.config import KV_LAYOUTS, check_utilization
 from astrai_batch.engine.sampling_params import SamplingParams
 from astrai_batch.errors import ConfigError
+from astrai_batch.jobs.constraint_options import CONSTRAINT_OPTIONS, job_constraint
 from astrai_batch.jobs.option_values import (
     ErrorLimit,
     parse_columns,
     parse_json_object,
     parse_size,
 )
+from astrai_batch.jobs.planning import PlanningOptions
 from astrai_batch.json_types import json_type
 
 if sys.version_info >= (3, 11):
@@ -30,7 +34,8 @@ else:  # pragma: no cover - exercised only on Python 3.10
     import tomli as tomllib
 
 DEFAULT_MODEL = "smollm2-135m"
-OUTPUT_FORMATS = ("parquet", "openai-jsonl")
+OUTPUT_FORMATS = ("parquet", "openai-jsonl", "parquet-dir")
+EXECUTORS = ("local", "ray")
 INPUT_FORMAT_NAMES = ("parquet", "jsonl")
 
 # Options that become fields of the job's default SamplingParams.
@@ -55,12 +60,68 @@ OBJECT_OPTIONS = ("chat_template_kwargs",)
 # The CLI default for max_tokens; SamplingParams' own default happens to agree.
 DEFAULT_MAX_TOKENS = 256
 
+# What a checkpoint shares with the run that resumes it; every option is in exactly one of
+# the three lists (a test checks it), so a new option must be placed deliberately.
+# RESULT_OPTIONS define a row's result: a resume under other values is refused, naming them.
+# The model is compared by its files (`jobs/fingerprint.py`), not by its name, so it is
+# absent here; `device` is compared by its kind (cpu, cuda), not its index.
+RESULT_OPTIONS = (
+    "device",
+    "dtype",
+    "fast_numerics",
+    "revision",
+    "max_model_len",
+    "seed",
+    "input_format",
+    "prompt_column",
+    "id_column",
+    "keep_columns",
+    "chat_template_kwargs",
+    *SAMPLING_OPTIONS,
+)
+# PLANNING_OPTIONS decide the windows and the prefix groups (the `prefix_group` column), not
+# any row's completion. A job is planned once: a resumed run keeps the checkpoint's values
+# (the engine still uses the page size given now for its KV pages).
+PLANNING_OPTIONS = ("page_size", "grouping", "group_window")
+# RUN_OPTIONS may change between runs: memory, sequence and token budgets, the prefix cache
+# and the KV layout change which rows run together and where their KV lives, never a row's
+# result; the rest is operation.
+RUN_OPTIONS = (
+    "model",
+    "trust_remote_code",
+    "threads",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "kv_cache_memory",
+    "gpu_memory_utilization",
+    "prefix_cache",
+    "kv_layout",
+    "output_format",
+    "save_tokens",
+    "overwrite",
+    "restart",
+    "max_errors",
+    "fail_on_row_errors",
+    "checkpoint_rows",
+    "checkpoint_seconds",
+    "progress_seconds",
+    "quiet",
+    "summary_json",
+    "executor",
+    "ray_address",
+    "workers",
+    "worker_threads",
+    "worker_gpus",
+)
+
 
 @dataclass(frozen=True)
 class JobConfig:
     """Every option of a run. Construct with `from_options`, which parses and checks types."""
 
     model: str = DEFAULT_MODEL
+    revision: str | None = None
+    trust_remote_code: bool = False
     device: str = "cpu"
     dtype: str = "float32"
     threads: int | None = None
@@ -68,8 +129,11 @@ class JobConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 1024
     kv_cache_memory: int | None = None
+    gpu_memory_utilization: float = 0.9
     prefix_cache: bool = True
     fast_numerics: bool = False  # step-shaped kernels: a row's last bits move with the batch
+    kv_layout: str = "paged"
+    max_model_len: int | None = None
     grouping: bool = True
     group_window: int = 100_000
     seed: int = 0
@@ -93,21 +157,36 @@ class JobConfig:
     progress_seconds: float = 30.0
     quiet: bool = False
     summary_json: str | None = None
+    # Where the job runs: this process, or Ray workers (see jobs/executors).
+    executor: str = "local"
+    ray_address: str | None = None
+    workers: int = 1
+    worker_threads: int = 1
+    worker_gpus: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("model", "device", "dtype"):
             _check_type(name, getattr(self, name), str)
             if not getattr(self, name).strip():
                 raise ConfigError(f"{name} must not be empty")
-        for name in ("page_size", "max_num_seqs", "max_num_batched_tokens", "group_window"):
-            _check_positive_int(name, getattr(self, name))
-        _check_positive_int("checkpoint_rows", self.checkpoint_rows)
-        for name in ("kv_cache_memory", "threads"):
+        for name in (
+            "page_size",
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "group_window",
+            "workers",
+            "worker_threads",
+        ):
+            require_positive_int(name, getattr(self, name))
+        require_positive_int("checkpoint_rows", self.checkpoint_rows)
+        for name in ("kv_cache_memory", "threads", "max_model_len"):
             if getattr(self, name) is not None:
-                _check_positive_int(name, getattr(self, name))
+                require_positive_int(name, getattr(self, name))
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ConfigError(f"seed must be a non-negative integer, got {self.seed!r}")
+        check_utilization(self.gpu_memory_utilization)
         for name in (
+            "trust_remote_code",
             "prefix_cache",
             "fast_numerics",
             "grouping",
@@ -122,15 +201,33 @@ class JobConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ConfigError(f"{name} must be a number of seconds > 0, got {value!r}")
-        for name in ("input_format", "prompt_column", "id_column", "summary_json"):
+        for name in ("revision", "input_format", "prompt_column", "id_column", "summary_json"):
             value = getattr(self, name)
             if value is not None:
                 _check_type(name, value, str)
+        if self.kv_layout not in KV_LAYOUTS:
+            raise ConfigError(
+                f"kv_layout must be one of {', '.join(KV_LAYOUTS)}, got {self.kv_layout!r}"
+            )
         if self.input_format is not None and self.input_format not in INPUT_FORMAT_NAMES:
             raise ConfigError(f"input_format must be parquet or jsonl, got {self.input_format!r}")
         if self.output_format not in OUTPUT_FORMATS:
             raise ConfigError(
-                f"output_format must be parquet or openai-jsonl, got {self.output_format!r}"
+                "output_format must be parquet, openai-jsonl or parquet-dir, "
+                f"got {self.output_format!r}"
+            )
+        if self.executor not in EXECUTORS:
+            raise ConfigError(f"executor must be local or ray, got {self.executor!r}")
+        if self.ray_address is not None:
+            _check_type("ray_address", self.ray_address, str)
+        gpus = self.worker_gpus
+        if isinstance(gpus, bool) or not isinstance(gpus, (int, float)) or gpus < 0:
+            raise ConfigError(f"worker_gpus must be a number >= 0, got {gpus!r}")
+        if self.executor == "local" and (
+            self.ray_address is not None or self.workers != 1 or gpus or self.worker_threads != 1
+        ):
+            raise ConfigError(
+                "ray_address, workers, worker_threads and worker_gpus need --executor ray"
             )
         if not isinstance(self.keep_columns, tuple) or not all(
             isinstance(name, str) and name for name in self.keep_columns
@@ -154,12 +251,16 @@ class JobConfig:
         `max_errors` a count / fraction / percentage, `keep_columns` a comma-separated string.
         """
         values = {str(key).replace("-", "_"): value for key, value in options.items()}
-        known = {f.name for f in dataclasses.fields(cls)} - {"sampling"} | set(SAMPLING_OPTIONS)
+        known = {f.name for f in dataclasses.fields(cls)} - {"sampling"}
+        known |= {*SAMPLING_OPTIONS, *CONSTRAINT_OPTIONS}
         unknown = sorted(set(values) - known)
         if unknown:
             raise ConfigError(f"unknown option(s) in {source}: {', '.join(unknown)}")
         sampling = {name: values.pop(name) for name in SAMPLING_OPTIONS if name in values}
         sampling.setdefault("max_tokens", DEFAULT_MAX_TOKENS)
+        sampling["constraint"] = job_constraint(
+            {name: values.pop(name) for name in CONSTRAINT_OPTIONS if name in values}
+        )
         values["sampling"] = SamplingParams.from_dict(sampling)
         if values.get("kv_cache_memory") is not None:
             values["kv_cache_memory"] = parse_size(values["kv_cache_memory"])
@@ -172,16 +273,38 @@ class JobConfig:
                 values[name] = parse_json_object(values[name], name)
         return cls(**values)
 
+    def input_options(self) -> dict[str, Any]:
+        """Keyword arguments of `io.open_input` for this job's input."""
+        return {
+            "input_format": self.input_format,
+            "prompt_column": self.prompt_column,
+            "id_column": self.id_column,
+            "keep_columns": self.keep_columns,
+        }
+
     def engine_options(self) -> dict[str, Any]:
         """Keyword arguments of `EngineConfig` (kept here so jobs/ owns the mapping)."""
         return {
             "page_size": self.page_size,
             "kv_cache_memory": self.kv_cache_memory,
+            "gpu_memory_utilization": self.gpu_memory_utilization,
             "max_num_seqs": self.max_num_seqs,
             "max_num_batched_tokens": self.max_num_batched_tokens,
             "enable_prefix_cache": self.prefix_cache,
+            "kv_layout": self.kv_layout,
+            "max_model_len": self.max_model_len,
             "seed": self.seed,
             "numerics": "fast" if self.fast_numerics else "invariant",
+        }
+
+    def model_options(self) -> dict[str, Any]:
+        """Keyword arguments of `load_model` beside the model itself."""
+        return {
+            "device": self.device,
+            "dtype": self.dtype,
+            "revision": self.revision,
+            "trust_remote_code": self.trust_remote_code,
+            "max_model_len": self.max_model_len,
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -190,7 +313,8 @@ class JobConfig:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if f.name == "sampling":
-                out.update(value.to_dict())
+                # The job seed is `seed`; the sampling params' own seed is a per-row field.
+                out.update({k: v for k, v in value.to_dict().items() if k in SAMPLING_OPTIONS})
             elif f.name == "max_errors":
                 out[f.name] = None if value is None else value.describe()
             else:
@@ -198,26 +322,15 @@ class JobConfig:
         return out
 
     def result_options(self) -> dict[str, Any]:
-        """The options that can change a result row: what a resumed run must share.
+        """The values of `RESULT_OPTIONS`: what a resumed run must share (see there)."""
+        options = self.to_dict()
+        out = {name: options[name] for name in RESULT_OPTIONS}
+        out["device"] = self.device.split(":", 1)[0].strip().lower()
+        return out
 
-        Output format, token saving (checkpoints always keep token ids), error limits and
-        operational settings are left out, so changing them does not block a resume.
-        """
-        operational = {
-            "threads",
-            "output_format",
-            "save_tokens",
-            "overwrite",
-            "restart",
-            "max_errors",
-            "fail_on_row_errors",
-            "checkpoint_rows",
-            "checkpoint_seconds",
-            "progress_seconds",
-            "quiet",
-            "summary_json",
-        }
-        return {k: v for k, v in self.to_dict().items() if k not in operational}
+    def planning_options(self) -> PlanningOptions:
+        """The values of `PLANNING_OPTIONS`, as a new checkpoint records them."""
+        return PlanningOptions.from_dict({name: getattr(self, name) for name in PLANNING_OPTIONS})
 
 
 def load_toml_options(path: str | Path) -> dict[str, Any]:
@@ -249,10 +362,3 @@ def _check_type(name: str, value: Any, expected: type[str] | type[bool]) -> None
     if (expected is not bool and isinstance(value, bool)) or not isinstance(value, expected):
         wanted = "a boolean" if expected is bool else "a string"
         raise ConfigError(f"{name} must be {wanted}, got {json_type(value)}")
-
-
-def _check_positive_int(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"{name} must be an integer, got {json_type(value)}")
-    if value < 1:
-        raise ConfigError(f"{name} must be >= 1, got {value}")

@@ -63,6 +63,8 @@ class JobExecution:
         self.loaded = loaded
         self.source = source
         self.checkpoint = checkpoint
+        # Planned as the checkpoint's job was, whatever this run was given (see config).
+        self.planning = checkpoint.planning
         self.schema = schema
         self.total_rows = total_rows
         self.progress = progress
@@ -158,7 +160,7 @@ class JobExecution:
 
     async def _requests(self) -> AsyncIterator[GenerationRequest]:
         try:
-            size = self.config.group_window
+            size = self.planning.group_window
             number = self.checkpoint.first_incomplete_window()
             rows = self.source.iter_rows(start=number * size)
             prepared = await self._prepare(number, rows, self.checkpoint.group_offset(number))
@@ -179,18 +181,18 @@ class JobExecution:
         self, number: int, rows: Iterator[InputRow], group_offset: int
     ) -> PreparedWindow | None:
         def work() -> PreparedWindow | None:
-            input_rows = read_window(rows, self.config.group_window)
+            input_rows = read_window(rows, self.planning.group_window)
             if not input_rows:
                 return None
             return prepare_window(
                 number,
-                number * self.config.group_window,
+                number * self.planning.group_window,
                 input_rows,
                 encoder=self.encoder,
                 base_params=self.config.sampling,
-                page_size=self.config.page_size,
+                page_size=self.planning.page_size,
                 group_offset=group_offset,
-                grouping=self.config.grouping,
+                grouping=self.planning.grouping,
             )
 
         return await anyio.to_thread.run_sync(work)

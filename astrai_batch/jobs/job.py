@@ -24,8 +24,9 @@ from astrai_batch.engine import keep_freed_memory, load_model, set_cpu_threads
 from astrai_batch.engine.loader import LoadedModel
 from astrai_batch.engine.model_support import require_chat_template
 from astrai_batch.engine.threads import describe_threads
-from astrai_batch.errors import AstraiBatchError, JobAbortedError, OutputError
+from astrai_batch.errors import AstraiBatchError, ConfigError, JobAbortedError, OutputError
 from astrai_batch.io import open_input
+from astrai_batch.io.filesystems import resolve
 from astrai_batch.jobs.checkpoint import Checkpoint, checkpoint_dir_for, peek_run_id
 from astrai_batch.jobs.config import JobConfig
 from astrai_batch.jobs.execution import ExecutionResult, JobExecution
@@ -35,12 +36,15 @@ from astrai_batch.jobs.output import (
     output_run_id,
     remove_stale_temp_files,
     stats_path_for,
+    window_tables,
     write_openai_output,
     write_parquet_output,
     write_stats,
 )
+from astrai_batch.jobs.parquet_dir import check_output_location, write_parquet_dir
 from astrai_batch.jobs.progress import Progress, make_progress
 from astrai_batch.jobs.records import output_schema, part_schema
+from astrai_batch.jobs.run_lock import RunLock
 from astrai_batch.jobs.signals import interrupt_exit_code
 from astrai_batch.jobs.summary import JobSummary
 
@@ -76,13 +80,20 @@ def run_job(
     cannot start or fails (a `--max-errors` abort is a summary with status 'aborted')."""
     started = time.monotonic()
     paths = JobPaths.for_output(input_path, output_path)
-    progress = make_progress(
-        stderr or sys.stderr, quiet=config.quiet, interval=config.progress_seconds
-    )
+    _check_output_path(paths, directory=config.output_format == "parquet-dir")
+    # Before anything is touched: a second run on this output must change nothing.
+    lock = RunLock(paths.checkpoint, str(paths.output))
+    lock.acquire()
     try:
-        return _run(config, paths, progress, started)
+        progress = make_progress(
+            stderr or sys.stderr, quiet=config.quiet, interval=config.progress_seconds
+        )
+        try:
+            return _run(config, paths, progress, started)
+        finally:
+            progress.close()
     finally:
-        progress.close()
+        lock.release()
 
 
 def _run(config: JobConfig, paths: JobPaths, progress: Progress, started: float) -> JobSummary:
@@ -104,19 +115,29 @@ def _run(config: JobConfig, paths: JobPaths, progress: Progress, started: float)
     threads = set_cpu_threads(config.threads)
     keep_freed_memory()
     progress.message(f"loading model {config.model} ({describe_threads(threads)})")
-    loaded = load_model(config.model, device=config.device, dtype=config.dtype)
+    loaded = load_model(config.model, **config.model_options())
+    if config.max_model_len is not None and config.max_model_len > loaded.max_model_len:
+        raise ConfigError(
+            f"--max-model-len {config.max_model_len} exceeds the context of model "
+            f"{loaded.name!r} ({loaded.max_model_len} tokens)"
+        )
     if source.shape == "messages":
         require_chat_template(loaded)
     input_fingerprint = source.fingerprint()
-    identity = job_identity(config, input_fingerprint, loaded.name, loaded.source)
-    checkpoint = Checkpoint.open(paths.checkpoint, identity, restart=config.restart)
+    identity = job_identity(config, input_fingerprint, loaded)
+    checkpoint = Checkpoint.open(
+        paths.checkpoint, identity, planning=config.planning_options(), restart=config.restart
+    )
+    if checkpoint.planning != config.planning_options():
+        progress.message(f"planning as the checkpoint's job did: {checkpoint.planning.describe()}")
 
     resumed_rows = checkpoint.total_stats().input_rows
     report = _Report(config, paths, loaded.name, total_rows, resumed_rows, started, checkpoint)
     if already_written and checkpoint.run_id == already_written:
         # A previous run wrote the output and died before removing its checkpoint.
+        summary = report.completed(None)
         checkpoint.remove()
-        return report.completed(None)
+        return summary
     if resumed_rows:
         progress.message(
             f"resuming from {paths.checkpoint}: {resumed_rows} of {total_rows} rows are done"
@@ -153,13 +174,14 @@ def _run(config: JobConfig, paths: JobPaths, progress: Progress, started: float)
     progress.message(f"writing {paths.output}")
     metadata = output_metadata(
         config=config.to_dict(),
-        model={"name": loaded.name, "source": loaded.source, "architecture": loaded.architecture},
+        model={**identity["model"], "architecture": loaded.architecture},
         input_fingerprint=input_fingerprint,
         run_id=checkpoint.run_id,
     )
     _write_outputs(config, paths, checkpoint, final_schema, metadata, loaded)
+    summary = report.completed(run)  # reads the checkpoint: before it is removed
     checkpoint.remove()
-    return report.completed(run)
+    return summary
 
 
 @dataclass(frozen=True)
@@ -177,7 +199,7 @@ class _Report:
     def summary(
         self, status: str, exit_code: int, run: ExecutionResult | None, message: str | None = None
     ) -> JobSummary:
-        written = status.startswith("completed")
+        written = status.startswith("completed") or status == "failed"
         return JobSummary(
             status=status,
             exit_code=exit_code,
@@ -195,26 +217,45 @@ class _Report:
         )
 
     def completed(self, run: ExecutionResult | None) -> JobSummary:
-        """Exit 0, or 3 with --fail-on-row-errors when some rows failed."""
+        """Exit 0, or 3 with --fail-on-row-errors when some rows failed, or 1 (status
+        'failed') when every row failed: a job that produced nothing is not a success."""
         failed = self.checkpoint.total_stats().failed_rows
         if failed == 0:
             return self.summary("completed", EXIT_OK, run)
+        if failed == self.total_rows:
+            index, error = self.checkpoint.first_error() or (0, "")
+            return self.summary(
+                "failed",
+                EXIT_FAILED,
+                run,
+                f"all {failed} rows failed; first error (row {index}): {error}",
+            )
         code = EXIT_ROW_ERRORS if self.config.fail_on_row_errors else EXIT_OK
         return self.summary(
             "completed_with_errors", code, run, f"{failed} of {self.total_rows} rows failed"
         )
 
 
-def _check_output(paths: JobPaths, config: JobConfig) -> str | None:
-    """Refuse an output that cannot be written. Returns the run id of an existing output that
-    the checkpoint beside it produced (its job finished but was killed before cleaning up)."""
+def _check_output_path(paths: JobPaths, *, directory: bool) -> None:
+    """Refuse an output path that can never be written (checks that touch nothing); a
+    `directory` output (parquet-dir) may be an existing directory."""
     output = paths.output
     if not output.parent.is_dir():
         raise OutputError(f"output directory does not exist: {output.parent}")
-    if output.is_dir():
+    if output.is_dir() and not directory:
         raise OutputError(f"output {output} is a directory; give a file name")
     if output.resolve() == paths.input.resolve():
         raise OutputError(f"output {output} is the input file")
+
+
+def _check_output(paths: JobPaths, config: JobConfig) -> str | None:
+    """Refuse an existing output (without --overwrite) and remove temporary files a killed
+    run left. Returns the run id of an existing output that the checkpoint beside it produced
+    (its job finished but was killed before cleaning up)."""
+    output = paths.output
+    if config.output_format == "parquet-dir":
+        check_output_location(resolve(output), config.output_format, config.overwrite)
+        return None
     for target in (output, paths.stats):
         remove_stale_temp_files(target)
     if not output.exists() or config.overwrite:
@@ -238,6 +279,9 @@ def _write_outputs(
         write_parquet_output(
             checkpoint, paths.output, final_schema, metadata, overwrite=config.overwrite
         )
+    elif config.output_format == "parquet-dir":
+        tables = window_tables(checkpoint, final_schema.names)
+        write_parquet_dir(resolve(paths.output), tables, final_schema, metadata, config.overwrite)
     else:
         write_openai_output(
             checkpoint,

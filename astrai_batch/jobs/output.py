@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -81,12 +81,20 @@ def write_parquet_output(
     overwrite: bool,
 ) -> int:
     """The Parquet output; returns its row count."""
-    stamped = schema.with_metadata({**(schema.metadata or {}), **metadata})
     output = AtomicFile(target, overwrite=overwrite)
+    return write_parquet_stream(output, window_tables(checkpoint, schema.names), schema, metadata)
+
+
+def write_parquet_stream(
+    output: Any, tables: Iterable[pa.Table], schema: pa.Schema, metadata: Mapping[str, str]
+) -> int:
+    """Tables (in input order) into an open atomic `output` (`handle`, `commit`, `abort`),
+    committed at the end; returns the row count."""
+    stamped = schema.with_metadata({**(schema.metadata or {}), **metadata})
     rows = 0
     try:
         with pq.ParquetWriter(output.handle, stamped) as writer:
-            for table in window_tables(checkpoint, schema.names):
+            for table in tables:
                 writer.write_table(table.cast(stamped), row_group_size=ROW_GROUP_ROWS)
                 rows += table.num_rows
     except BaseException:
@@ -94,6 +102,23 @@ def write_parquet_output(
         raise
     output.commit()
     return rows
+
+
+OPENAI_COLUMNS = [
+    "id",
+    "sample_index",
+    "completion",
+    "finish_reason",
+    "prompt_tokens",
+    "cached_tokens",
+    "completion_tokens",
+    "error",
+    "completion_token_ids",
+    "logprobs",
+    INDEX_COLUMN,
+    KIND_COLUMN,
+    CUSTOM_ID_COLUMN,
+]
 
 
 def write_openai_output(
@@ -105,25 +130,30 @@ def write_openai_output(
     overwrite: bool,
 ) -> int:
     """OpenAI Batch output lines, one per input row; returns the line count."""
-    columns = [
-        "id",
-        "sample_index",
-        "completion",
-        "finish_reason",
-        "prompt_tokens",
-        "cached_tokens",
-        "completion_tokens",
-        "error",
-        "completion_token_ids",
-        "logprobs",
-        INDEX_COLUMN,
-        KIND_COLUMN,
-        CUSTOM_ID_COLUMN,
-    ]
+    return write_openai_tables(
+        window_tables(checkpoint, OPENAI_COLUMNS),
+        target,
+        model_name=model_name,
+        tokenizer=tokenizer,
+        overwrite=overwrite,
+        created=checkpoint.created,
+    )
+
+
+def write_openai_tables(
+    tables: Iterable[pa.Table],
+    target: Path,
+    *,
+    model_name: str,
+    tokenizer: Any,
+    overwrite: bool,
+    created: int,
+) -> int:
+    """OpenAI Batch output lines from tables of `OPENAI_COLUMNS` in input order."""
     with OpenAIBatchWriter(target, overwrite=overwrite) as writer:
-        for table in window_tables(checkpoint, columns):
+        for table in tables:
             for records in _rows_of(table.to_pylist()):
-                _write_openai_row(writer, records, model_name, tokenizer, checkpoint.created)
+                _write_openai_row(writer, records, model_name, tokenizer, created)
         return writer.lines_written
 
 

@@ -15,10 +15,15 @@ from pathlib import Path
 from typing import Any
 
 from astrai_batch.engine import load_tokenizer
-from astrai_batch.errors import UnsupportedModelError
+from astrai_batch.engine.constraints import Constraint
+from astrai_batch.engine.model_support import no_chat_template_message
+from astrai_batch.errors import ConfigError, UnsupportedModelError
 from astrai_batch.io import InputRow, open_input
+from astrai_batch.jobs.config import DEFAULT_MAX_TOKENS
 from astrai_batch.jobs.prefix_stats import PrefixStats, PrefixStatsBuilder
-from astrai_batch.jobs.tokenize import ENCODE_BATCH_ROWS, PromptEncoder, no_chat_template_message
+from astrai_batch.jobs.shard_prediction import ShardPrediction, predict_shards
+from astrai_batch.jobs.sharding import KeyedRow
+from astrai_batch.jobs.tokenize import ENCODE_BATCH_ROWS, PromptEncoder
 from astrai_batch.jobs.window import read_window
 
 PREVIEW_CHARS = 60
@@ -32,6 +37,9 @@ class PlanReport:
     bad_rows: int
     stats: PrefixStats
     previews: tuple[str, ...]  # decoded preview of each top shared prefix
+    constrained_rows: int = 0  # rows with their own output constraint
+    distinct_constraints: int = 0  # grammars `run` would compile for them
+    shards: ShardPrediction | None = None  # with --workers
 
     def to_dict(self) -> dict[str, Any]:
         stats = self.stats.to_dict()
@@ -44,6 +52,9 @@ class PlanReport:
             "model": self.model,
             "bad_rows": self.bad_rows,
             **stats,
+            "constrained_rows": self.constrained_rows,
+            "distinct_constraints": self.distinct_constraints,
+            **({"shards": self.shards.to_dict()} if self.shards else {}),
         }
 
     def to_json(self) -> str:
@@ -61,6 +72,19 @@ class PlanReport:
             f"tokens to prefill         {stats.unique_tokens:,}",
             f"predicted prefill saving  {stats.predicted_prefill_saving:.1%}",
         ]
+        if self.constrained_rows:
+            lines.append(
+                f"output constraints        {self.distinct_constraints:,} distinct"
+                f" over {self.constrained_rows:,} rows (each compiled once)"
+            )
+        if self.shards is not None:
+            shards = self.shards
+            lines += [
+                f"workers                   {shards.workers}",
+                f"predicted hit rate        {shards.one_worker_hit_rate:.1%} on one worker, "
+                f"{shards.prefix_aware_hit_rate:.1%} with prefix-aware shards, "
+                f"{shards.input_order_hit_rate:.1%} with blocks in input order",
+            ]
         if stats.top_shared_prefixes:
             lines.append("largest shared prefixes:")
             lines.append(f"  {'tokens':>8} {'rows':>8} {'saved':>10}  preview")
@@ -78,28 +102,40 @@ def plan_input(
     input_path: str | os.PathLike[str],
     *,
     model: str,
+    revision: str | None = None,
+    trust_remote_code: bool = False,
     page_size: int = 16,
     top: int = 10,
     input_format: str | None = None,
     prompt_column: str | None = None,
     id_column: str | None = None,
+    workers: int | None = None,
     chat_template_kwargs: dict[str, Any] | None = None,
 ) -> PlanReport:
+    """The prefix statistics of INPUT; with `workers`, also the hit rates that prefix-aware
+    shards and input-order blocks would give (this keeps every row's token ids in memory)."""
     source = open_input(
         input_path, input_format=input_format, prompt_column=prompt_column, id_column=id_column
     )
     builder = PrefixStatsBuilder(page_size, top)  # checks page_size and top before loading
-    tokenizer, _ = load_tokenizer(model)
+    tokenizer, _ = load_tokenizer(model, revision=revision, trust_remote_code=trust_remote_code)
     encoder = PromptEncoder(tokenizer, model, chat_template_kwargs=chat_template_kwargs)
     if source.shape == "messages" and not encoder.has_chat_template:
         raise UnsupportedModelError(no_chat_template_message(model))
+    if workers is not None and workers < 1:
+        raise ConfigError(f"workers must be >= 1, got {workers}")
     bad_rows = 0
+    constraints = ConstraintCounter()
+    keyed: list[KeyedRow] = []
     for batch in _batches(source.iter_rows()):
-        for encoding in encoder.encode(batch):
+        for row, encoding in zip(batch, encoder.encode(batch), strict=True):
             if encoding.token_ids is None:
                 bad_rows += 1
             else:
                 builder.add(encoding.token_ids)
+                constraints.add(row)
+                if workers is not None:
+                    keyed.append(KeyedRow(row.index, encoding.token_ids, DEFAULT_MAX_TOKENS))
     stats = builder.result()
     previews = tuple(
         tokenizer.decode(list(prefix.preview_token_ids)) for prefix in stats.top_shared_prefixes
@@ -111,7 +147,25 @@ def plan_input(
         bad_rows=bad_rows,
         stats=stats,
         previews=previews,
+        constrained_rows=constraints.rows,
+        distinct_constraints=len(constraints.digests),
+        shards=predict_shards(keyed, workers, page_size) if workers is not None else None,
     )
+
+
+class ConstraintCounter:
+    """Rows with a constraint and the distinct ones (by digest, as the engine caches them)."""
+
+    def __init__(self) -> None:
+        self.rows = 0
+        self.digests: set[str] = set()
+
+    def add(self, row: InputRow) -> None:
+        spec = row.overrides.get("constraint")
+        if spec is None:
+            return
+        self.rows += 1
+        self.digests.add(Constraint.from_dict(spec).digest)
 
 
 def _batches(rows: Iterator[InputRow]) -> Iterator[list[InputRow]]:

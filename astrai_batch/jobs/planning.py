@@ -14,10 +14,44 @@ own, even when another row has identical tokens.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
 
+from astrai_batch.checks import require_positive_int
 from astrai_batch.errors import AstraiBatchError, ConfigError
+
+
+@dataclass(frozen=True)
+class PlanningOptions:
+    """How a job's windows are planned: rows per window, whether prefixes are grouped, and
+    the page size that defines a prefix group. Fixed for a job once its checkpoint exists."""
+
+    page_size: int
+    grouping: bool
+    group_window: int
+
+    def __post_init__(self) -> None:
+        for name in ("page_size", "group_window"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
+        if not isinstance(self.grouping, bool):
+            raise ConfigError(f"grouping must be true or false, got {self.grouping!r}")
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> PlanningOptions:
+        unknown = sorted(set(values) - {f.name for f in fields(cls)})
+        if unknown:
+            raise ConfigError(f"unknown planning option(s): {', '.join(unknown)}")
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def describe(self) -> str:
+        grouping = "on" if self.grouping else "off"
+        return f"page size {self.page_size}, grouping {grouping}, group window {self.group_window}"
 
 
 @dataclass(frozen=True)
@@ -84,8 +118,7 @@ def plan_window(
     Pass `group_offset` = the previous windows' total `num_groups` to keep ids unique
     across windows.
     """
-    if page_size < 1:
-        raise ConfigError(f"page_size must be >= 1, got {page_size}")
+    require_positive_int("page_size", page_size)
     if group_offset < 0:
         raise ConfigError(f"group_offset must be >= 0, got {group_offset}")
     prompts = [tuple(ids) for ids in token_ids]

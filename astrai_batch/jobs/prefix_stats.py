@@ -37,6 +37,7 @@ from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
+from astrai_batch.checks import require_positive_int
 from astrai_batch.errors import AstraiBatchError, ConfigError, InputError
 
 PREVIEW_TOKENS = 32
@@ -142,8 +143,7 @@ class PrefixStatsBuilder:
     """Streams rows of token ids into a trie of pages and reports `PrefixStats`."""
 
     def __init__(self, page_size: int, top: int = 10) -> None:
-        if page_size < 1:
-            raise ConfigError(f"page_size must be >= 1, got {page_size}")
+        require_positive_int("page_size", page_size)
         if top < 0:
             raise ConfigError(f"top must be >= 0, got {top}")
         if array(_TOKEN_TYPECODE).itemsize != _TOKEN_BYTES:

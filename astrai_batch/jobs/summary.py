@@ -10,7 +10,7 @@ from typing import Any
 from astrai_batch.io import AtomicFile
 from astrai_batch.jobs.stats import WorkStats
 
-STATUSES = ("completed", "completed_with_errors", "interrupted", "aborted")
+STATUSES = ("completed", "completed_with_errors", "failed", "interrupted", "aborted")
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,10 @@ class JobSummary:
             "cached_tokens": totals.cached_tokens,
             "cache_hit_rate": totals.hit_rate,
             "completion_tokens": totals.completion_tokens,
+            "constrained_rows": totals.constrained_rows,
+            "grammars_compiled": totals.grammars_compiled,
+            "grammar_compile_seconds": totals.grammar_compile_seconds,
+            "mask_fill_seconds": totals.mask_fill_seconds,
             "wall_seconds": self.run_wall_seconds,
             "tokens_per_second": rate,
         }

@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from astrai_batch.engine.model_support import has_chat_template, no_chat_template_message
 from astrai_batch.errors import AstraiBatchError, ConfigError
 from astrai_batch.io import InputRow
 
@@ -38,14 +39,6 @@ class Encoding:
     def __post_init__(self) -> None:
         if (self.token_ids is None) == (self.error is None):
             raise ValueError("exactly one of token_ids and error must be set")
-
-
-def no_chat_template_message(model_name: str) -> str:
-    """The row error for a chat row when the tokenizer has no chat template."""
-    return (
-        f"model {model_name!r} has no chat template, so chat messages cannot be turned into "
-        "a prompt; give plain-text prompts or use an instruct/chat model"
-    )
 
 
 def template_call_arguments(tokenizer: Any) -> frozenset[str]:
@@ -81,7 +74,7 @@ class PromptEncoder:
     ) -> None:
         self.tokenizer = tokenizer
         self.model_name = model_name
-        self.has_chat_template = bool(getattr(tokenizer, "chat_template", None))
+        self.has_chat_template = has_chat_template(tokenizer)
         self._reserved = template_call_arguments(tokenizer)
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         problem = reserved_names_message(

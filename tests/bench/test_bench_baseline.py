@@ -7,14 +7,29 @@ from typing import Any
 
 import pytest
 
-from astrai_batch.bench.baseline import EXIT_REGRESSION, compare_to_baseline, tracked_values
+from astrai_batch.bench.baseline import (
+    EXIT_NOT_COMPARABLE,
+    EXIT_REGRESSION,
+    compare_to_baseline,
+    tracked_values,
+)
 from astrai_batch.bench.results import read_results, write_results
 from astrai_batch.bench.summary import Spread, summarize
 from astrai_batch.errors import InputError
 
+CONTEXT = {
+    "workload": "shared-prefix",
+    "workload_fingerprint": "0123456789abcdef",
+    "model": "smollm2-135m",
+    "dtype": "float32",
+    "device": "cpu",
+    "max_tokens": 64,
+    "kv_layouts": "paged",
+}
+
 
 def row(system: str, repeat: int | None, **figures: Any) -> dict[str, Any]:
-    return {"system": system, "repeat": repeat, "workload": "shared-prefix", **figures}
+    return {"system": system, "repeat": repeat, **CONTEXT, **figures}
 
 
 def bench_rows(
@@ -116,15 +131,103 @@ def test_regression_lines_say_what_changed_and_context_differences() -> None:
     ]
 
 
-def test_figures_missing_on_one_side_are_skipped_not_failed() -> None:
+def test_figures_missing_on_one_side_make_the_results_not_comparable() -> None:
     without_peer = [r for r in bench_rows() if r["system"] != "hf-generate"]
     comparison = compare_to_baseline(summarize(without_peer), summarize(bench_rows()), 0.05)
-    assert comparison.skipped == ("ratio.hf-generate",)
-    assert comparison.exit_code == 0
-    assert comparison.lines()[-2:] == [
-        "baseline: not compared (missing on one side): ratio.hf-generate",
-        "baseline: no regression in 3 tracked figures (tolerance 5%)",
+    assert comparison.not_comparable == (
+        "ratio.hf-generate is in the baseline but not in these results",
+    )
+    assert comparison.exit_code == EXIT_NOT_COMPARABLE == 2
+    assert comparison.lines() == [
+        "baseline: not comparable with the baseline: ratio.hf-generate is in the baseline "
+        "but not in these results"
     ]
+    reverse = compare_to_baseline(summarize(bench_rows()), summarize(without_peer), 0.05)
+    assert reverse.not_comparable == (
+        "ratio.hf-generate is in these results but not in the baseline",
+    )
+
+
+@pytest.mark.parametrize(
+    ("key", "then", "now", "reason"),
+    [
+        (
+            "workload_fingerprint",
+            "0123456789abcdef",
+            "fedcba9876543210",
+            "workload_fingerprint differs ('0123456789abcdef' then, 'fedcba9876543210' now)",
+        ),
+        ("model", "smollm2-135m", "qwen", "model differs ('smollm2-135m' then, 'qwen' now)"),
+        ("dtype", "float32", "bfloat16", "dtype differs ('float32' then, 'bfloat16' now)"),
+        ("device", "cpu", "cuda:0 NVIDIA H200", "device_kind differs ('cpu' then, 'cuda' now)"),
+        ("max_tokens", 64, 32, "max_tokens differs (64 then, 32 now)"),
+        (
+            "kv_layouts",
+            "paged",
+            "contiguous,paged",
+            "kv_layouts differs ('paged' then, 'contiguous,paged' now)",
+        ),
+        (
+            "workload_fingerprint",
+            None,
+            "0123456789abcdef",
+            "the baseline records no workload_fingerprint (an older results file?)",
+        ),
+    ],
+)
+def test_results_of_other_work_are_not_comparable(
+    key: str, then: Any, now: Any, reason: str
+) -> None:
+    baseline_rows, current_rows = bench_rows(), bench_rows()
+    for r in baseline_rows:
+        r[key] = then
+    for r in current_rows:
+        r[key] = now
+    comparison = compare_to_baseline(summarize(current_rows), summarize(baseline_rows), 0.05)
+    assert comparison.not_comparable == (reason,)
+    assert comparison.exit_code == 2
+    assert comparison.reason() == f"not comparable with the baseline: {reason}"
+
+
+def test_another_device_of_the_same_kind_is_only_reported() -> None:
+    baseline_rows, current_rows = bench_rows(), bench_rows()
+    for r in baseline_rows:
+        r["device"] = "cuda:0 NVIDIA A100"
+    for r in current_rows:
+        r["device"] = "cuda:0 NVIDIA H200"
+    comparison = compare_to_baseline(summarize(current_rows), summarize(baseline_rows), 0.05)
+    assert comparison.exit_code == 0
+    assert comparison.lines() == [
+        "baseline: device differs: 'cuda:0 NVIDIA A100' then, 'cuda:0 NVIDIA H200' now",
+        "baseline: no regression in 4 tracked figures (tolerance 5%)",
+    ]
+
+
+def test_no_tracked_figure_on_either_side_is_not_a_pass() -> None:
+    peers_only = [r for r in bench_rows() if r["system"] == "hf-generate"]
+    comparison = compare_to_baseline(summarize(peers_only), summarize(peers_only), 0.05)
+    assert comparison.compared == ()
+    assert comparison.not_comparable == ("no tracked figure is in both results",)
+    assert comparison.exit_code == 2
+
+
+def test_each_layout_is_tracked_under_its_own_name() -> None:
+    rows = bench_rows()
+    rows.insert(
+        1,
+        row("astrai-contiguous", 0, wall_seconds=1.0, generated_tokens_per_second=200.0),
+    )
+    for r in rows:
+        r["kv_layouts"] = "paged,contiguous"
+    values = tracked_values(summarize(rows))
+    assert values["astrai-contiguous.generated_tokens_per_second"] == 200.0
+    slower = [dict(r) for r in rows]
+    slower[1]["generated_tokens_per_second"] = 150.0
+    comparison = compare_to_baseline(summarize(slower), summarize(rows), 0.05)
+    assert [c.figure.name for c in comparison.regressions] == [
+        "astrai-contiguous.generated_tokens_per_second"
+    ]
+    assert comparison.exit_code == EXIT_REGRESSION
 
 
 def test_results_round_trip_through_parquet(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ results file, the JSON summary, and the exit codes of the baseline gate."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ DOCUMENTED_COLUMNS = (
     "system",
     "repeat",
     "workload",
+    "workload_fingerprint",
     "model",
     "dtype",
     "seed",
@@ -45,6 +47,9 @@ DOCUMENTED_COLUMNS = (
     "ttft_p90_seconds",
     "peak_kv_pages",
     "kv_pool_pages",
+    "kv_layout",
+    "kv_seats",
+    "peak_running_seqs",
     "peak_rss_bytes",
     "forward_seconds",
     "step_seconds",
@@ -54,6 +59,8 @@ DOCUMENTED_COLUMNS = (
     "page_size",
     "max_num_seqs",
     "max_num_batched_tokens",
+    "max_model_len",
+    "kv_layouts",
     "system_config",
     "load_average_1m",
     "cpu_model",
@@ -73,6 +80,8 @@ ENGINE_ONLY = (
     "ttft_p90_seconds",
     "peak_kv_pages",
     "kv_pool_pages",
+    "kv_layout",
+    "peak_running_seqs",
     "forward_seconds",
     "step_seconds",
     "engine_overhead",
@@ -103,66 +112,94 @@ def a_results_row(system: str, repeat: int | None, **figures: Any) -> dict[str, 
 
 
 @pytest.fixture(scope="module")
-def regressed_baseline(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A results file no tiny-model run can match: a billion generated tokens per second."""
-    path = tmp_path_factory.mktemp("baseline") / "baseline.parquet"
-    write_results(
-        path,
-        [
-            a_results_row(
-                "astrai",
-                0,
-                wall_seconds=1.0,
-                generated_tokens_per_second=1e9,
-                prefill_ratio=1.0,
-                engine_overhead=0.5,
-            )
-        ],
-    )
-    return path
-
-
-@pytest.fixture(scope="module")
-def full_run(
-    tiny_llama_dir: Path, regressed_baseline: Path, tmp_path_factory: pytest.TempPathFactory
-) -> tuple[Result, Path]:
+def full_run(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Result, Path]:
     out = tmp_path_factory.mktemp("bench") / "results.parquet"
     threads = torch.get_num_threads()
     try:
-        result = _full_run(tiny_llama_dir, regressed_baseline, out)
+        result = bench(
+            "--model", tiny_llama_dir, "--threads", "1", *WORKLOAD_ARGS, "--repeat", "1",
+            "--kv-layout", "contiguous,paged", "--max-model-len", "256",
+            "--peers", "hf-generate,hf-generate-batch", "--out", out,
+        )  # fmt: skip
     finally:
         torch.set_num_threads(threads)  # --threads is process-wide; later tests keep theirs
     return result, out
 
 
-def _full_run(tiny_llama_dir: Path, regressed_baseline: Path, out: Path) -> Result:
-    return bench(
-        "--model",
-        tiny_llama_dir,
-        "--threads",
-        "1",
-        *WORKLOAD_ARGS,
-        "--repeat",
-        "1",
-        "--peers",
-        "hf-generate,hf-generate-batch",
-        "--hf-batch-size",
-        "3",
-        "--out",
-        out,
-        "--baseline",
-        regressed_baseline,
-    )
+def baseline_from(out: Path, path: Path, change: Callable[[dict[str, Any]], None]) -> Path:
+    """A baseline file: the run's own rows, each passed through `change`."""
+    rows = read_results(out)
+    for row in rows:
+        change(row)
+    write_results(path, rows)
+    return path
 
 
-def test_regressed_baseline_exits_4_naming_the_figure(full_run: tuple[Result, Path]) -> None:
+def test_the_run_exits_0_and_reports_each_layout(full_run: tuple[Result, Path]) -> None:
     result, _ = full_run
+    assert result.exit_code == 0, result.stderr
+    lines = result.stderr.splitlines()
+    contiguous = next(line for line in lines if line.startswith("astrai-contiguous KV memory:"))
+    # 8 MiB of 8 KiB pages = 1024 pages; a 256-token seat is 16 pages: 64 seats, capped at 256
+    assert contiguous.startswith("astrai-contiguous KV memory: 64 seats, 4 sequences at once")
+    paged = next(line for line in lines if line.startswith("astrai KV memory:"))
+    assert paged.startswith("astrai KV memory: pages on demand, 4 sequences at once at peak")
+    assert "astrai-contiguous cache hit rate: 0.0% (ideal " in result.stderr
+    assert "hf-generate: probing batch sizes" in result.stderr
+
+
+def test_regressed_baseline_exits_4_naming_the_figure(
+    full_run: tuple[Result, Path], tmp_path: Path
+) -> None:
+    _, out = full_run
+
+    def faster(row: dict[str, Any]) -> None:
+        if row["system"] == "astrai":
+            row["generated_tokens_per_second"] = 1e9
+
+    baseline = baseline_from(out, tmp_path / "baseline.parquet", faster)
+    result = bench("--from-results", out, "--baseline", baseline)
     assert result.exit_code == 4, result.stderr
     assert "regression: astrai.generated_tokens_per_second: 1e+09 -> " in result.stderr
-    assert "baseline: 1 of 3 tracked figures regressed (tolerance 5%)" in result.stderr
+    assert "baseline: 3 of 8 tracked figures regressed (tolerance 5%)" in result.stderr
     summary = json.loads(result.stdout)
-    assert summary["baseline"]["regressions"] == ["astrai.generated_tokens_per_second"]
+    assert summary["baseline"]["regressions"] == [
+        "astrai.generated_tokens_per_second",
+        "ratio.hf-generate",
+        "ratio.hf-generate-batch",
+    ]
     assert summary["baseline"]["exit_code"] == 4
+
+
+def test_a_baseline_of_another_model_exits_2_with_the_reason(
+    full_run: tuple[Result, Path], tmp_path: Path, tiny_llama_dir: Path
+) -> None:
+    _, out = full_run
+    baseline = baseline_from(
+        out, tmp_path / "baseline.parquet", lambda row: row.update(model="other-model")
+    )
+    result = bench("--from-results", out, "--baseline", baseline)
+    assert result.exit_code == 2
+    assert result.stderr.splitlines()[-1] == (
+        "Error: not comparable with the baseline: model differs "
+        f"('other-model' then, '{tiny_llama_dir}' now)"
+    )
+    assert json.loads(result.stdout)["baseline"]["exit_code"] == 2
+
+
+def test_a_baseline_without_a_peer_exits_2_naming_the_figure(
+    full_run: tuple[Result, Path], tmp_path: Path
+) -> None:
+    _, out = full_run
+    rows = [row for row in read_results(out) if row["system"] != "hf-generate"]
+    baseline = tmp_path / "baseline.parquet"
+    write_results(baseline, rows)
+    result = bench("--from-results", out, "--baseline", baseline)
+    assert result.exit_code == 2
+    assert result.stderr.splitlines()[-1] == (
+        "Error: not comparable with the baseline: ratio.hf-generate is in these results but "
+        "not in the baseline"
+    )
 
 
 def test_results_file_has_the_documented_columns_and_one_row_per_system_and_repeat(
@@ -172,7 +209,21 @@ def test_results_file_has_the_documented_columns_and_one_row_per_system_and_repe
     table = pq.read_table(out)
     assert tuple(table.column_names) == DOCUMENTED_COLUMNS
     rows = table.to_pylist()
-    assert [(r["system"], r["repeat"]) for r in rows] == [
+    assert [(r["system"], r["repeat"], r["kv_layout"]) for r in rows] == [
+        ("astrai-contiguous", 0, "contiguous"),
+        ("astrai", 0, "paged"),
+        ("hf-generate", 0, None),
+        ("hf-generate-batch", 0, None),
+        ("floor", None, None),
+    ]
+    assert [(r["kv_seats"], r["kv_layouts"], r["max_model_len"]) for r in rows] == [
+        (64, "contiguous,paged", 256),
+        (None, "contiguous,paged", 256),
+        (None, "contiguous,paged", 256),
+        (None, "contiguous,paged", 256),
+        (None, "contiguous,paged", 256),
+    ]
+    assert [(r["system"], r["repeat"]) for r in rows][1:] == [
         ("astrai", 0),
         ("hf-generate", 0),
         ("hf-generate-batch", 0),
@@ -196,13 +247,24 @@ def test_results_file_has_the_documented_columns_and_one_row_per_system_and_repe
         assert row["generated_tokens_per_second"] == 12 / row["wall_seconds"]
         assert row["cpu_cores"] >= 1 and row["torch_version"] and row["device"] == "cpu"
         assert row["torch_threads"] == 1
-    ours, hf_generate, hf_generate_batch, floor = rows
+    contiguous, ours, hf_generate, hf_generate_batch, floor = rows
+    assert contiguous["cache_hit_rate"] == 0.0 and ours["cache_hit_rate"] > 0
+    assert contiguous["prefill_tokens"] == prompts.prompt_tokens
+    assert {r["workload_fingerprint"] for r in rows} == {prompts.fingerprint}
     assert ours["engine_overhead"] == 1 - ours["forward_seconds"] / ours["wall_seconds"]
     assert ours["prefill_ratio"] == ours["prefill_tokens"] / ideal.unique_tokens
     assert ours["peak_kv_pages"] >= 1 and ours["peak_rss_bytes"] > 0
     for peer in (hf_generate, hf_generate_batch, floor):
         assert [peer[name] for name in ENGINE_ONLY] == [None] * len(ENGINE_ONLY)
-    assert json.loads(hf_generate["system_config"]) == {"batch_size": 3, "padding": "left"}
+    hf_config = json.loads(hf_generate["system_config"])
+    # 4 prompts fill none of 16/32/64/128, so the probe tries one batch of all 4
+    assert list(hf_config.pop("probe")) == ["4"]
+    assert hf_config == {
+        "batch_size": 4,
+        "batch_size_from": "probe",
+        "order": "by length",
+        "padding": "left",
+    }
     assert floor["peak_rss_bytes"] is None
     assert json.loads(floor["system_config"])["decode_tokens"] == 4 * (3 - 1)
 
@@ -213,18 +275,21 @@ def test_json_summary_carries_ratios_floor_and_tracked_figures(
     result, out = full_run
     summary = json.loads(result.stdout)
     rows = read_results(out)
-    ours, hf_generate = rows[0], rows[1]
+    ours, hf_generate = rows[1], rows[2]
     assert summary["ratios"]["hf-generate"]["median"] == (
         ours["generated_tokens_per_second"] / hf_generate["generated_tokens_per_second"]
     )
     assert sorted(summary["tracked"]) == [
+        "astrai-contiguous.engine_overhead",
+        "astrai-contiguous.generated_tokens_per_second",
+        "astrai-contiguous.prefill_ratio",
         "astrai.engine_overhead",
         "astrai.generated_tokens_per_second",
         "astrai.prefill_ratio",
         "ratio.hf-generate",
         "ratio.hf-generate-batch",
     ]
-    assert summary["floor"]["seconds"] == rows[3]["wall_seconds"]
+    assert summary["floor"]["seconds"] == rows[4]["wall_seconds"]
     assert summary["context"]["num_prompts"] == 4
     for line in ("system", "astrai ", "hf-generate ", "hf-generate-batch ", "floor "):
         assert any(row.startswith(line) for row in result.stderr.splitlines()), line
@@ -234,7 +299,7 @@ def test_an_equal_baseline_exits_0(full_run: tuple[Result, Path]) -> None:
     _, out = full_run
     result = bench("--from-results", out, "--baseline", out)
     assert result.exit_code == 0, result.stderr
-    assert "baseline: no regression in 5 tracked figures (tolerance 5%)" in result.stderr
+    assert "baseline: no regression in 8 tracked figures (tolerance 5%)" in result.stderr
     assert json.loads(result.stdout)["baseline"]["regressions"] == []
 
 
@@ -272,6 +337,12 @@ def test_usage_errors_exit_2_with_the_reason(tiny_llama_dir: Path) -> None:
     result = bench("--tolerance", "lots")
     assert result.exit_code == 2
     assert "tolerance must be like 5% or 0.05, got 'lots'" in result.stderr
+    result = bench("--kv-layout", "contiguous,ring")
+    assert result.exit_code == 2
+    assert "kv layout: unknown layout 'ring'; known layouts: paged, contiguous" in result.stderr
+    result = bench("--hf-batch-size", "lots")
+    assert result.exit_code == 2
+    assert "hf batch size must be auto or a positive int, got 'lots'" in result.stderr
 
 
 def test_a_missing_workload_file_fails_with_exit_1(tiny_llama_dir: Path, tmp_path: Path) -> None:

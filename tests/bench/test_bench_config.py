@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from astrai_batch.bench.config import BenchConfig, parse_peers, parse_tolerance
+from astrai_batch.bench.config import (
+    BenchConfig,
+    ours_system,
+    parse_batch_size,
+    parse_kv_layouts,
+    parse_peers,
+    parse_tolerance,
+)
 from astrai_batch.bench.results import RESULTS_COLUMNS, results_table
 from astrai_batch.bench.rss import PeakRss
 from astrai_batch.bench.runs import SystemRun, check_generated, percentile
@@ -55,6 +62,13 @@ def test_peers_parse_from_a_comma_list() -> None:
         ({"seed": -1}, "seed must be a non-negative int, got -1"),
         ({"model": ""}, "model must be a non-empty string, got ''"),
         ({"warmup": "yes"}, "warmup must be a bool, got 'yes'"),
+        (
+            {"kv_layouts": ("ring",)},
+            "kv layout: unknown layout 'ring'; known layouts: paged, contiguous",
+        ),
+        ({"kv_layouts": ("paged", "paged")}, "kv layout: paged, paged names a layout twice"),
+        ({"kv_layouts": ()}, "kv_layouts must name at least one layout, got ()"),
+        ({"hf_generate_batch_size": 0}, "hf_generate_batch_size must be >= 1, got 0"),
     ],
 )
 def test_config_names_the_bad_field(values: dict[str, object], message: str) -> None:
@@ -63,11 +77,35 @@ def test_config_names_the_bad_field(values: dict[str, object], message: str) -> 
     assert str(error.value) == message
 
 
+def test_kv_layouts_batch_sizes_and_system_names_parse() -> None:
+    assert parse_kv_layouts("contiguous, paged") == ("contiguous", "paged")
+    assert [ours_system(layout) for layout in ("paged", "contiguous")] == [
+        "astrai",
+        "astrai-contiguous",
+    ]
+    assert parse_batch_size("auto") is None
+    assert parse_batch_size("48") == 48
+    for text, message in (
+        ("lots", "hf batch size must be auto or a positive int, got 'lots'"),
+        ("0", "hf batch size must be >= 1, got 0"),
+    ):
+        with pytest.raises(ConfigError) as error:
+            parse_batch_size(text)
+        assert str(error.value) == message
+
+
 def test_config_from_dict_builds_the_engine_config_and_rejects_unknown_keys() -> None:
     config = BenchConfig.from_dict(
-        {"model": "m", "peers": ["hf-generate"], "engine": {"max_num_seqs": 8}}
+        {
+            "model": "m",
+            "peers": ["hf-generate"],
+            "kv_layouts": ["contiguous", "paged"],
+            "engine": {"max_num_seqs": 8},
+        }
     )
     assert config.peers == ("hf-generate",)
+    assert config.kv_layouts == ("contiguous", "paged")
+    assert config.hf_generate_batch_size is None
     assert config.engine == EngineConfig(max_num_seqs=8)
     with pytest.raises(ConfigError) as error:
         BenchConfig.from_dict({"model": "m", "repeats": 3})

@@ -180,25 +180,6 @@ def test_close_with_tokens_publishes_them_first() -> None:
     manager.check_invariants()
 
 
-def test_truncate_returns_the_pages_past_the_kept_tokens() -> None:
-    manager = KVCacheManager(num_pages=6, page_size=2)
-    manager.open("a", [1, 2, 3, 4], max_cached_tokens=3)
-    manager.reserve("a", 10)
-    manager.publish("a", [1, 2, 3, 4])
-    manager.truncate("a", 5)
-    assert manager.pages("a") == [0, 1, 2]
-    assert manager.num_free_pages() == 3
-    with pytest.raises(
-        CacheUsageError,
-        match=r"^cannot truncate request 'a' to 3 tokens: its first 4 tokens are published "
-        r"to the prefix index$",
-    ):
-        manager.truncate("a", 3)
-    manager.truncate("a", 4)
-    assert manager.pages("a") == [0, 1]
-    manager.check_invariants()
-
-
 def test_misuse_is_reported_with_the_request_named() -> None:
     manager = KVCacheManager(num_pages=4, page_size=2)
     manager.open("a", [1, 2, 3, 4], max_cached_tokens=0)
@@ -221,7 +202,7 @@ def test_misuse_is_reported_with_the_request_named() -> None:
 
 
 def test_page_size_must_be_positive() -> None:
-    with pytest.raises(ConfigError, match=r"^page_size must be a positive integer, got 0$"):
+    with pytest.raises(ConfigError, match=r"^page_size must be >= 1, got 0$"):
         KVCacheManager(num_pages=4, page_size=0)
 
 

@@ -100,10 +100,19 @@ def test_pages_out_of_range_are_rejected(page: int) -> None:
     assert counts(allocator) == [1, 1, 1]
 
 
-@pytest.mark.parametrize("num_pages", [0, -2, 1.5, True])
-def test_pool_size_must_be_a_positive_integer(num_pages: object) -> None:
-    with pytest.raises(ConfigError, match=r"^num_pages must be a positive integer, got "):
+@pytest.mark.parametrize(
+    ("num_pages", "message"),
+    [
+        (0, "num_pages must be >= 1, got 0"),
+        (-2, "num_pages must be >= 1, got -2"),
+        (1.5, "num_pages must be an integer, got number"),
+        (True, "num_pages must be an integer, got boolean"),
+    ],
+)
+def test_pool_size_must_be_a_positive_integer(num_pages: object, message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
         PageAllocator(num_pages)  # type: ignore[arg-type]
+    assert str(caught.value) == message
 
 
 def test_check_invariants_catches_a_corrupted_count() -> None:

@@ -18,9 +18,10 @@ def cache(index: PrefixIndex, tokens: Sequence[int]) -> list[int]:
     """What a finished request leaves behind: its full pages, held by the index alone."""
     own = index.allocator.allocate(len(tokens) // index.page_size)
     assert own is not None
-    canonical = index.insert(tokens, own)
+    match = index.extend(index.match(tokens, 0), tokens, own)
+    index.unpin(match)
     index.allocator.decref(own)
-    return canonical
+    return match.pages
 
 
 def hit(index: PrefixIndex, tokens: Sequence[int], max_tokens: int | None = None) -> int:
@@ -81,7 +82,9 @@ def test_a_page_cached_twice_is_stored_once_and_the_canonical_page_returned() ->
     assert cache(index, [1, 2, 3, 4]) == [0, 1]
     own = allocator.allocate(3)
     assert own == [2, 3, 4]
-    assert index.insert([1, 2, 3, 4, 5, 6], own) == [0, 1, 4]
+    match = index.extend(index.match([], 0), [1, 2, 3, 4, 5, 6], own)
+    assert match.pages == [0, 1, 4]
+    index.unpin(match)
     assert index.num_cached_pages() == 3
     # The index took a reference on the one page it did not have, none on the duplicates.
     assert refcounts(allocator)[:5] == [1, 1, 1, 1, 2]
@@ -243,7 +246,7 @@ def test_bad_inserts_raise_and_change_nothing(
     assert allocator.allocate(1) == [1]
     before = refcounts(allocator)
     with pytest.raises(CacheUsageError, match=message):
-        index.insert(tokens, pages)
+        index.extend(index.match(tokens, 0), tokens, pages)
     assert refcounts(allocator) == before
     assert index.num_cached_pages() == 1
     assert hit(index, [5, 5]) == 0
@@ -261,7 +264,7 @@ def test_eviction_candidates_do_not_pile_up_with_repeated_use() -> None:
 
 
 def test_page_size_must_be_positive() -> None:
-    with pytest.raises(ConfigError, match=r"^page_size must be a positive integer, got 0$"):
+    with pytest.raises(ConfigError, match=r"^page_size must be >= 1, got 0$"):
         PrefixIndex(0, PageAllocator(1))
 
 

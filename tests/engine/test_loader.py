@@ -156,9 +156,10 @@ def test_resolve_dtype(name, expected):
     assert resolve_dtype(name) is expected
 
 
-def test_resolve_dtype_auto_follows_the_checkpoint():
-    config = transformers.LlamaConfig(dtype="bfloat16")
-    assert resolve_dtype("auto", config=config) is torch.bfloat16
+def test_resolve_dtype_auto_is_bfloat16_on_cuda_only():
+    assert resolve_dtype("auto", device="cuda") is torch.bfloat16
+    assert resolve_dtype("auto", device=torch.device("cuda", 1)) is torch.bfloat16
+    assert resolve_dtype("auto", device="cpu") is torch.float32
 
 
 def test_resolve_dtype_errors():
@@ -421,7 +422,7 @@ def test_require_chat_template(tiny_llama):
     with pytest.raises(UnsupportedModelError) as err:
         require_chat_template(plain)
     assert str(err.value) == (
-        f"Model {tiny_llama.name!r} has no chat template, so chat messages cannot be turned "
+        f"model {tiny_llama.name!r} has no chat template, so chat messages cannot be turned "
         "into a prompt; give plain-text prompts or use an instruct/chat model"
     )
 

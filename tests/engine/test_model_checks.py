@@ -153,7 +153,7 @@ def test_the_load_checks_the_context_it_will_run_at_before_reading_weights(tmp_p
         load_model(short)
     with pytest.raises(ConfigError) as err:
         load_model(model_dir, max_model_len=0)
-    assert str(err.value) == "max_model_len must be a positive integer, got 0"
+    assert str(err.value) == "max_model_len must be >= 1, got 0"
 
 
 def test_the_attention_refuses_a_window_that_would_bind(tmp_path):

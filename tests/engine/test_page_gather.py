@@ -36,12 +36,26 @@ def test_gather_equals_a_plain_gather_and_reuses_its_buffer():
 def test_names_are_separate_buffers_and_a_larger_gather_grows_by_half():
     cache = pool(20)
     gatherer = PageGatherer()
-    keys = gatherer.gather("key", cache, torch.tensor([[1, 2]]), PAGE)
-    values = gatherer.gather("value", cache, torch.tensor([[3, 4]]), PAGE)
+    keys = gatherer.gather("key", cache, torch.tensor([[2, 1]]), PAGE)
+    values = gatherer.gather("value", cache, torch.tensor([[4, 3]]), PAGE)
     assert keys.data_ptr() != values.data_ptr()
-    assert torch.equal(keys, plain_gather(cache, [[1, 2]]))  # not overwritten by "value"
+    assert torch.equal(keys, plain_gather(cache, [[2, 1]]))  # not overwritten by "value"
     tables = [[i, i + 1] for i in range(0, 8, 2)]  # 8 pages > the 2 kept for "key"
     grown = gatherer.gather("key", cache, torch.tensor(tables), PAGE)
     assert torch.equal(grown, plain_gather(cache, tables))
     page_bytes = PAGE * HEADS * DIM * 4
     assert gatherer.reserved_bytes() == (12 + 2) * page_bytes  # 8 pages x 1.5, plus "value"
+
+
+def test_one_run_of_consecutive_pages_is_read_in_place():
+    """A contiguous-layout seat: the pool's own memory, no copy and no buffer."""
+    cache = pool(10)
+    gatherer = PageGatherer()
+    seat = gatherer.gather("key", cache, torch.tensor([[4, 5, 6]]), PAGE)
+    assert torch.equal(seat, plain_gather(cache, [[4, 5, 6]]))
+    assert seat.data_ptr() == cache[4 * PAGE].data_ptr()
+    assert gatherer.reserved_bytes() == 0
+    for tables in ([[4, 6, 5]], [[4, 5], [6, 7]], [[4, 5, 7]]):  # not one consecutive run
+        gathered = gatherer.gather("key", cache, torch.tensor(tables), PAGE)
+        assert torch.equal(gathered, plain_gather(cache, tables))
+        assert gathered.data_ptr() != cache[tables[0][0] * PAGE].data_ptr()

@@ -483,3 +483,40 @@ def test_greedy_with_penalty_and_min_tokens_matches_generate(tiny_llama_dir) -> 
         )[0, len(prompt) :].tolist()
     assert greedy_loop(model, prompt, params, eos) == expected
     assert greedy_loop(model, prompt, params.replace(repetition_penalty=1.0), eos) != expected
+
+
+def splitmix64_reference(seed: int, counter: int) -> float:
+    """SplitMix64's finaliser of seed + (counter + 1) * golden gamma, in Python integers."""
+    mask = (1 << 64) - 1
+    z = (seed + (counter + 1) * 0x9E3779B97F4A7C15) & mask
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+    z ^= z >> 31
+    return (z >> 11) / 2.0**53
+
+
+def test_uniform_draws_are_splitmix64_of_seed_and_draw_count() -> None:
+    from astrai_batch.engine.sampling import draw_uniforms
+
+    samplers = [
+        SequenceSampler(SamplingParams(temperature=1.0), [], fallback_seed=seed)
+        for seed in (0, 1, 2**62 + 12345)
+    ]
+    first = draw_uniforms(samplers)
+    second = draw_uniforms(samplers[::-1])[::-1]  # order in the batch does not matter
+    for row, sampler in enumerate(samplers):
+        assert first[row] == splitmix64_reference(sampler.seed, 0)
+        assert second[row] == splitmix64_reference(sampler.seed, 1)
+    assert samplers[0].next_uniform() == splitmix64_reference(samplers[0].seed, 2)
+
+
+def test_row_argmax_is_torch_argmax_ties_included() -> None:
+    from astrai_batch.engine.sampling import row_argmax
+
+    logits = random_logits(64, seed=9)
+    logits[:, 5] = logits.max(dim=-1).values  # every row: a tie between column 5 and another
+    logits[3] = 1.0  # a row that is all ties
+    assert torch.equal(row_argmax(logits), logits.argmax(dim=-1))
+    assert torch.equal(row_argmax(logits.double()), logits.double().argmax(dim=-1))
+    half = logits.to(torch.bfloat16)  # numpy has no bfloat16: torch's own argmax
+    assert torch.equal(row_argmax(half), half.argmax(dim=-1))

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from engine_reference import make_sequence
+
 from astrai_batch.cache import CacheStats, KVCacheManager
 from astrai_batch.engine.config import EngineConfig
-from astrai_batch.engine.sampling import SequenceSampler
-from astrai_batch.engine.sampling_params import SamplingParams
 from astrai_batch.engine.scheduler import Scheduler
 from astrai_batch.engine.sequence import Sequence
 
@@ -13,17 +13,7 @@ PAGE = 4
 
 
 def make_seq(seq_id: int, tokens: list[int], arrival: int | None = None) -> Sequence:
-    params = SamplingParams(max_tokens=8)
-    return Sequence(
-        seq_id=seq_id,
-        request_id=seq_id,
-        sample_index=0,
-        prompt_token_ids=tuple(tokens),
-        params=params,
-        sampler=SequenceSampler(params, tokens),
-        arrival=seq_id if arrival is None else arrival,
-        page_size=PAGE,
-    )
+    return make_sequence(seq_id, tokens, page_size=PAGE, arrival=arrival)
 
 
 def run_step(scheduler: Scheduler) -> list[tuple[int, int]]:

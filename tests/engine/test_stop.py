@@ -105,6 +105,41 @@ def test_incremental_search_never_misses_a_match(seed: int) -> None:
     assert 0 < found < 300
 
 
+class ChunkTokenizer:
+    """Token id i decodes to chunks[i]; a sequence decodes to their concatenation."""
+
+    def __init__(self, chunks: list[str]) -> None:
+        self.chunks = chunks
+
+    def decode(self, token_ids, skip_special_tokens, clean_up_tokenization_spaces):
+        return "".join(self.chunks[i] for i in token_ids)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_tracker_searches_only_new_text_and_a_tail(seed: int) -> None:
+    rng = random.Random(seed)
+    found = 0
+    for _ in range(200):
+        stops = [
+            "".join(rng.choice("abc") for _ in range(rng.randint(1, 4)))
+            for _ in range(rng.randint(1, 3))
+        ]
+        chunks = [
+            "".join(rng.choice("abc") for _ in range(rng.randint(0, 3)))
+            for _ in range(rng.randint(1, 12))
+        ]
+        output = StopStringTracker(ChunkTokenizer(chunks), tuple(stops), min_tokens=0)
+        got = None
+        for index in range(len(chunks)):
+            if output.append(index):
+                got = (index, output.cut)
+                break
+        expected = first_stop_by_brute_force(chunks, stops)
+        assert got == expected, (stops, chunks)
+        found += got is not None
+    assert 0 < found < 200
+
+
 # -- IncrementalDetokenizer --------------------------------------------------------------------
 
 MIXED_TEXT = "héllo wörld 你好 🙂 ok"

@@ -1,10 +1,11 @@
 """Helpers shared by the job tests: small input files, running the CLI in-process or as a
-process."""
+process, stopping a job part-way (the resume tests)."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -96,6 +97,31 @@ def summary_of(stdout: str) -> dict[str, Any]:
     return json.loads(stdout.strip().splitlines()[-1])
 
 
+# -- resuming: a job of ROWS rows with small windows, stopped part-way ------------------------
+
+ROWS = 120
+
+
+def job_args(model_dir: Path, source: Path, output: Path, *extra: str) -> list[Any]:
+    """Small windows and frequent checkpoints, so every kill lands inside a window; seeded
+    sampling, so rows reproduce only if each keeps its own random stream across restarts."""
+    return [
+        "run",
+        source,
+        output,
+        *engine_args(model_dir),
+        "--group-window",
+        "40",
+        "--checkpoint-rows",
+        "4",
+        "--temperature",
+        "0.8",
+        "--seed",
+        "11",
+        *extra,
+    ]
+
+
 def saved_parts(checkpoint_dir: Path) -> int:
     try:
         return len(json.loads((checkpoint_dir / "manifest.json").read_text())["parts"])
@@ -113,6 +139,16 @@ def stop_after_parts(
 ):
     """Start the job as a process and send `signum` once the checkpoint lists `parts` parts."""
     process = start_process(*args)
+    wait_for_parts(process, checkpoint_dir, parts, timeout)
+    process.send_signal(signum)
+    stdout, stderr = process.communicate(timeout=60)
+    return process.returncode, stdout, stderr
+
+
+def wait_for_parts(
+    process: subprocess.Popen[str], checkpoint_dir: Path, parts: int, timeout: float = 120
+) -> None:
+    """Wait until the running job `process` has saved `parts` checkpoint parts."""
     deadline = time.monotonic() + timeout
     while saved_parts(checkpoint_dir) < parts:
         if process.poll() is not None:
@@ -121,10 +157,17 @@ def stop_after_parts(
             process.kill()
             pytest.fail(f"no {parts} checkpoint parts within {timeout:.0f} s")
         time.sleep(0.01)
-    process.send_signal(signum)
-    stdout, stderr = process.communicate(timeout=60)
-    return process.returncode, stdout, stderr
 
 
 def comparable(path: Path) -> list[dict[str, Any]]:
     return [{k: v for k, v in row.items() if k != "cached_tokens"} for row in read_rows(path)]
+
+
+def killed_part_way(model_dir: Path, job: dict[str, Path], parts: int = 3) -> tuple[list[Any], int]:
+    """Run `job` (see the `job` fixture) as a process and kill -9 it once `parts` parts are
+    saved. Returns the job's arguments and the number of rows saved."""
+    args = job_args(model_dir, job["source"], job["output"])
+    returncode, _, _ = stop_after_parts(args, job["checkpoint"], parts, signal.SIGKILL)
+    assert returncode == -signal.SIGKILL
+    assert not job["output"].exists()
+    return args, saved_rows(job["checkpoint"])

@@ -30,7 +30,9 @@ def execute(loaded, tmp_path: Path, clock=None, **options) -> tuple[JobExecution
     config = JobConfig.from_options(
         {"max_tokens": 2, "kv_cache_memory": "8MiB", "group_window": 4, **options}
     )
-    checkpoint = Checkpoint.open(tmp_path / ".ckpt", {"job": 1}, restart=False)
+    checkpoint = Checkpoint.open(
+        tmp_path / ".ckpt", {"job": 1}, planning=config.planning_options(), restart=False
+    )
     extra = {} if clock is None else {"clock": clock}
     execution = JobExecution(
         config=config,

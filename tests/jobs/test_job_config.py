@@ -8,8 +8,16 @@ import pytest
 
 from astrai_batch.engine.sampling_params import SamplingParams
 from astrai_batch.errors import ConfigError
-from astrai_batch.jobs.config import DEFAULT_MODEL, JobConfig, load_toml_options
+from astrai_batch.jobs.config import (
+    DEFAULT_MODEL,
+    PLANNING_OPTIONS,
+    RESULT_OPTIONS,
+    RUN_OPTIONS,
+    JobConfig,
+    load_toml_options,
+)
 from astrai_batch.jobs.option_values import ErrorLimit, parse_columns, parse_size
+from astrai_batch.jobs.planning import PlanningOptions
 
 
 def test_defaults() -> None:
@@ -47,9 +55,12 @@ def test_from_options_routes_sampling_and_parses_strings() -> None:
     assert config.engine_options() == {
         "page_size": 32,
         "kv_cache_memory": 512 * 1024**2,
+        "gpu_memory_utilization": 0.9,
         "max_num_seqs": 256,
         "max_num_batched_tokens": 1024,
         "enable_prefix_cache": True,
+        "kv_layout": "paged",
+        "max_model_len": None,
         "seed": 0,
         "numerics": "invariant",
     }
@@ -66,7 +77,10 @@ def test_from_options_routes_sampling_and_parses_strings() -> None:
         ({"grouping": "yes"}, "grouping must be a boolean, got string"),
         ({"model": 3}, "model must be a string, got integer"),
         ({"model": " "}, "model must not be empty"),
-        ({"output_format": "csv"}, "output_format must be parquet or openai-jsonl, got 'csv'"),
+        (
+            {"output_format": "csv"},
+            "output_format must be parquet, openai-jsonl or parquet-dir, got 'csv'",
+        ),
         ({"input_format": "csv"}, "input_format must be parquet or jsonl, got 'csv'"),
         ({"checkpoint_seconds": 0}, "checkpoint_seconds must be a number of seconds > 0, got 0"),
         ({"seed": -1}, "seed must be a non-negative integer, got -1"),
@@ -153,11 +167,37 @@ def test_result_options_leave_out_operational_settings() -> None:
             "progress_seconds": 1,
             "quiet": True,
             "summary_json": "s.json",
+            # Budgets change which rows run together, never a row's result.
+            "kv_cache_memory": "64MiB",
+            "max_num_seqs": 3,
+            "max_num_batched_tokens": 99,
+            "prefix_cache": False,
+            "trust_remote_code": True,
+            "model": "/elsewhere/same-model",
+            "device": "cpu:0",
         }
     )
     assert operational.result_options() == base.result_options()
     assert JobConfig.from_options({"max_tokens": 5}).result_options() != base.result_options()
     assert base.to_dict()["max_tokens"] == 4 and base.to_dict()["stop"] == []
+    for changed in ({"seed": 3}, {"revision": "v2"}, {"max_model_len": 64}, {"dtype": "bf16"}):
+        options = JobConfig.from_options({"max_tokens": 4, **changed}).result_options()
+        assert options != base.result_options(), changed
+    assert base.result_options()["device"] == "cpu"
+
+
+def test_every_option_is_classified_once() -> None:
+    """A new option must say whether it can change results (RESULT_OPTIONS), how the job
+    is planned (PLANNING_OPTIONS) or neither (RUN_OPTIONS)."""
+    classified = [*RESULT_OPTIONS, *PLANNING_OPTIONS, *RUN_OPTIONS]
+    assert len(classified) == len(set(classified))
+    assert set(classified) == set(JobConfig().to_dict())
+
+
+def test_planning_options() -> None:
+    config = JobConfig.from_options({"page_size": 8, "grouping": False, "group_window": 5})
+    assert config.planning_options() == PlanningOptions(8, False, 5)
+    assert config.planning_options().describe() == ("page size 8, grouping off, group window 5")
 
 
 def test_toml_options(tmp_path: Path) -> None:

@@ -10,66 +10,22 @@ from __future__ import annotations
 import json
 import signal
 from pathlib import Path
-from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
 from jobs.jobkit import (
+    ROWS,
     comparable,
-    engine_args,
+    job_args,
     listing,
     read_rows,
     run_cli,
     saved_rows,
-    shared_prefix_prompts,
     stop_after_parts,
     summary_of,
-    write_jsonl,
 )
 
 from astrai_batch.jobs.checkpoint import Checkpoint
-
-ROWS = 120
-
-
-def job_args(model_dir: Path, source: Path, output: Path, *extra: str) -> list[Any]:
-    """Small windows and frequent checkpoints, so every kill lands inside a window; seeded
-    sampling, so rows reproduce only if each keeps its own random stream across restarts."""
-    return [
-        "run",
-        source,
-        output,
-        *engine_args(model_dir),
-        "--group-window",
-        "40",
-        "--checkpoint-rows",
-        "4",
-        "--temperature",
-        "0.8",
-        "--seed",
-        "11",
-        *extra,
-    ]
-
-
-@pytest.fixture(scope="module")
-def reference(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The input and the output of an uninterrupted run, shared by the tests here."""
-    directory = tmp_path_factory.mktemp("reference")
-    source = write_jsonl(
-        directory / "in.jsonl",
-        [{"id": f"r{i}", "prompt": p} for i, p in enumerate(shared_prefix_prompts(ROWS))],
-    )
-    output = directory / "out.parquet"
-    result = run_cli(*job_args(tiny_llama_dir, source, output))
-    assert result.exit_code == 0, result.stderr
-    return {"source": source, "reference": output}
-
-
-@pytest.fixture
-def job(reference: dict[str, Path], tmp_path: Path) -> dict[str, Path]:
-    output = tmp_path / "out.parquet"
-    return {**reference, "output": output, "checkpoint": tmp_path / ".out.parquet.ckpt"}
 
 
 def test_kill_9_at_several_points_then_rerun_equals_an_uninterrupted_run(

@@ -428,3 +428,27 @@ def test_gzipped_jsonl_and_a_directory_of_parquet_files(
     assert [r["id"] for r in expected] == ["0", "1", "2"]
     assert read_rows(out_dir / "packed.parquet") == expected
     assert read_rows(out_dir / "folder.parquet") == expected
+
+
+def test_contiguous_kv_layout_writes_the_rows_the_paged_one_does(
+    tiny_llama_dir: Path, tmp_path: Path, out_dir: Path
+) -> None:
+    prompts = shared_prefix_prompts(12)
+    source = write_jsonl(tmp_path / "in.jsonl", [{"prompt": p} for p in prompts])
+    rows = {}
+    for layout in ("paged", "contiguous"):
+        output = out_dir / f"{layout}.parquet"
+        result = run_cli("run", source, output, *engine_args(tiny_llama_dir, "--kv-layout", layout))
+        assert result.exit_code == 0, result.stderr
+        rows[layout] = read_rows(output)
+    assert [row["completion"] for row in rows["contiguous"]] == [
+        row["completion"] for row in rows["paged"]
+    ]
+    assert sum(row["cached_tokens"] for row in rows["paged"]) > 0
+    assert all(row["cached_tokens"] == 0 for row in rows["contiguous"])
+
+    refused = run_cli("run", source, out_dir / "x.parquet", "--kv-layout", "ring")
+    assert refused.exit_code == 2
+    assert "Invalid value for '--kv-layout': 'ring' is not one of 'paged', 'contiguous'." in (
+        refused.stderr
+    )

@@ -6,11 +6,12 @@ import copy
 
 import pytest
 
+from astrai_batch.engine.model_support import no_chat_template_message
 from astrai_batch.engine.sampling_params import SamplingParams
 from astrai_batch.errors import AstraiBatchError
 from astrai_batch.io import InputRow
 from astrai_batch.jobs.planning import plan_window
-from astrai_batch.jobs.tokenize import Encoding, PromptEncoder, no_chat_template_message
+from astrai_batch.jobs.tokenize import Encoding, PromptEncoder
 from astrai_batch.jobs.window import PreparedRow, prepare_window, row_params
 
 MESSAGES = (

@@ -1,0 +1,302 @@
+"""The device check: exactness, the shared-prefix bench, host time and memory, as JSON files.
+
+Built for a GPU machine that receives only our source tree: models are built from configs
+with random weights on the device (`random_models`), prompts are token ids, the tokenizer is
+trained in code. With `device="cpu"` the same steps run on the tiny model in seconds, so the
+check itself is tested. Each step writes one JSON file under the output directory as soon as
+it is done (a check cut short by a time limit keeps what it finished), then `summary.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from astrai_batch.bench.host_overhead import measure_host_overhead
+from astrai_batch.bench.machine import machine_info
+from astrai_batch.bench.ours import run_ours
+from astrai_batch.bench.peers import BatchSizeChoice, run_hf_generate, run_hf_generate_batch
+from astrai_batch.bench.prompts import BenchPrompts
+from astrai_batch.bench.random_models import LLAMA_1B, SMOLLM2_135M, TINY, ModelShape, build_model
+from astrai_batch.engine.config import EngineConfig
+from astrai_batch.engine.core import EngineCore
+from astrai_batch.engine.loader import LoadedModel
+from astrai_batch.engine.sampling_params import SamplingParams
+from astrai_batch.engine.types import GenerationRequest
+from astrai_batch.jobs.prefix_stats import ideal_prefix_stats
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class CheckPlan:
+    """Sizes of every step; one plan per kind of device."""
+
+    exact_shapes: tuple[ModelShape, ...]
+    exact_prompts: int
+    exact_tokens: int
+    bench_shape: ModelShape
+    bench_dtype: torch.dtype
+    system_prompts: int
+    questions_per_prompt: int
+    system_tokens: int
+    question_tokens: int
+    bench_tokens: int
+    host_seqs: int
+    host_context: int
+    host_steps: int
+
+
+GPU_PLAN = CheckPlan(
+    exact_shapes=(SMOLLM2_135M, LLAMA_1B),
+    exact_prompts=8,
+    exact_tokens=32,
+    bench_shape=LLAMA_1B,
+    bench_dtype=torch.bfloat16,
+    system_prompts=8,
+    questions_per_prompt=32,
+    system_tokens=256,
+    question_tokens=24,
+    bench_tokens=64,
+    host_seqs=256,
+    host_context=512,
+    host_steps=32,
+)
+CPU_PLAN = CheckPlan(
+    exact_shapes=(TINY,),
+    exact_prompts=4,
+    exact_tokens=8,
+    bench_shape=TINY,
+    bench_dtype=torch.float32,
+    system_prompts=2,
+    questions_per_prompt=2,
+    system_tokens=24,
+    question_tokens=6,
+    bench_tokens=4,
+    host_seqs=16,
+    host_context=64,
+    host_steps=4,
+)
+
+
+def run_gpu_check(out_dir: Path, device: str, log: Callable[[str], None] = print) -> dict:
+    """Runs every step on `device` ("cuda" or "cpu"), writing JSON files; returns the summary."""
+    target = torch.device(device)
+    plan = GPU_PLAN if target.type == "cuda" else CPU_PLAN
+    out_dir.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    files: dict[str, Any] = {}
+
+    def step(name: str, body: Callable[[], dict]) -> None:
+        log(f"gpu_check: {name} ...")
+        began = time.perf_counter()
+        _reset_peak(target)
+        result = body()
+        result["seconds"] = round(time.perf_counter() - began, 3)
+        result["peak_device_memory_bytes"] = _peak(target)
+        _write(out_dir / f"{name}.json", result)
+        files[name] = result.get("passed")
+        log(f"gpu_check: {name} done in {result['seconds']} s")
+
+    step("machine", lambda: {"machine": machine_info(target).to_dict()})
+    for shape in plan.exact_shapes:
+        for dtype in (torch.float32, torch.bfloat16):
+            name = f"exactness_{shape.name}_{str(dtype).removeprefix('torch.')}"
+            step(name, lambda s=shape, d=dtype: _exactness(s, d, target, plan))
+    step("bench_shared_prefix", lambda: _bench(plan, target))
+    step("host_overhead", lambda: _host(plan, target))
+    summary = {
+        "device": str(target),
+        "files": files,
+        "passed": all(value is not False for value in files.values()),
+        "seconds": round(time.perf_counter() - started, 3),
+    }
+    _write(out_dir / "summary.json", summary)
+    return summary
+
+
+def _exactness(shape: ModelShape, dtype: torch.dtype, device: torch.device, plan: CheckPlan):
+    """Our greedy tokens against transformers `generate`, one prompt at a time, no padding.
+
+    transformers stops at end of sequence, ours ignores it: ours is compared on the length
+    transformers produced. float32 must agree token for token; bfloat16 reports how much
+    agrees (rounding can flip a near-tie, after which the continuations differ).
+    """
+    loaded = build_model(shape, device=device, dtype=dtype)
+    rng = random.Random(7)
+    vocab = shape.vocab_size
+    prompts = [
+        [rng.randrange(3, vocab) for _ in range(rng.choice([5, 17, 33, 64, 90, 150]))]
+        for _ in range(plan.exact_prompts)
+    ]
+    ours = _engine_greedy(loaded, prompts, plan.exact_tokens)
+    theirs = _hf_greedy(loaded, prompts, plan.exact_tokens)
+    rows = []
+    for prompt, mine, reference in zip(prompts, ours, theirs, strict=True):
+        mine = mine[: len(reference)]
+        same = sum(a == b for a, b in zip(mine, reference, strict=True))
+        lead = next(
+            (i for i, (a, b) in enumerate(zip(mine, reference, strict=True)) if a != b), len(mine)
+        )
+        rows.append(
+            {
+                "prompt_tokens": len(prompt),
+                "compared": len(reference),
+                "agree": same,
+                "leading_agree": lead,
+            }
+        )
+    compared = sum(r["compared"] for r in rows)
+    exact_rows = sum(r["agree"] == r["compared"] for r in rows)
+    result = {
+        "model": shape.name,
+        "dtype": str(dtype).removeprefix("torch."),
+        "rows": len(rows),
+        "exact_rows": exact_rows,
+        "token_agreement": sum(r["agree"] for r in rows) / compared,
+        "leading_agreement": sum(r["leading_agree"] for r in rows) / compared,
+        "per_row": rows,
+    }
+    if dtype == torch.float32:
+        result["passed"] = exact_rows == len(rows)
+    _release(loaded, device)
+    return result
+
+
+def _engine_greedy(loaded: LoadedModel, prompts: list[list[int]], max_tokens: int):
+    config = EngineConfig(max_num_seqs=len(prompts), kv_cache_memory=GIB // 4)
+    core = EngineCore(loaded, config)
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    for index, prompt in enumerate(prompts):
+        errors = core.add_request(GenerationRequest(index, prompt, params))
+        if errors:
+            raise RuntimeError(errors[0].error)
+    outputs: dict[int, list[int]] = {}
+    while core.num_unfinished:
+        for result in core.step():
+            outputs[result.request_id] = list(result.token_ids)
+    core.check_invariants()
+    return [outputs[i] for i in range(len(prompts))]
+
+
+def _hf_greedy(loaded: LoadedModel, prompts: list[list[int]], max_tokens: int):
+    from transformers import GenerationConfig
+
+    model = loaded.model
+    model.set_attn_implementation("sdpa")
+    config = GenerationConfig(
+        max_new_tokens=max_tokens,
+        do_sample=False,
+        pad_token_id=loaded.tokenizer.pad_token_id,
+        eos_token_id=-1,  # no id: end of sequence ends nothing, as ours ignores it
+    )
+    outputs = []
+    with torch.inference_mode():
+        for prompt in prompts:
+            ids = torch.tensor([prompt], device=model.device)
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config)
+            outputs.append(out[0, len(prompt) :].tolist())
+    return outputs
+
+
+def _bench(plan: CheckPlan, device: torch.device) -> dict:
+    """The shared-prefix workload as token ids: ours, `generate`, `generate_batch`, each
+    warmed up first, in one process (ours first: it sizes the pool `generate_batch` gets)."""
+    loaded = build_model(plan.bench_shape, device=device, dtype=plan.bench_dtype)
+    rng = random.Random(11)
+    vocab = plan.bench_shape.vocab_size
+    prompts = []
+    for _ in range(plan.system_prompts):
+        system = [rng.randrange(3, vocab) for _ in range(plan.system_tokens)]
+        for _ in range(plan.questions_per_prompt):
+            prompts.append(
+                tuple(system + [rng.randrange(3, vocab) for _ in range(plan.question_tokens)])
+            )
+    rng.shuffle(prompts)
+    engine = EngineConfig(
+        gpu_memory_utilization=0.5 if device.type == "cuda" else 0.9,
+        kv_cache_memory=None if device.type == "cuda" else 64 * 1024**2,
+    )
+    bench_prompts = BenchPrompts(
+        workload="shared-prefix (token ids)",
+        prompt_token_ids=tuple(prompts),
+        max_tokens=plan.bench_tokens,
+        ideal=ideal_prefix_stats(prompts, page_size=engine.page_size),
+    )
+    warm = bench_prompts.head(8, 4)  # first calls at new shapes allocate and tune kernels
+    pages = run_ours(loaded, warm, engine, repeat=None).engine.kv_pool_pages
+    choice = BatchSizeChoice(32)  # left-padded batches of 32, as the CPU bench's default was
+    run_hf_generate(loaded, warm, choice, repeat=None)
+    run_hf_generate_batch(loaded, warm, engine, pages, repeat=None)
+    _empty_cache(device)
+    ours = run_ours(loaded, bench_prompts, engine, repeat=0)
+    _empty_cache(device)
+    generate = run_hf_generate(loaded, bench_prompts, choice, repeat=0)
+    _empty_cache(device)
+    pages = ours.engine.kv_pool_pages
+    batch = run_hf_generate_batch(loaded, bench_prompts, engine, pages, repeat=0)
+    runs = {run.system: run for run in (ours, generate, batch)}
+    result = {
+        "model": plan.bench_shape.name,
+        "dtype": str(plan.bench_dtype).removeprefix("torch."),
+        "prompts": len(prompts),
+        "max_tokens": plan.bench_tokens,
+        "systems": {
+            name: {
+                "wall_seconds": run.wall_seconds,
+                "generated_tokens_per_second": run.generated_tokens_per_second,
+                "engine_overhead": run.engine_overhead,
+            }
+            for name, run in runs.items()
+        },
+        "kv_pool_pages": pages,
+        "ratio_vs_generate": ours.generated_tokens_per_second
+        / generate.generated_tokens_per_second,
+        "ratio_vs_generate_batch": ours.generated_tokens_per_second
+        / batch.generated_tokens_per_second,
+    }
+    _release(loaded, device)
+    return result
+
+
+def _host(plan: CheckPlan, device: torch.device) -> dict:
+    loaded = build_model(TINY, device=device)
+    result = measure_host_overhead(
+        loaded, num_seqs=plan.host_seqs, context=plan.host_context, steps=plan.host_steps
+    ).to_dict()
+    result["model"] = TINY.name
+    _release(loaded, device)
+    return result
+
+
+def _release(loaded: LoadedModel, device: torch.device) -> None:
+    del loaded
+    _empty_cache(device)
+
+
+def _empty_cache(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+
+
+def _reset_peak(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def _peak(device: torch.device) -> int | None:
+    return torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+
+
+def _write(path: Path, value: dict) -> None:
+    temp = path.with_suffix(".json.tmp")
+    temp.write_text(json.dumps(value, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    temp.replace(path)

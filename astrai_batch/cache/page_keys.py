@@ -1,0 +1,32 @@
+"""A token sequence as pages: the keys of the prefix tree, and hashes naming its nodes.
+
+The prefix index walks a prompt's full pages as tuples; the scheduler names "the node this
+prompt's page `i` would be" by a hash of pages `0..i` without touching the index. Both come
+from here so that they always agree on what a page is (full pages only, in order).
+`jobs.prefix_stats` keys its own tree by packed bytes instead: it holds a whole input file's
+pages, where 4 bytes a token matter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from itertools import islice
+
+
+def full_pages(
+    tokens: Sequence[int], page_size: int, max_tokens: int | None = None
+) -> Iterator[tuple[int, ...]]:
+    """The full pages of `tokens[:max_tokens]` as tuples, lazily; a partial page is dropped."""
+    source = iter(tokens) if max_tokens is None else islice(tokens, max_tokens)
+    # zip over one iterator repeated page_size times yields the full pages as tuples, in C.
+    return zip(*[source] * page_size, strict=False)
+
+
+def prefix_page_hashes(tokens: Sequence[int], page_size: int) -> list[int]:
+    """For each full page, a hash of it and every page before it: the prefix-tree node's name."""
+    hashes = []
+    running = 0
+    for page in full_pages(tokens, page_size):
+        running = hash((running, page))
+        hashes.append(running)
+    return hashes

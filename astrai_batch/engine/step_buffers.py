@@ -1,0 +1,232 @@
+"""The host side of a step's batch: token ids, positions, write slots, page tables, logit rows.
+
+A step of 256 decoding sequences used to rebuild all of this from Python lists, a few small
+tensors per sequence: about 15 ms of host work beside a forward of a few ms on a GPU. Here
+the page tables live in one persistent matrix, a row per sequence, and a row is rewritten
+only when the sequence's page table changed (the cache manager's `pages_version` stamp: a
+new page every `page_size` tokens, a page switched to its cached twin, a re-admission).
+Everything else a step needs is computed from that matrix and a few per-chunk numbers with
+vectorized numpy, then handed over as tensors: on CPU without a copy, on CUDA through pinned
+host memory with non-blocking copies, so building the step never waits for the device.
+
+Invariants (`check_invariants`): a row holds its sequence's pages in `[0, count)` and zeros
+after, so any slice of rows is already the zero-padded table the attention expects; every
+key's row is distinct; free rows hold only zeros.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from astrai_batch.engine.cascade import DecodePartition
+
+ROW_GROWTH = 2
+
+
+@dataclass(frozen=True)
+class StepArrays:
+    """One step's batch on the host (numpy, int64). Token rows index the packed batch."""
+
+    token_ids: np.ndarray  # [T]
+    positions: np.ndarray  # [T]
+    write_slots: np.ndarray  # [T] flat KV slot of each new token
+    logit_rows: np.ndarray  # [L] the last token row of each chunk that wants logits
+    token_start: np.ndarray  # [C] first token row of each chunk
+    num_tokens: np.ndarray  # [C]
+    context_start: np.ndarray  # [C] position of each chunk's first token
+    page_tables: np.ndarray  # [C, P] each chunk's pages, as far as it needs, zero-padded
+    decodes: np.ndarray  # [D] chunks of one token, in chunk order
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """[C] context length of each chunk once its tokens are written."""
+        return self.context_start + self.num_tokens
+
+    def pages_needed(self, page_size: int) -> np.ndarray:
+        return -(-self.lengths // page_size)
+
+
+class StepBuffers:
+    """The runner's persistent page-table matrix and the vectorized build of a step.
+
+    A chunk names its sequence by `seq_key` (with the table's `pages_version`); a chunk
+    without one gets a row for this step only. Rows of sequences absent from a step are
+    released at its end (finished, preempted, or not scheduled), so the matrix never holds
+    more rows than a step has chunks.
+    """
+
+    def __init__(self, page_size: int) -> None:
+        self.page_size = page_size
+        self._tables = np.zeros((16, 16), dtype=np.int64)
+        self._counts = np.zeros(16, dtype=np.int64)  # pages written in each row
+        self._free: list[int] = list(range(15, -1, -1))
+        self._rows: dict[Hashable, tuple[int, int]] = {}  # key -> (row, pages_version)
+        self.rows_written = 0  # rows rewritten since creation (tests and benchmarks read it)
+
+    def build(self, chunks: Sequence) -> StepArrays:
+        page = self.page_size
+        n = len(chunks)
+        rows = np.empty(n, dtype=np.int64)
+        starts = np.empty(n, dtype=np.int64)
+        counts = np.empty(n, dtype=np.int64)
+        wants = np.empty(n, dtype=bool)
+        previous = self._rows
+        current: dict[Hashable, tuple[int, int]] = {}
+        transient: list[int] = []
+        for i, chunk in enumerate(chunks):
+            key = chunk.seq_key
+            if key is None:
+                row = self._take_row()
+                transient.append(row)
+                self._write(row, chunk.pages)
+            else:
+                if key in current:
+                    raise ValueError(f"sequence {key!r} has two chunks in one step")
+                held = previous.pop(key, None)
+                version = chunk.pages_version
+                if held is None:
+                    row = self._take_row()
+                    self._write(row, chunk.pages)
+                elif held[1] != version or version is None:
+                    row = held[0]
+                    self._write(row, chunk.pages)
+                else:
+                    row = held[0]
+                current[key] = (row, version)
+            rows[i] = row
+            starts[i] = chunk.start
+            counts[i] = len(chunk.token_ids)
+            wants[i] = chunk.wants_logits
+        for row, _ in previous.values():
+            self._release(row)
+        self._rows = current
+        if counts.min(initial=1) < 1:
+            raise ValueError("a scheduled chunk has no tokens")
+        ends = starts + counts
+        held_pages = self._counts[rows]
+        short = np.flatnonzero(held_pages * page < ends)
+        if len(short):
+            i = int(short[0])
+            raise ValueError(
+                f"chunk ends at token {int(ends[i])} but its {int(held_pages[i])} pages "
+                f"hold {int(held_pages[i]) * page}"
+            )
+        total = int(counts.sum())
+        token_start = np.cumsum(counts) - counts
+        if total == n:  # decode-only: one token per chunk
+            token_ids = np.fromiter((c.token_ids[0] for c in chunks), np.int64, n)
+            positions = starts
+            token_rows = rows
+        else:
+            token_ids = np.fromiter(
+                itertools.chain.from_iterable(c.token_ids for c in chunks), np.int64, total
+            )
+            owner = np.repeat(np.arange(n), counts)
+            positions = np.arange(total) - token_start[owner] + starts[owner]
+            token_rows = rows[owner]
+        write_slots = self._tables[token_rows, positions // page] * page + positions % page
+        needed = -(-ends // page)
+        width = int(needed.max())
+        tables = self._tables[rows, :width]
+        tables[np.arange(width) >= needed[:, None]] = 0  # pages held beyond what is needed
+        arrays = StepArrays(
+            token_ids=token_ids,
+            positions=positions,
+            write_slots=write_slots,
+            logit_rows=(token_start + counts - 1)[wants],
+            token_start=token_start,
+            num_tokens=counts,
+            context_start=starts,
+            page_tables=tables,
+            decodes=np.flatnonzero(counts == 1),
+        )
+        for row in transient:
+            self._release(row)
+        return arrays
+
+    def check_invariants(self) -> None:
+        rows = [row for row, _ in self._rows.values()]
+        if len(set(rows)) != len(rows):
+            raise RuntimeError("two sequences share a page-table row")
+        if set(rows) & set(self._free):
+            raise RuntimeError("a page-table row is both held and free")
+        width = self._tables.shape[1]
+        beyond = np.arange(width) >= self._counts[:, None]
+        if self._tables[beyond].any():
+            raise RuntimeError("a page-table row holds pages past its count")
+        if self._counts[self._free].any():
+            raise RuntimeError("a free page-table row holds pages")
+
+    # -- rows ---------------------------------------------------------------------------
+
+    def _take_row(self) -> int:
+        if not self._free:
+            old = self._tables.shape[0]
+            self._tables = np.concatenate([self._tables, np.zeros_like(self._tables)])
+            self._counts = np.concatenate([self._counts, np.zeros_like(self._counts)])
+            self._free = list(range(ROW_GROWTH * old - 1, old - 1, -1))
+        return self._free.pop()
+
+    def _release(self, row: int) -> None:
+        self._tables[row, : self._counts[row]] = 0
+        self._counts[row] = 0
+        self._free.append(row)
+
+    def _write(self, row: int, pages: Sequence[int]) -> None:
+        count = len(pages)
+        if count > self._tables.shape[1]:
+            width = max(count, ROW_GROWTH * self._tables.shape[1])
+            grown = np.zeros((self._tables.shape[0], width), dtype=np.int64)
+            grown[:, : self._tables.shape[1]] = self._tables
+            self._tables = grown
+        old = int(self._counts[row])
+        self._tables[row, :count] = pages
+        if old > count:
+            self._tables[row, count:old] = 0
+        self._counts[row] = count
+        self.rows_written += 1
+
+
+def partition_rows(
+    tables: np.ndarray, lengths: np.ndarray, page_size: int, min_group: int = 2
+) -> DecodePartition:
+    """`cascade.partition_decodes` over zero-padded table rows, vectorized.
+
+    Same groups in the same order (by first member), members ascending, the same shared
+    page runs; `rest` sorted. Rows are grouped by their first page; a group's shared run is
+    the leading pages all members hold alike, full for every member and leaving each at
+    least one own token.
+    """
+    eligible = np.flatnonzero(lengths > page_size)
+    rest = np.flatnonzero(lengths <= page_size).tolist()
+    if len(eligible) == 0:
+        return DecodePartition(groups=[], rest=rest)
+    _, first_seen, inverse, sizes = np.unique(
+        tables[eligible, 0], return_index=True, return_inverse=True, return_counts=True
+    )
+    small = sizes[inverse] < min_group
+    rest.extend(eligible[small].tolist())
+    groups = []
+    big = np.flatnonzero(sizes >= min_group)
+    for g in big[np.argsort(first_seen[big], kind="stable")].tolist():
+        members = eligible[inverse == g]
+        limit = int(((lengths[members] - 1) // page_size).min())
+        alike = (tables[members, :limit] == tables[members[0], :limit]).all(axis=0)
+        shared = limit if alike.all() else int(np.argmin(alike))
+        groups.append((members.tolist(), shared))
+    rest.sort()
+    return DecodePartition(groups=groups, rest=rest)
+
+
+def to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A host array as a tensor on `device`: shared memory on CPU; on CUDA a pinned copy sent
+    without blocking (torch's pinned-memory cache keeps the block until the copy is done)."""
+    tensor = torch.from_numpy(np.ascontiguousarray(array))
+    if device.type == "cpu":
+        return tensor
+    return tensor.pin_memory().to(device, non_blocking=True)

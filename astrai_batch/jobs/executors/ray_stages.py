@@ -1,0 +1,197 @@
+"""The functions Ray Data runs for a sharded job: read and key, summarize, route, generate.
+
+Each stage is a plain function or a callable class over Arrow batches; the driver strings
+them together in `ray_job` (this module never imports ray, so it is testable without it).
+Rows travel between stages as a few columns Ray Data shuffles on (``group``, ``shard``) and
+the prepared row itself, pickled (``row``): sampling parameters, kept input columns of any
+Arrow type and token ids pass through unchanged, so a worker builds exactly the records a
+local run would.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pickle
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from astrai_batch.errors import AstraiBatchError
+from astrai_batch.io import open_input
+from astrai_batch.jobs.config import JobConfig
+from astrai_batch.jobs.sharding import (
+    GroupSummary,
+    KeyedRow,
+    Piece,
+    ShardPlan,
+    group_key,
+    summarize_group,
+)
+from astrai_batch.jobs.window import PreparedRow, prepare_window, read_window
+
+KEYED_SCHEMA = pa.schema(
+    [
+        pa.field("index", pa.int64()),
+        pa.field("group", pa.string()),  # null for rows that failed before planning
+        pa.field("tokens", pa.list_(pa.int64())),
+        pa.field("max_new", pa.int64()),
+        pa.field("row", pa.binary()),
+    ]
+)
+SUMMARY_SCHEMA = pa.schema(
+    [
+        pa.field("key", pa.string()),
+        pa.field("sort_key", pa.list_(pa.int64())),
+        pa.field("first_index", pa.int64()),
+        pa.field("rows", pa.int64()),
+        pa.field("work", pa.int64()),
+        pa.field("split_depth", pa.int64()),
+        pa.field("pieces", pa.string()),  # JSON [[key, rows, work], ...]
+    ]
+)
+ROUTED_SCHEMA = pa.schema(
+    [pa.field("index", pa.int64()), pa.field("shard", pa.int64()), pa.field("row", pa.binary())]
+)
+
+
+@dataclass(frozen=True)
+class ChunkReader:
+    """Stage 1 (a Ray Data task per chunk of rows): read rows [start, end) of the input with
+    our own readers (the same parsing, ids and row errors as a local run), tokenize them with
+    the model's tokenizer and key each row by its prefix group."""
+
+    input_path: str
+    config: JobConfig
+    chunk_rows: int
+    model_name: str
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        from astrai_batch.engine import load_tokenizer
+        from astrai_batch.jobs.tokenize import PromptEncoder
+
+        config = self.config
+        source = open_input(self.input_path, **config.input_options())
+        tokenizer, _ = load_tokenizer(
+            config.model, revision=config.revision, trust_remote_code=config.trust_remote_code
+        )
+        encoder = PromptEncoder(
+            tokenizer, self.model_name, chat_template_kwargs=config.chat_template_kwargs
+        )
+        out: list[dict[str, Any]] = []
+        for chunk in batch.column("id").to_pylist():
+            start = int(chunk) * self.chunk_rows
+            rows = read_window(source.iter_rows(start=start), self.chunk_rows)
+            if not rows:
+                continue
+            window = prepare_window(
+                int(chunk),
+                start,
+                rows,
+                encoder=encoder,
+                base_params=config.sampling,
+                page_size=config.page_size,
+                group_offset=0,
+                grouping=config.grouping,
+            )
+            out.extend(keyed_record(row, config.page_size) for row in window.rows)
+        return pa.Table.from_pylist(out, schema=KEYED_SCHEMA)
+
+
+def keyed_record(row: PreparedRow, page_size: int) -> dict[str, Any]:
+    runnable = row.token_ids is not None and row.params is not None
+    return {
+        "index": row.index,
+        "group": group_key(row.index, row.token_ids, page_size) if runnable else None,  # type: ignore[arg-type]
+        "tokens": list(row.token_ids) if runnable else None,  # type: ignore[arg-type]
+        "max_new": row.params.max_tokens * row.params.n if runnable else 0,  # type: ignore[union-attr]
+        "row": pickle.dumps(dataclasses.replace(row, prefix_group=None)),
+    }
+
+
+def summarize_batch(group: pa.Table, *, page_size: int) -> pa.Table:
+    """Stage 2 (Ray Data `map_groups` on ``group``): one summary row per prefix group."""
+    keys = set(group.column("group").to_pylist())
+    if keys == {None}:  # rows that failed before planning belong to no group
+        return SUMMARY_SCHEMA.empty_table()
+    if len(keys) != 1:
+        raise AstraiBatchError(f"a prefix-group batch holds {len(keys)} groups")
+    rows = [
+        KeyedRow(index, tuple(tokens), max_new)
+        for index, tokens, max_new in zip(
+            group.column("index").to_pylist(),
+            group.column("tokens").to_pylist(),
+            group.column("max_new").to_pylist(),
+            strict=True,
+        )
+    ]
+    summary = summarize_group(keys.pop(), rows, page_size)
+    return pa.Table.from_pylist([summary_record(summary)], schema=SUMMARY_SCHEMA)
+
+
+def summary_record(summary: GroupSummary) -> dict[str, Any]:
+    return {
+        "key": summary.key,
+        "sort_key": list(summary.sort_key),
+        "first_index": summary.first_index,
+        "rows": summary.rows,
+        "work": summary.work,
+        "split_depth": summary.split_depth,
+        "pieces": json.dumps([[p.key, p.rows, p.work] for p in summary.pieces]),
+    }
+
+
+def summary_from_record(record: dict[str, Any]) -> GroupSummary:
+    return GroupSummary(
+        key=record["key"],
+        sort_key=tuple(record["sort_key"]),
+        first_index=record["first_index"],
+        rows=record["rows"],
+        work=record["work"],
+        split_depth=record["split_depth"],
+        pieces=tuple(Piece(key, rows, work) for key, rows, work in json.loads(record["pieces"])),
+    )
+
+
+@dataclass(frozen=True)
+class Router:
+    """Stage 3 (`map_batches`): give every row its shard and its global prefix-group number;
+    drop rows of shards a previous run finished. Failed rows (no group) spread by index."""
+
+    plan: ShardPlan
+    skip_shards: frozenset[int]
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        out: list[dict[str, Any]] = []
+        for index, key, tokens, payload in zip(
+            batch.column("index").to_pylist(),
+            batch.column("group").to_pylist(),
+            batch.column("tokens").to_pylist(),
+            batch.column("row").to_pylist(),
+            strict=True,
+        ):
+            if key is None:
+                shard, payload_out = index % self.plan.workers, payload
+            else:
+                shard = self.plan.route(key, tokens)
+                row = pickle.loads(payload)
+                numbered = dataclasses.replace(row, prefix_group=self.plan.group_numbers[key])
+                payload_out = pickle.dumps(numbered)
+            if shard not in self.skip_shards:
+                out.append({"index": index, "shard": shard, "row": payload_out})
+        return pa.Table.from_pylist(out, schema=ROUTED_SCHEMA)
+
+
+def shard_rows(batch: pa.Table) -> tuple[int, list[PreparedRow]]:
+    """The shard number and rows (input order) of one `map_groups` batch."""
+    shards = set(batch.column("shard").to_pylist())
+    if len(shards) != 1:
+        raise AstraiBatchError(f"a shard batch holds rows of shards {sorted(shards)}")
+    rows = [pickle.loads(payload) for payload in batch.column("row").to_pylist()]
+    return shards.pop(), sorted(rows, key=lambda row: row.index)
+
+
+def summaries_of(records: Sequence[dict[str, Any]]) -> list[GroupSummary]:
+    return [summary_from_record(record) for record in records]

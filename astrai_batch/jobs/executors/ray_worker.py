@@ -1,0 +1,54 @@
+"""The engine worker of a sharded job: a callable class Ray Data runs in an actor pool.
+
+Each actor loads the model once and runs one `Engine` per shard it is given (`map_groups`
+hands it all rows of one shard). Torch's thread count is set explicitly, since Ray sets
+OMP_NUM_THREADS from the actor's CPU share, which on a small machine is a fraction. A shard
+whose part is already committed (a retry after the actor died past the commit) is not
+generated again.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+
+from astrai_batch.jobs.config import JobConfig
+from astrai_batch.jobs.executors.ray_stages import shard_rows
+from astrai_batch.jobs.executors.shard_run import run_shard
+from astrai_batch.jobs.executors.shard_store import ShardInfo, ShardStore
+from astrai_batch.jobs.records import records_table
+
+RESULT_SCHEMA = pa.schema([pa.field("shard", pa.int64()), pa.field("info", pa.string())])
+
+
+class ShardWorker:
+    def __init__(
+        self, config: JobConfig, store: ShardStore, part_schema: pa.Schema, threads: int
+    ) -> None:
+        from astrai_batch.engine import keep_freed_memory, load_model, set_cpu_threads
+
+        set_cpu_threads(threads)
+        keep_freed_memory()
+        self.config = config
+        self.store = store
+        self.part_schema = part_schema
+        self.loaded = load_model(config.model, **config.model_options())
+        self.model: dict[str, Any] = {
+            "name": self.loaded.name,
+            "source": self.loaded.source,
+            "architecture": self.loaded.architecture,
+        }
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        shard, rows = shard_rows(batch)
+        if self.store.part(shard).exists():
+            info = self.store.read_info(shard)
+        else:
+            result = run_shard(self.loaded, self.config, rows)
+            groups = {row.prefix_group for row in rows if row.prefix_group is not None}
+            info = ShardInfo(shard, result.stats, len(groups), self.model)
+            self.store.write(records_table(result.records, self.part_schema), info)
+        return pa.Table.from_pylist(
+            [{"shard": shard, "info": info.to_json()}], schema=RESULT_SCHEMA
+        )

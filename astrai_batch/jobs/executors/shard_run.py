@@ -1,0 +1,81 @@
+"""One shard through one engine: the rows a worker was given, ordered and generated.
+
+The worker orders its rows exactly as the local runner orders a window (`plan_window`:
+sorted token ids with grouping on, input order with it off) and keeps the prefix-group
+numbers the driver gave them, so a row's record is the record a local run writes for it.
+Rows that failed before planning get their error record without reaching the engine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+
+from astrai_batch.engine import Engine, EngineConfig
+from astrai_batch.engine.loader import LoadedModel
+from astrai_batch.engine.types import GenerationRequest
+from astrai_batch.errors import AstraiBatchError
+from astrai_batch.jobs.config import JobConfig
+from astrai_batch.jobs.ordering import SampleCollector
+from astrai_batch.jobs.planning import plan_window
+from astrai_batch.jobs.records import error_record, row_records
+from astrai_batch.jobs.stats import WorkStats, engine_stats, records_stats
+from astrai_batch.jobs.window import PreparedRow
+
+
+@dataclass(frozen=True)
+class ShardResult:
+    records: list[dict[str, Any]]  # one per (row, sample), in input order
+    stats: WorkStats
+
+
+def shard_requests(rows: Sequence[PreparedRow], page_size: int, grouping: bool) -> list[int]:
+    """Positions in `rows` of the runnable rows, in the order the engine gets them."""
+    runnable = [p for p, row in enumerate(rows) if row.token_ids is not None]
+    plan = plan_window(
+        [rows[p].token_ids or () for p in runnable], page_size=page_size, enable_grouping=grouping
+    )
+    return [runnable[p] for p in plan.order]
+
+
+def run_shard(loaded: LoadedModel, config: JobConfig, rows: Sequence[PreparedRow]) -> ShardResult:
+    """Generate every row of the shard (blocking; one engine for the whole shard)."""
+    return anyio.run(_run_shard, loaded, config, list(rows))
+
+
+async def _run_shard(
+    loaded: LoadedModel, config: JobConfig, rows: list[PreparedRow]
+) -> ShardResult:
+    started = time.monotonic()
+    records: dict[int, list[dict[str, Any]]] = {
+        row.index: [error_record(row, row.error)] for row in rows if row.error is not None
+    }
+    by_index = {row.index: row for row in rows}
+    if len(by_index) != len(rows):
+        raise AstraiBatchError("a shard holds the same input row twice")
+    order = shard_requests(rows, config.page_size, config.grouping)
+    requests = [
+        GenerationRequest(rows[p].index, rows[p].token_ids, rows[p].params)  # type: ignore[arg-type]
+        for p in order
+    ]
+    collector = SampleCollector()
+    async with Engine(loaded, EngineConfig(**config.engine_options())) as engine:
+        before = engine.stats()
+        results = engine.generate(requests)
+        async with contextlib.aclosing(results):  # type: ignore[type-var]
+            async for result in results:
+                row = by_index[int(result.request_id)]  # type: ignore[call-overload]
+                samples = collector.add(result, row.num_samples)
+                if samples is not None:
+                    records[row.index] = row_records(row, samples)
+        after = engine.stats()
+    if len(records) != len(rows):
+        raise AstraiBatchError(f"the shard finished {len(records)} of {len(rows)} rows")
+    ordered = [record for index in sorted(records) for record in records[index]]
+    stats = records_stats(ordered) + engine_stats(before, after, time.monotonic() - started)
+    return ShardResult(ordered, stats)
