@@ -100,6 +100,12 @@ def _run_options(function: Any) -> Any:
         _option("--page-size", d.page_size, "Tokens per KV page (prefix-cache unit).", type=int),
         _option("--prefix-cache/--no-prefix-cache", d.prefix_cache, "Reuse shared prefixes."),
         _option(
+            "--fast-numerics",
+            help="Step-shaped kernels: faster, but a row's output may depend on its batch "
+            "(for jobs that neither sample nor resume; a checkpoint keeps its numerics).",
+            **flag,
+        ),
+        _option(
             "--kv-layout",
             d.kv_layout,
             "paged: pages on demand, prefix reuse; contiguous: one full-context seat per "

@@ -7,7 +7,7 @@ Everything here runs on one thread (the async engine calls `step` from a worker 
 from __future__ import annotations
 
 import time
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 
 import torch
 
@@ -81,7 +81,10 @@ class EngineCore:
             max_num_seqs=config.max_num_seqs,
             enable_prefix_cache=config.enable_prefix_cache,
         )
-        self.runner = ModelRunner(loaded.model, self.pool)
+        self.runner = ModelRunner(loaded.model, self.pool, numerics=config.numerics)
+        # (request id, sample index, logits row) of every sampled position; tests of the
+        # batch-invariance promise compare these bitwise
+        self.logits_observer: Callable[[Hashable, int, torch.Tensor], None] | None = None
         self.scheduler = Scheduler(config, self.cache)
         self._outputs: dict[int, StopStringTracker] = {}
         self.constraints = SequenceMatchers(self._constraint_backend)
@@ -122,6 +125,7 @@ class EngineCore:
                 self._failed += params.n
                 return [error_result(request, str(exc), i) for i in range(params.n)]
         self._arrivals += 1
+        seed_key = request.request_id if request.seed_key is None else request.seed_key
         for sample_index in range(params.n):
             seq_id = self._next_seq_id
             self._next_seq_id += 1
@@ -130,7 +134,7 @@ class EngineCore:
                 prompt,
                 sample_index=sample_index,
                 eos_token_ids=self.loaded.eos_token_ids,
-                fallback_seed=_fallback_seed(self.config.seed, request.request_id, sample_index),
+                fallback_seed=_fallback_seed(self.config.seed, seed_key, sample_index),
             )
             seq = Sequence(
                 seq_id=seq_id,
@@ -218,6 +222,9 @@ class EngineCore:
         self, work: list[ScheduledWork], logits: torch.Tensor, masks: StepMasks | None
     ) -> list[GenerationResult]:
         seqs = [item.seq for item in work]
+        if self.logits_observer is not None:
+            for seq, row in zip(seqs, logits, strict=True):
+                self.logits_observer(seq.request_id, seq.sample_index, row)
         tokens = sample_next_tokens(logits, [seq.sampler for seq in seqs], masks)
         self.constraints.accept([seq.seq_id for seq in seqs], [t.token_id for t in tokens])
         now = time.perf_counter()
@@ -346,9 +353,10 @@ def chunk_for(item: ScheduledWork, cache: KVLayout) -> ScheduledChunk:
     )
 
 
-def _fallback_seed(engine_seed: int, request_id: Hashable, sample_index: int) -> int:
-    """A per-sample seed for unseeded sampling that does not depend on arrival order."""
+def _fallback_seed(engine_seed: int, seed_key: Hashable, sample_index: int) -> int:
+    """A per-sample seed for unseeded sampling that depends on neither arrival order nor
+    batch: only the engine seed, the request's seed key and the sample index."""
     import hashlib
 
-    digest = hashlib.sha256(f"{engine_seed}:{request_id!r}:{sample_index}".encode()).digest()
+    digest = hashlib.sha256(f"{engine_seed}:{seed_key!r}:{sample_index}".encode()).digest()
     return int.from_bytes(digest[:8], "little") >> 1

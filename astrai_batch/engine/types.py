@@ -14,11 +14,17 @@ FinishReason = Literal["stop", "length", "error"]
 
 @dataclass(frozen=True)
 class GenerationRequest:
-    """One prompt, already tokenized. `n` samples come back as n results."""
+    """One prompt, already tokenized. `n` samples come back as n results.
+
+    An unseeded sampled request draws from a generator seeded by the engine seed, `seed_key`
+    (the request id when None) and the sample index: jobs pass the row's id, so a row keeps
+    its samples when its dataset is split, sharded or reordered.
+    """
 
     request_id: Hashable
     prompt_token_ids: Sequence[int]
     params: SamplingParams = field(default_factory=SamplingParams)
+    seed_key: Hashable | None = None
 
 
 @dataclass(frozen=True)

@@ -64,11 +64,11 @@ DEFAULT_MAX_TOKENS = 256
 # the three lists (a test checks it), so a new option must be placed deliberately.
 # RESULT_OPTIONS define a row's result: a resume under other values is refused, naming them.
 # The model is compared by its files (`jobs/fingerprint.py`), not by its name, so it is
-# absent here; `device` is compared by its kind (cpu, cuda), not its index. A numerics mode,
-# when one exists, belongs here.
+# absent here; `device` is compared by its kind (cpu, cuda), not its index.
 RESULT_OPTIONS = (
     "device",
     "dtype",
+    "fast_numerics",
     "revision",
     "max_model_len",
     "seed",
@@ -131,6 +131,7 @@ class JobConfig:
     kv_cache_memory: int | None = None
     gpu_memory_utilization: float = 0.9
     prefix_cache: bool = True
+    fast_numerics: bool = False  # step-shaped kernels: a row's last bits move with the batch
     kv_layout: str = "paged"
     max_model_len: int | None = None
     grouping: bool = True
@@ -187,6 +188,7 @@ class JobConfig:
         for name in (
             "trust_remote_code",
             "prefix_cache",
+            "fast_numerics",
             "grouping",
             "save_tokens",
             "overwrite",
@@ -292,6 +294,7 @@ class JobConfig:
             "kv_layout": self.kv_layout,
             "max_model_len": self.max_model_len,
             "seed": self.seed,
+            "numerics": "fast" if self.fast_numerics else "invariant",
         }
 
     def model_options(self) -> dict[str, Any]:
