@@ -100,6 +100,12 @@ def _run_options(function: Any) -> Any:
         _option("--page-size", d.page_size, "Tokens per KV page (prefix-cache unit).", type=int),
         _option("--prefix-cache/--no-prefix-cache", d.prefix_cache, "Reuse shared prefixes."),
         _option(
+            "--fast-numerics",
+            help="Step-shaped kernels: faster, but a row's output may depend on its batch "
+            "(for jobs that neither sample nor resume; a checkpoint keeps its numerics).",
+            **flag,
+        ),
+        _option(
             "--kv-layout",
             d.kv_layout,
             "paged: pages on demand, prefix reuse; contiguous: one full-context seat per "
@@ -143,6 +149,11 @@ def _run_options(function: Any) -> Any:
         _option("--stop", None, "Stop string (repeatable).", multiple=True),
         _option("--n", s.n, "Samples per prompt.", type=int),
         _option("--ignore-eos", help="Generate past end-of-sequence tokens.", **flag),
+        # The job-wide output constraint (one of them); a row's own constraint replaces it.
+        _option("--json-schema", None, "Outputs are JSON valid under this schema file."),
+        _option("--regex", None, "Outputs fully match this regular expression."),
+        _option("--choice", None, "Outputs are exactly one of these comma-separated strings."),
+        _option("--grammar", None, "Outputs follow this EBNF grammar file (rule root)."),
         _option("--seed", d.seed, "Job seed: sampled rows reproduce for a given seed.", type=int),
         # Output.
         _option("--output-format", d.output_format, type=click.Choice(list(OUTPUT_FORMATS))),

@@ -43,19 +43,26 @@ def _reference_model(model_dir: str):
     return model
 
 
-def hf_greedy(model_dir: Path, prompts, max_new_tokens: int) -> list[list[int]]:
-    """transformers `generate`, one prompt at a time, no padding, float32, greedy."""
+def hf_greedy(
+    model_dir: Path, prompts, max_new_tokens: int, logits_processors=None
+) -> list[list[int]]:
+    """transformers `generate`, one prompt at a time, no padding, float32, greedy.
+
+    `logits_processors(i)`, when given, returns the (single-use) processors of prompt i.
+    """
     model = _reference_model(str(model_dir))
     outputs = []
     with torch.inference_mode():
-        for prompt in prompts:
+        for i, prompt in enumerate(prompts):
             ids = torch.tensor([prompt])
+            extra = {} if logits_processors is None else {"logits_processor": logits_processors(i)}
             out = model.generate(
                 ids,
                 attention_mask=torch.ones_like(ids),
                 max_new_tokens=max_new_tokens,
                 do_sample=False,
                 pad_token_id=model.config.pad_token_id,
+                **extra,
             )
             outputs.append(out[0, len(prompt) :].tolist())
     return outputs

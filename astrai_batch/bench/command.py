@@ -107,6 +107,11 @@ _ENGINE = EngineConfig()
 )
 @click.option("--prefix-cache/--no-prefix-cache", default=True, show_default=True)
 @click.option(
+    "--fast-numerics",
+    is_flag=True,
+    help="Our engine with step-shaped kernels instead of batch-invariant numerics.",
+)
+@click.option(
     "--kv-layout",
     default="paged",
     show_default=True,
@@ -195,6 +200,7 @@ def _config(options: dict[str, Any]) -> BenchConfig:
         max_num_batched_tokens=options.pop("max_num_batched_tokens"),
         kv_cache_memory=parse_size(memory) if memory is not None else None,
         enable_prefix_cache=options.pop("prefix_cache"),
+        numerics="fast" if options.pop("fast_numerics") else "invariant",
         gpu_memory_utilization=options.pop("gpu_memory_utilization"),
         max_model_len=options.pop("max_model_len"),
     )

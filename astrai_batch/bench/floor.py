@@ -72,7 +72,9 @@ class Floor:
         )
 
 
-def measure_floor(loaded: LoadedModel, prompts: BenchPrompts, page_size: int) -> Floor:
+def measure_floor(
+    loaded: LoadedModel, prompts: BenchPrompts, page_size: int, numerics: str = "invariant"
+) -> Floor:
     limit = loaded.max_model_len
     # A chunk longer than the whole ideal prefill is never needed, so it is not timed.
     useful = max(PREFILL_CHUNKS[0], prompts.ideal.unique_tokens)
@@ -93,7 +95,7 @@ def measure_floor(loaded: LoadedModel, prompts: BenchPrompts, page_size: int) ->
         dtype=param.dtype,
         device=param.device,
     )
-    runner = ModelRunner(loaded.model, pool)
+    runner = ModelRunner(loaded.model, pool, numerics=numerics)
     filler = _filler_tokens(prompts.prompt_token_ids[0], max(max(chunks), max(batches)))
     prefill = {size: _prefill_seconds(runner, filler[:size], page_size) / size for size in chunks}
     decode = {

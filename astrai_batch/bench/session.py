@@ -84,7 +84,7 @@ def run_bench(config: BenchConfig, progress: Progress) -> BenchOutcome:
             )
     if config.floor:
         progress("floor: timing the model forward alone")
-        floor = measure_floor(loaded, prompts, config.engine.page_size)
+        floor = measure_floor(loaded, prompts, config.engine.page_size, config.engine.numerics)
         measured.append(MeasuredRun(floor.as_run(prompts), load_average()))
         progress(f"floor: {floor.seconds:.1f} s")
     rows = tuple(

@@ -47,14 +47,15 @@ class Engine:
         return self
 
     async def __aexit__(self, *exc_info: Any) -> None:
-        tasks, self._tasks, self._core = self._tasks, None, None
-        if tasks is None:
-            return None
-        # A feeder left behind by a generator the caller abandoned must not keep the exit
-        # waiting on its input. The caller's own exception is not handed to the task group,
-        # which would wrap it in an exception group; it propagates from here unchanged.
-        tasks.cancel_scope.cancel()
-        await tasks.__aexit__(None, None, None)
+        tasks, self._tasks, core, self._core = self._tasks, None, self._core, None
+        if tasks is not None:
+            # A feeder left behind by a generator the caller abandoned must not keep the exit
+            # waiting on its input. The caller's own exception is not handed to the task
+            # group, which would wrap it in an exception group; it propagates from here.
+            tasks.cancel_scope.cancel()
+            await tasks.__aexit__(None, None, None)
+        if core is not None:
+            core.close()  # no step is in flight any more: stop the mask worker thread
         return None
 
     @property

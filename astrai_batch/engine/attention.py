@@ -23,6 +23,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from astrai_batch.engine.block_attention import block_attention
+from astrai_batch.engine.block_plan import BlockBatch
 from astrai_batch.engine.cascade import cascade_attention
 from astrai_batch.engine.cascade_plan import CascadeBatch
 from astrai_batch.engine.page_gather import PageGatherer
@@ -76,7 +78,7 @@ def paged_attention(
     dropout: float = 0.0,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
-    batch: AttentionBatch | None = kwargs.get(BATCH_KWARG)
+    batch: AttentionBatch | BlockBatch | None = kwargs.get(BATCH_KWARG)
     if batch is None:
         raise RuntimeError(
             f"the '{ATTENTION_NAME}' attention needs the engine's step metadata; "
@@ -104,6 +106,9 @@ def paged_attention(
 
     num_tokens, q_heads, head_dim = q.shape
     scale = scaling if scaling is not None else head_dim**-0.5
+    if isinstance(batch, BlockBatch):
+        out = block_attention(q, k_cache, v_cache, batch, scale)
+        return out.to(q.dtype).unsqueeze(0), None
     kv_heads = k_new.shape[1]
     group = q_heads // kv_heads
     out = q.new_empty(num_tokens, q_heads, v_new.shape[-1])

@@ -34,6 +34,9 @@ class EngineConfig:
     seed: int = 0
     lookahead: int | None = None  # waiting requests pulled ahead; None = 2 * max_num_seqs
     max_wait_steps: int = 64  # a waiting request older than this many admissions goes first
+    # "invariant": a row's logits never depend on what runs beside it; "fast": step-shaped
+    # kernels (last bits move with the batch; for jobs that neither sample nor resume)
+    numerics: str = "invariant"
     gpu_memory_utilization: float = 0.9  # vLLM's meaning: share of the GPU this engine may use
 
     def __post_init__(self) -> None:
@@ -56,6 +59,8 @@ class EngineConfig:
             )
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
             raise ConfigError(f"seed must be a non-negative int, got {self.seed!r}")
+        if self.numerics not in ("invariant", "fast"):
+            raise ConfigError(f"numerics must be 'invariant' or 'fast', got {self.numerics!r}")
 
     @property
     def waiting_capacity(self) -> int:

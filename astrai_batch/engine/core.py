@@ -7,12 +7,15 @@ Everything here runs on one thread (the async engine calls `step` from a worker 
 from __future__ import annotations
 
 import time
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 
 import torch
 
 from astrai_batch.cache import KVLayout, KVPool, make_layout
 from astrai_batch.engine.config import EngineConfig
+from astrai_batch.engine.constraints.backend import ConstraintBackend, ConstraintCompileError
+from astrai_batch.engine.constraints.mask_filler import StepMasks
+from astrai_batch.engine.constraints.sequence_matchers import SequenceMatchers
 from astrai_batch.engine.forward_timer import ForwardTimer
 from astrai_batch.engine.loader import LoadedModel
 from astrai_batch.engine.memory_budget import capped, default_kv_budget, profile_activation_peak
@@ -78,9 +81,13 @@ class EngineCore:
             max_num_seqs=config.max_num_seqs,
             enable_prefix_cache=config.enable_prefix_cache,
         )
-        self.runner = ModelRunner(loaded.model, self.pool)
+        self.runner = ModelRunner(loaded.model, self.pool, numerics=config.numerics)
+        # (request id, sample index, logits row) of every sampled position; tests of the
+        # batch-invariance promise compare these bitwise
+        self.logits_observer: Callable[[Hashable, int, torch.Tensor], None] | None = None
         self.scheduler = Scheduler(config, self.cache)
         self._outputs: dict[int, StopStringTracker] = {}
+        self.constraints = SequenceMatchers(self._constraint_backend)
         self._next_seq_id = 0
         self._arrivals = 0
         self._steps = 0
@@ -110,7 +117,15 @@ class EngineCore:
         if problem is not None:
             self._failed += params.n
             return [error_result(request, problem, i) for i in range(params.n)]
+        compiled = None
+        if params.constraint is not None:
+            try:
+                compiled = self.constraints.compile(params.constraint)
+            except ConstraintCompileError as exc:
+                self._failed += params.n
+                return [error_result(request, str(exc), i) for i in range(params.n)]
         self._arrivals += 1
+        seed_key = request.request_id if request.seed_key is None else request.seed_key
         for sample_index in range(params.n):
             seq_id = self._next_seq_id
             self._next_seq_id += 1
@@ -119,7 +134,7 @@ class EngineCore:
                 prompt,
                 sample_index=sample_index,
                 eos_token_ids=self.loaded.eos_token_ids,
-                fallback_seed=_fallback_seed(self.config.seed, request.request_id, sample_index),
+                fallback_seed=_fallback_seed(self.config.seed, seed_key, sample_index),
             )
             seq = Sequence(
                 seq_id=seq_id,
@@ -135,6 +150,8 @@ class EngineCore:
                 self._outputs[seq_id] = StopStringTracker(
                     self.tokenizer, params.stop, params.min_tokens
                 )
+            if compiled is not None:
+                self.constraints.attach(seq_id, compiled)
             self.scheduler.add(seq)
         return []
 
@@ -182,12 +199,17 @@ class EngineCore:
                 sampling.append(item)
             if item.num_tokens > 1 or chunk.start < len(item.seq.prompt_token_ids):
                 self._prefill_tokens += item.num_tokens
-        output = self.runner.forward(chunks)
+        # Grammar masks are filled in a worker thread while the forward runs.
+        self.constraints.start_step([item.seq.seq_id for item in sampling])
+        try:
+            output = self.runner.forward(chunks)
+        finally:
+            masks = self.constraints.finish_step()
         self._steps += 1
         self.scheduler.after_step(plan.work)
         self._pending_timers.append(output.timer)
         if sampling:
-            results = self._sample(sampling, output.logits)
+            results = self._sample(sampling, output.logits, masks)
             # on CUDA the tokens' read waited for this forward (and every earlier one), so
             # reading the timers costs no synchronization
             self._read_timers()
@@ -196,9 +218,15 @@ class EngineCore:
         self._busy_seconds += time.perf_counter() - started
         return results
 
-    def _sample(self, work: list[ScheduledWork], logits: torch.Tensor) -> list[GenerationResult]:
+    def _sample(
+        self, work: list[ScheduledWork], logits: torch.Tensor, masks: StepMasks | None
+    ) -> list[GenerationResult]:
         seqs = [item.seq for item in work]
-        tokens = sample_next_tokens(logits, [seq.sampler for seq in seqs])
+        if self.logits_observer is not None:
+            for seq, row in zip(seqs, logits, strict=True):
+                self.logits_observer(seq.request_id, seq.sample_index, row)
+        tokens = sample_next_tokens(logits, [seq.sampler for seq in seqs], masks)
+        self.constraints.accept([seq.seq_id for seq in seqs], [t.token_id for t in tokens])
         now = time.perf_counter()
         results = []
         self._decode_tokens += len(seqs)
@@ -222,6 +250,8 @@ class EngineCore:
         output = self._outputs.get(seq.seq_id)
         if output is not None and output.append(token):
             return "stop"
+        if self.constraints.terminated(seq.seq_id):
+            return "stop"  # the grammar is complete and accepted an end token
         # min_tokens holds off every stop: stop strings in the tracker, stop ids and EOS here
         # (the sampler masks them too, so the first that can end a row is token min_tokens + 1).
         if generated > params.min_tokens:
@@ -236,6 +266,7 @@ class EngineCore:
     def _finish(self, seq: Sequence, reason: FinishReason) -> GenerationResult:
         self.scheduler.finish(seq)
         self._finished += 1
+        self.constraints.release(seq.seq_id)
         output = self._outputs.pop(seq.seq_id, None)
         ids = seq.output_token_ids
         if output is not None and output.cut is not None:
@@ -280,14 +311,34 @@ class EngineCore:
             requests_failed=self._failed,
             forward_seconds=self._forward_seconds,
             busy_seconds=self._busy_seconds,
+            constrained_requests=self.constraints.constrained_requests,
+            grammars_compiled=self.constraints.grammars_compiled,
+            grammar_compile_seconds=self.constraints.compile_seconds,
+            mask_fill_seconds=self.constraints.fill_seconds,
+            mask_wait_seconds=self.constraints.wait_seconds,
             cache=self.cache.stats(),
         )
+
+    def close(self) -> None:
+        """Stops the mask worker thread (the engine is unusable afterwards)."""
+        self.constraints.close()
 
     def check_invariants(self) -> None:
         self.cache.check_invariants()
         for seq in self.scheduler.running:
             if len(self.cache.pages(seq.seq_id)) * self.config.page_size < seq.num_computed:
                 raise RuntimeError(f"sequence {seq.seq_id} computed past its pages")
+        live = {seq.seq_id: seq for seq in (*self.scheduler.running, *self.scheduler.waiting)}
+        self.constraints.check_invariants(lambda seq_id: live[seq_id].sampler.num_generated)
+
+    def _constraint_backend(self) -> ConstraintBackend:
+        from astrai_batch.engine.constraints.xgrammar_backend import XGrammarBackend
+
+        return XGrammarBackend(
+            self.tokenizer,
+            vocab_size=self.loaded.model.config.vocab_size,
+            eos_token_ids=self.loaded.eos_token_ids,
+        )
 
 
 def chunk_for(item: ScheduledWork, cache: KVLayout) -> ScheduledChunk:
@@ -302,9 +353,10 @@ def chunk_for(item: ScheduledWork, cache: KVLayout) -> ScheduledChunk:
     )
 
 
-def _fallback_seed(engine_seed: int, request_id: Hashable, sample_index: int) -> int:
-    """A per-sample seed for unseeded sampling that does not depend on arrival order."""
+def _fallback_seed(engine_seed: int, seed_key: Hashable, sample_index: int) -> int:
+    """A per-sample seed for unseeded sampling that depends on neither arrival order nor
+    batch: only the engine seed, the request's seed key and the sample index."""
     import hashlib
 
-    digest = hashlib.sha256(f"{engine_seed}:{request_id!r}:{sample_index}".encode()).digest()
+    digest = hashlib.sha256(f"{engine_seed}:{seed_key!r}:{sample_index}".encode()).digest()
     return int.from_bytes(digest[:8], "little") >> 1

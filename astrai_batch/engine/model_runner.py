@@ -25,9 +25,11 @@ from astrai_batch.engine.attention import (
     offset_causal_mask,
     register_paged_attention,
 )
+from astrai_batch.engine.block_plan import BlockBatch, QuerySpan, block_tokens_for, plan_blocks
 from astrai_batch.engine.cascade import DecodePartition
 from astrai_batch.engine.cascade_plan import CascadeBatch, plan_cascade
 from astrai_batch.engine.forward_timer import ForwardTimer
+from astrai_batch.engine.invariant_linear import set_row_tiling
 from astrai_batch.engine.page_gather import PageGatherer
 from astrai_batch.engine.step_buffers import StepArrays, StepBuffers, partition_rows, to_device
 
@@ -61,10 +63,27 @@ class ForwardOutput:
         return self.timer.seconds()
 
 
+NUMERICS = ("invariant", "fast")
+
+
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, pool: KVPool, *, use_cascade: bool = True) -> None:
+    """numerics="invariant": a row's logits never depend on the rest of the step (row-tiled
+    linear layers, block-ordered attention); "fast": the step-shaped kernels."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        pool: KVPool,
+        *,
+        use_cascade: bool = True,
+        numerics: str = "invariant",
+    ) -> None:
+        if numerics not in NUMERICS:
+            raise ValueError(f"numerics must be one of {NUMERICS}, got {numerics!r}")
         register_paged_attention()
         model.set_attn_implementation(ATTENTION_NAME)
+        set_row_tiling(model, numerics == "invariant")
+        self.numerics = numerics
         self.model = model
         self.pool = pool
         self.device = pool.key_cache[0].device
@@ -95,6 +114,12 @@ class ModelRunner:
         device = self.device
         page = self.page_size
         step = self.buffers.build(chunks)
+        input_ids = to_device(step.token_ids, device)
+        position_ids = to_device(step.positions, device)
+        rows = to_device(step.logit_rows, device)
+        if self.numerics == "invariant":
+            batch = self._block_batch(chunks, step)
+            return batch, input_ids, position_ids, rows
         prefills: list[PrefillSpan] = []
         for i in np.flatnonzero(step.num_tokens > 1).tolist():
             row, n = int(step.token_start[i]), int(step.num_tokens[i])
@@ -118,10 +143,25 @@ class ModelRunner:
             prefills=prefills,
             gatherer=self.gatherer,
         )
-        input_ids = to_device(step.token_ids, device)
-        position_ids = to_device(step.positions, device)
-        rows = to_device(step.logit_rows, device)
         return batch, input_ids, position_ids, rows
+
+    def _block_batch(self, chunks: Sequence[ScheduledChunk], step: StepArrays) -> BlockBatch:
+        spans = [
+            QuerySpan(int(row), chunk.start, len(chunk.token_ids), chunk.pages)
+            for row, chunk in zip(step.token_start.tolist(), chunks, strict=True)
+        ]
+        runs, units = plan_blocks(spans, self.page_size, self.use_cascade, self.device)
+        return BlockBatch(
+            key_cache=self.pool.key_cache,
+            value_cache=self.pool.value_cache,
+            page_size=self.page_size,
+            block_tokens=block_tokens_for(self.page_size),
+            write_slots=to_device(step.write_slots, self.device),
+            longest_context=int(step.lengths.max()),
+            runs=runs,
+            units=units,
+            gatherer=self.gatherer,
+        )
 
     def _decode_groups(self, step: StepArrays) -> tuple[DecodeGroup | None, CascadeBatch | None]:
         """Decodes sharing prefix pages go to the cascade batch; the rest one padded group."""

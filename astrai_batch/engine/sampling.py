@@ -11,6 +11,9 @@ processed in this order, always in float32:
 2. min_tokens. While fewer than `min_tokens` tokens were generated, the `stop_token_ids` and
    the EOS ids get -inf, so the sequence cannot end early. With `ignore_eos` EOS does not end
    a sequence, so it is not masked (only the stop ids are).
+   Then the grammar masks of constrained rows (`engine.constraints`): every token the row's
+   grammar does not allow next gets -inf, so greedy, seeded and logprob rows all see the
+   constrained distribution.
 3. Greedy rows (temperature 0) take the argmax (the first maximal index, as `torch.argmax`;
    computed by numpy on CPU, several times faster there): of the raw logits when
    no penalty or mask applies, and of the penalised logits otherwise.
@@ -39,12 +42,15 @@ from __future__ import annotations
 import hashlib
 import secrets
 from collections.abc import Collection, Sequence
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import torch
 
 from astrai_batch.engine.sampling_params import SEED_LIMIT, SamplingParams
+
+if TYPE_CHECKING:
+    from astrai_batch.engine.constraints.mask_filler import StepMasks
 
 
 class SampledToken(NamedTuple):
@@ -186,19 +192,24 @@ def _sequence_seed(params: SamplingParams, sample_index: int, fallback: int | No
 
 
 def sample_next_tokens(
-    logits: torch.Tensor, samplers: Sequence[SequenceSampler]
+    logits: torch.Tensor, samplers: Sequence[SequenceSampler], masks: StepMasks | None = None
 ) -> list[SampledToken]:
     """One token per row of `logits` ([N, vocab], the last-position logits of each sequence).
 
-    Does not record the tokens: the caller passes each one to `SequenceSampler.append`.
+    `masks` holds the grammar masks of the constrained rows; they are applied in place to the
+    float32 scores, which are `logits` itself when those are float32 and need no penalty (the
+    engine's logits are a per-step temporary). Does not record the tokens: the caller passes
+    each one to `SequenceSampler.append`.
     """
     if logits.dim() != 2 or logits.shape[0] != len(samplers):
         raise ValueError(
             f"logits must have shape [{len(samplers)}, vocab], got {list(logits.shape)}"
         )
-    if all(sampler.is_plain_greedy for sampler in samplers):
+    if masks is None and all(sampler.is_plain_greedy for sampler in samplers):
         return [SampledToken(token, None) for token in row_argmax(logits).tolist()]
     scores = adjusted_scores(logits, samplers)
+    if masks is not None:
+        masks.apply(scores)
     device = scores.device
     token_ids = torch.empty(len(samplers), dtype=torch.long, device=device)
     logprobs = torch.full((len(samplers),), float("nan"), device=device)

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from astrai_batch.engine.constraints.spec import Constraint
 from astrai_batch.errors import ConfigError
 from astrai_batch.json_types import first_non_count, json_type
 
@@ -38,7 +39,8 @@ class SamplingParams:
     Semantics follow Hugging Face `generate` where the two differ from OpenAI's API:
     `repetition_penalty` is HF's (over prompt and generated tokens, positive logits divided,
     negative ones multiplied); `presence_penalty` and `frequency_penalty` are OpenAI's (over
-    generated tokens only, subtracted from the logits).
+    generated tokens only, subtracted from the logits). `constraint` restricts the output to
+    a JSON schema, regex, choice or grammar (see `engine.constraints`).
     """
 
     n: int = 1
@@ -56,11 +58,13 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: bool = False
+    constraint: Constraint | None = None
 
     def __post_init__(self) -> None:
         self._check_types()
         self._check_ranges()
         self._check_stops()
+        self._check_constraint()
 
     def _check_types(self) -> None:
         for name in _INT_FIELDS:
@@ -136,6 +140,18 @@ class SamplingParams:
             )
         object.__setattr__(self, "stop_token_ids", tuple(token_ids))
 
+    def _check_constraint(self) -> None:
+        if self.constraint is None:
+            return
+        if not isinstance(self.constraint, Constraint):
+            raise ConfigError(
+                f"constraint must be a Constraint, got {type(self.constraint).__name__}"
+            )
+        if self.min_tokens:
+            # The grammar decides where a constrained output ends; forbidding its end tokens
+            # could leave no token at all.
+            raise ConfigError("min_tokens cannot be combined with a constraint")
+
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> SamplingParams:
         """Builds validated parameters from e.g. a parsed TOML/JSON table.
@@ -156,6 +172,8 @@ class SamplingParams:
         out: dict[str, Any] = {}
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
+            if isinstance(value, Constraint):
+                value = value.to_dict()
             out[field.name] = list(value) if isinstance(value, tuple) else value
         return out
 
@@ -172,4 +190,7 @@ def _coerced(values: Mapping[str, Any]) -> dict[str, Any]:
     unknown = sorted(str(key) for key in values if key not in known)
     if unknown:
         raise ConfigError(f"unknown sampling field(s): {', '.join(unknown)}")
-    return dict(values)
+    out = dict(values)
+    if out.get("constraint") is not None:
+        out["constraint"] = Constraint.from_dict(out["constraint"])
+    return out

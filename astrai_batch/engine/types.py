@@ -14,11 +14,17 @@ FinishReason = Literal["stop", "length", "error"]
 
 @dataclass(frozen=True)
 class GenerationRequest:
-    """One prompt, already tokenized. `n` samples come back as n results."""
+    """One prompt, already tokenized. `n` samples come back as n results.
+
+    An unseeded sampled request draws from a generator seeded by the engine seed, `seed_key`
+    (the request id when None) and the sample index: jobs pass the row's id, so a row keeps
+    its samples when its dataset is split, sharded or reordered.
+    """
 
     request_id: Hashable
     prompt_token_ids: Sequence[int]
     params: SamplingParams = field(default_factory=SamplingParams)
+    seed_key: Hashable | None = None
 
 
 @dataclass(frozen=True)
@@ -54,6 +60,11 @@ class EngineStats:
     forward_seconds: float  # inside the model forward
     busy_seconds: float  # inside engine steps (forward + scheduling + sampling)
     cache: CacheStats
+    constrained_requests: int = 0  # requests with a constraint (compiled or failed)
+    grammars_compiled: int = 0  # distinct constraints compiled (cache misses)
+    grammar_compile_seconds: float = 0.0
+    mask_fill_seconds: float = 0.0  # filling grammar masks (worker thread, beside the forward)
+    mask_wait_seconds: float = 0.0  # the step waited for masks after its forward
 
     def to_dict(self) -> dict:
         out = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "cache"}
@@ -71,6 +82,11 @@ class EngineStats:
             forward_seconds=self.forward_seconds - other.forward_seconds,
             busy_seconds=self.busy_seconds - other.busy_seconds,
             cache=self.cache - other.cache,
+            constrained_requests=self.constrained_requests - other.constrained_requests,
+            grammars_compiled=self.grammars_compiled - other.grammars_compiled,
+            grammar_compile_seconds=self.grammar_compile_seconds - other.grammar_compile_seconds,
+            mask_fill_seconds=self.mask_fill_seconds - other.mask_fill_seconds,
+            mask_wait_seconds=self.mask_wait_seconds - other.mask_wait_seconds,
         )
 
 

@@ -7,8 +7,10 @@ Only chat and text completions can run here. Body fields are sorted into four gr
   newer name of ``max_tokens`` and wins when both are given), and ``chat_template_kwargs``
   (variables for the chat template, as vLLM accepts them);
 - fields that change nothing for a local batch run and are ignored (``model``, ``user``, ...);
-- fields whose meaning this runner cannot honour (``tools``, ``response_format``,
-  ``stream: true``, unknown fields) which make the row an error naming the field. A few of
+- ``response_format`` (json_object / json_schema), the row's output constraint
+  (`constraint_fields`);
+- fields whose meaning this runner cannot honour (``tools``, ``stream: true``, unknown
+  fields) which make the row an error naming the field. A few of
   them are accepted at their do-nothing value (``stream: false``, ``tools: []``, ...).
 
 A null body field is treated as absent, as in every other input shape. The row id is read
@@ -28,6 +30,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from astrai_batch.io.constraint_fields import response_format_override
 from astrai_batch.io.row_validation import (
     collect_overrides,
     validate_messages,
@@ -71,7 +74,6 @@ NEUTRAL_BODY_VALUES = frozenset(
         ("best_of", "1"),
         ("echo", "false"),
         ("suffix", '""'),
-        ("response_format", '{"type":"text"}'),
         ("tools", "[]"),
         ("functions", "[]"),
         ("tool_choice", '"none"'),
@@ -102,6 +104,8 @@ def parse_openai_request(
         content = {"prompt": validate_prompt(body.get("prompt"), "body.prompt")}
     _reject_unsupported_fields(body, kind)
     overrides = collect_overrides(body, BODY_OVERRIDE_FIELDS)
+    if body.get("response_format") is not None:
+        overrides |= response_format_override(body["response_format"], "body.response_format")
     newer_max = overrides.pop("max_completion_tokens", None)
     if newer_max is not None:
         overrides["max_tokens"] = newer_max
@@ -147,6 +151,8 @@ def _reject_unsupported_fields(body: Mapping[str, Any], kind: str) -> None:
         if value is None or name == prompt_field:
             continue
         if name in ACCEPTED_BODY_FIELDS:
+            continue
+        if name == "response_format":  # read by `response_format_override`
             continue
         if (name, _canonical_json(value)) in NEUTRAL_BODY_VALUES:
             continue

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from astrai_batch.io.constraint_fields import constraint_override
 from astrai_batch.io.openai_request import parse_openai_request
 from astrai_batch.io.row_ids import DuplicateIds, row_identity
 from astrai_batch.io.row_validation import (
@@ -58,7 +59,7 @@ def parse_record(
         else:
             field_name = plan.prompt_column or shape
             content = validate_content(shape, record.get(field_name), field_name)
-            overrides = collect_overrides(record, OVERRIDE_FIELDS)
+            overrides = collect_overrides(record, OVERRIDE_FIELDS) | constraint_override(record)
             kwargs = validate_template_kwargs(
                 record.get(TEMPLATE_KWARGS_FIELD), TEMPLATE_KWARGS_FIELD
             )

@@ -47,6 +47,9 @@ OVERRIDE_FIELDS = (
 # Extra variables for the chat template of this row, merged over --chat-template-kwargs.
 TEMPLATE_KWARGS_FIELD = "chat_template_kwargs"
 
+# Per-row output constraints of plain rows (io/constraint_fields.py reads them).
+CONSTRAINT_COLUMNS = ("json_schema", "regex", "choice", "grammar")
+
 
 @dataclass(frozen=True)
 class InputRow:
@@ -136,7 +139,13 @@ class RowPlan:
             wanted = [self.prompt_column]
         else:
             wanted = [*PLAIN_SHAPE_FIELDS, *OPENAI_FIELDS]
-        wanted += [*OVERRIDE_FIELDS, TEMPLATE_KWARGS_FIELD, *self.id_fields, "custom_id"]
+        wanted += [
+            *OVERRIDE_FIELDS,
+            *CONSTRAINT_COLUMNS,
+            TEMPLATE_KWARGS_FIELD,
+            *self.id_fields,
+            "custom_id",
+        ]
         wanted += self.keep_columns
         present = set(available)
         return list(dict.fromkeys(name for name in wanted if name in present))

@@ -46,6 +46,10 @@ STATS_SCHEMA = pa.schema(
         pa.field("peak_kv_pages", pa.int64()),
         pa.field("wall_seconds", pa.float64()),
         pa.field("tokens_per_second", pa.float64()),
+        pa.field("constrained_rows", pa.int64()),
+        pa.field("grammars_compiled", pa.int64()),
+        pa.field("grammar_compile_seconds", pa.float64()),
+        pa.field("mask_fill_seconds", pa.float64()),
     ]
 )
 

@@ -18,6 +18,7 @@ from astrai_batch.checks import require_positive_int
 from astrai_batch.engine.config import KV_LAYOUTS, check_utilization
 from astrai_batch.engine.sampling_params import SamplingParams
 from astrai_batch.errors import ConfigError
+from astrai_batch.jobs.constraint_options import CONSTRAINT_OPTIONS, job_constraint
 from astrai_batch.jobs.option_values import (
     ErrorLimit,
     parse_columns,
@@ -63,11 +64,11 @@ DEFAULT_MAX_TOKENS = 256
 # the three lists (a test checks it), so a new option must be placed deliberately.
 # RESULT_OPTIONS define a row's result: a resume under other values is refused, naming them.
 # The model is compared by its files (`jobs/fingerprint.py`), not by its name, so it is
-# absent here; `device` is compared by its kind (cpu, cuda), not its index. A numerics mode,
-# when one exists, belongs here.
+# absent here; `device` is compared by its kind (cpu, cuda), not its index.
 RESULT_OPTIONS = (
     "device",
     "dtype",
+    "fast_numerics",
     "revision",
     "max_model_len",
     "seed",
@@ -130,6 +131,7 @@ class JobConfig:
     kv_cache_memory: int | None = None
     gpu_memory_utilization: float = 0.9
     prefix_cache: bool = True
+    fast_numerics: bool = False  # step-shaped kernels: a row's last bits move with the batch
     kv_layout: str = "paged"
     max_model_len: int | None = None
     grouping: bool = True
@@ -186,6 +188,7 @@ class JobConfig:
         for name in (
             "trust_remote_code",
             "prefix_cache",
+            "fast_numerics",
             "grouping",
             "save_tokens",
             "overwrite",
@@ -248,12 +251,16 @@ class JobConfig:
         `max_errors` a count / fraction / percentage, `keep_columns` a comma-separated string.
         """
         values = {str(key).replace("-", "_"): value for key, value in options.items()}
-        known = {f.name for f in dataclasses.fields(cls)} - {"sampling"} | set(SAMPLING_OPTIONS)
+        known = {f.name for f in dataclasses.fields(cls)} - {"sampling"}
+        known |= {*SAMPLING_OPTIONS, *CONSTRAINT_OPTIONS}
         unknown = sorted(set(values) - known)
         if unknown:
             raise ConfigError(f"unknown option(s) in {source}: {', '.join(unknown)}")
         sampling = {name: values.pop(name) for name in SAMPLING_OPTIONS if name in values}
         sampling.setdefault("max_tokens", DEFAULT_MAX_TOKENS)
+        sampling["constraint"] = job_constraint(
+            {name: values.pop(name) for name in CONSTRAINT_OPTIONS if name in values}
+        )
         values["sampling"] = SamplingParams.from_dict(sampling)
         if values.get("kv_cache_memory") is not None:
             values["kv_cache_memory"] = parse_size(values["kv_cache_memory"])
@@ -287,6 +294,7 @@ class JobConfig:
             "kv_layout": self.kv_layout,
             "max_model_len": self.max_model_len,
             "seed": self.seed,
+            "numerics": "fast" if self.fast_numerics else "invariant",
         }
 
     def model_options(self) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from astrai_batch.engine import load_tokenizer
+from astrai_batch.engine.constraints import Constraint
 from astrai_batch.engine.model_support import no_chat_template_message
 from astrai_batch.errors import ConfigError, UnsupportedModelError
 from astrai_batch.io import InputRow, open_input
@@ -36,6 +37,8 @@ class PlanReport:
     bad_rows: int
     stats: PrefixStats
     previews: tuple[str, ...]  # decoded preview of each top shared prefix
+    constrained_rows: int = 0  # rows with their own output constraint
+    distinct_constraints: int = 0  # grammars `run` would compile for them
     shards: ShardPrediction | None = None  # with --workers
 
     def to_dict(self) -> dict[str, Any]:
@@ -49,6 +52,8 @@ class PlanReport:
             "model": self.model,
             "bad_rows": self.bad_rows,
             **stats,
+            "constrained_rows": self.constrained_rows,
+            "distinct_constraints": self.distinct_constraints,
             **({"shards": self.shards.to_dict()} if self.shards else {}),
         }
 
@@ -67,6 +72,11 @@ class PlanReport:
             f"tokens to prefill         {stats.unique_tokens:,}",
             f"predicted prefill saving  {stats.predicted_prefill_saving:.1%}",
         ]
+        if self.constrained_rows:
+            lines.append(
+                f"output constraints        {self.distinct_constraints:,} distinct"
+                f" over {self.constrained_rows:,} rows (each compiled once)"
+            )
         if self.shards is not None:
             shards = self.shards
             lines += [
@@ -115,6 +125,7 @@ def plan_input(
     if workers is not None and workers < 1:
         raise ConfigError(f"workers must be >= 1, got {workers}")
     bad_rows = 0
+    constraints = ConstraintCounter()
     keyed: list[KeyedRow] = []
     for batch in _batches(source.iter_rows()):
         for row, encoding in zip(batch, encoder.encode(batch), strict=True):
@@ -122,6 +133,7 @@ def plan_input(
                 bad_rows += 1
             else:
                 builder.add(encoding.token_ids)
+                constraints.add(row)
                 if workers is not None:
                     keyed.append(KeyedRow(row.index, encoding.token_ids, DEFAULT_MAX_TOKENS))
     stats = builder.result()
@@ -135,8 +147,25 @@ def plan_input(
         bad_rows=bad_rows,
         stats=stats,
         previews=previews,
+        constrained_rows=constraints.rows,
+        distinct_constraints=len(constraints.digests),
         shards=predict_shards(keyed, workers, page_size) if workers is not None else None,
     )
+
+
+class ConstraintCounter:
+    """Rows with a constraint and the distinct ones (by digest, as the engine caches them)."""
+
+    def __init__(self) -> None:
+        self.rows = 0
+        self.digests: set[str] = set()
+
+    def add(self, row: InputRow) -> None:
+        spec = row.overrides.get("constraint")
+        if spec is None:
+            return
+        self.rows += 1
+        self.digests.add(Constraint.from_dict(spec).digest)
 
 
 def _batches(rows: Iterator[InputRow]) -> Iterator[list[InputRow]]:

@@ -37,6 +37,10 @@ class WorkStats:
     preemptions: int = 0
     peak_kv_pages: int = 0
     wall_seconds: float = 0.0
+    constrained_rows: int = 0  # rows with an output constraint (run or failed to compile)
+    grammars_compiled: int = 0  # distinct constraints compiled (each once per run)
+    grammar_compile_seconds: float = 0.0
+    mask_fill_seconds: float = 0.0  # filling grammar masks, beside the forward
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -112,6 +116,10 @@ def engine_stats(before: EngineStats, after: EngineStats, wall_seconds: float) -
         preemptions=delta.preemptions,
         peak_kv_pages=after.cache.peak_pages_in_use,
         wall_seconds=max(wall_seconds, 0.0),
+        constrained_rows=delta.constrained_requests,
+        grammars_compiled=delta.grammars_compiled,
+        grammar_compile_seconds=max(delta.grammar_compile_seconds, 0.0),
+        mask_fill_seconds=max(delta.mask_fill_seconds, 0.0),
     )
 
 
@@ -131,6 +139,10 @@ def stats_row(window: int | None, stats: WorkStats) -> dict[str, Any]:
         "peak_kv_pages": stats.peak_kv_pages,
         "wall_seconds": stats.wall_seconds,
         "tokens_per_second": stats.tokens_per_second,
+        "constrained_rows": stats.constrained_rows,
+        "grammars_compiled": stats.grammars_compiled,
+        "grammar_compile_seconds": stats.grammar_compile_seconds,
+        "mask_fill_seconds": stats.mask_fill_seconds,
     }
 
 

@@ -57,6 +57,10 @@ class JobSummary:
             "cached_tokens": totals.cached_tokens,
             "cache_hit_rate": totals.hit_rate,
             "completion_tokens": totals.completion_tokens,
+            "constrained_rows": totals.constrained_rows,
+            "grammars_compiled": totals.grammars_compiled,
+            "grammar_compile_seconds": totals.grammar_compile_seconds,
+            "mask_fill_seconds": totals.mask_fill_seconds,
             "wall_seconds": self.run_wall_seconds,
             "tokens_per_second": rate,
         }

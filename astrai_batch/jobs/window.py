@@ -69,7 +69,9 @@ class PreparedWindow:
             row = self.rows[position]
             if row.index in skip or row.token_ids is None or row.params is None:
                 continue
-            yield GenerationRequest(row.index, row.token_ids, row.params)
+            # seeded by the row id (the row number where the input has none), not its
+            # position: a row keeps its samples when the input is split or reordered
+            yield GenerationRequest(row.index, row.token_ids, row.params, seed_key=row.id)
 
     def check_invariants(self) -> None:
         indices = [row.index for row in self.rows]

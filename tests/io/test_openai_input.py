@@ -121,7 +121,10 @@ def test_fields_that_change_nothing_are_accepted(write_jsonl, fields: dict[str, 
     [
         ({"tools": [{"type": "function"}]}, "unsupported body field 'tools'"),
         ({"tool_choice": "auto"}, "unsupported body field 'tool_choice'"),
-        ({"response_format": {"type": "json_object"}}, "unsupported body field 'response_format'"),
+        (
+            {"response_format": {"type": "xml"}},
+            "body.response_format.type must be text, json_object or json_schema, got 'xml'",
+        ),
         ({"stream": True}, "unsupported body field 'stream'"),
         ({"stream": 0}, "unsupported body field 'stream'"),
         ({"logit_bias": {"50256": -100}}, "unsupported body field 'logit_bias'"),

@@ -75,4 +75,8 @@ def test_stats_schema() -> None:
         ("peak_kv_pages", "int64", True),
         ("wall_seconds", "double", True),
         ("tokens_per_second", "double", True),
+        ("constrained_rows", "int64", True),
+        ("grammars_compiled", "int64", True),
+        ("grammar_compile_seconds", "double", True),
+        ("mask_fill_seconds", "double", True),
     ]

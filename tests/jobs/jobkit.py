@@ -134,24 +134,28 @@ def saved_rows(checkpoint_dir: Path) -> int:
     return sum(part["stats"]["input_rows"] for part in manifest["parts"])
 
 
-def stop_after_parts(args: list[Any], checkpoint_dir: Path, parts: int, signum: int):
+def stop_after_parts(
+    args: list[Any], checkpoint_dir: Path, parts: int, signum: int, timeout: float = 120
+):
     """Start the job as a process and send `signum` once the checkpoint lists `parts` parts."""
     process = start_process(*args)
-    wait_for_parts(process, checkpoint_dir, parts)
+    wait_for_parts(process, checkpoint_dir, parts, timeout)
     process.send_signal(signum)
     stdout, stderr = process.communicate(timeout=60)
     return process.returncode, stdout, stderr
 
 
-def wait_for_parts(process: subprocess.Popen[str], checkpoint_dir: Path, parts: int) -> None:
+def wait_for_parts(
+    process: subprocess.Popen[str], checkpoint_dir: Path, parts: int, timeout: float = 120
+) -> None:
     """Wait until the running job `process` has saved `parts` checkpoint parts."""
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + timeout
     while saved_parts(checkpoint_dir) < parts:
         if process.poll() is not None:
             pytest.fail(f"the job ended before {parts} parts: {process.communicate()[1]}")
         if time.monotonic() > deadline:
             process.kill()
-            pytest.fail(f"no {parts} checkpoint parts within two minutes")
+            pytest.fail(f"no {parts} checkpoint parts within {timeout:.0f} s")
         time.sleep(0.01)
 
 

@@ -62,6 +62,7 @@ def test_from_options_routes_sampling_and_parses_strings() -> None:
         "kv_layout": "paged",
         "max_model_len": None,
         "seed": 0,
+        "numerics": "invariant",
     }
 
 

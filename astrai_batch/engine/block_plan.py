@@ -1,0 +1,171 @@
+"""The step's metadata for batch-invariant attention: which query rows meet which key blocks.
+
+Keys are cut into *blocks* of `block_tokens` consecutive positions (a whole number of pages,
+aligned to position 0), and every query attends to blocks 0, 1, ... of its own sequence in that
+order, whatever else the step holds. Two forms compute a (query, block) pair:
+
+- a *run*: query rows that read the same physical blocks — the tokens of one prefill chunk,
+  or decodes sharing prefix pages (the cascade) — score them in one GEMM per block run, so
+  shared keys are read once;
+- a *private unit*: one decode's own block, batched with every other such unit of the step.
+
+Both forms put each (query, block) result in the same slot of the step's score and output
+buffers, so the reduction that follows never knows which form computed it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from astrai_batch.engine.cascade import partition_decodes
+from astrai_batch.engine.page_gather import PageGatherer
+
+BLOCK_TARGET_TOKENS = 64  # a block is the smallest whole number of pages holding this many
+# A prefill chunk's rows are split into runs of this many blocks of positions, each reading
+# only the blocks up to its own last row: causal attention skips most of the masked half.
+RUN_SEGMENT_BLOCKS = 4
+
+
+def block_tokens_for(page_size: int) -> int:
+    return page_size * max(1, -(-BLOCK_TARGET_TOKENS // page_size))
+
+
+@dataclass(frozen=True)
+class BlockRun:
+    """Query rows that all read blocks [0, num_blocks) of the same pages."""
+
+    rows: torch.Tensor  # [n] rows of the packed batch
+    page_table: torch.Tensor  # [1, num_blocks * pages_per_block], padded with page 0
+    num_blocks: int
+    key_valid: torch.Tensor  # [n, num_blocks, 1, 1, block] bool: key position <= the row's
+
+
+@dataclass(frozen=True)
+class PrivateUnits:
+    """Decode blocks read by one query each, sorted by block index."""
+
+    rows: torch.Tensor  # [U] query row of each unit
+    page_tables: torch.Tensor  # [U, pages_per_block] the unit's pages, padded with page 0
+    key_valid: torch.Tensor  # [U, 1, 1, block] bool
+    block_starts: list[int]  # units of block b are [block_starts[b], block_starts[b + 1])
+
+
+@dataclass(frozen=True)
+class BlockBatch:
+    """What every layer needs for batch-invariant attention; built once per step."""
+
+    key_cache: list[torch.Tensor]  # per layer [num_slots, kv_heads, head_dim]
+    value_cache: list[torch.Tensor]
+    page_size: int
+    block_tokens: int
+    write_slots: torch.Tensor  # [T]
+    longest_context: int  # the most tokens any sequence of the step has (context + new)
+    runs: list[BlockRun]
+    units: PrivateUnits
+    gatherer: PageGatherer  # the runner's reusable gather buffers
+
+
+@dataclass(frozen=True)
+class QuerySpan:
+    """One scheduled chunk as the plan sees it."""
+
+    row: int  # first row in the packed batch
+    start: int  # position of the first token
+    length: int
+    pages: Sequence[int]
+
+
+def plan_blocks(
+    spans: Sequence[QuerySpan], page_size: int, use_cascade: bool, device: torch.device
+) -> tuple[list[BlockRun], PrivateUnits]:
+    """Runs and private units covering blocks 0..last of every query row.
+
+    Every (row, block <= row's last) pair is covered exactly once, by a run or by a unit, and
+    a row's run blocks (when it has any) come before its unit blocks.
+    """
+    block = block_tokens_for(page_size)
+    per_block = block // page_size
+    runs = [
+        run
+        for span in spans
+        if span.length > 1
+        for run in _prefill_runs(span, block, per_block, device)
+    ]
+    decodes = [s for s in spans if s.length == 1]
+    first_private = [0] * len(decodes)
+    if use_cascade and len(decodes) > 1:
+        lengths = [d.start + 1 for d in decodes]
+        tables = [d.pages for d in decodes]
+        for members, shared_pages in partition_decodes(tables, lengths, page_size).groups:
+            shared = shared_pages // per_block
+            if shared == 0:
+                continue
+            table = _table(decodes[members[0]].pages, shared * per_block, device)
+            rows = [decodes[i].row for i in members]
+            positions = [decodes[i].start for i in members]
+            runs.append(_run(rows, positions, table, shared, block, device))
+            for i in members:
+                first_private[i] = shared
+    return runs, _private_units(decodes, first_private, block, per_block, device)
+
+
+def _prefill_runs(span: QuerySpan, block: int, per_block: int, device: torch.device):
+    """A prefill chunk as runs of up to RUN_SEGMENT_BLOCKS blocks of its rows' positions."""
+    segment = block * RUN_SEGMENT_BLOCKS
+    end = span.start + span.length
+    first = span.start
+    while first < end:
+        last = min(end, (first // segment + 1) * segment)  # exclusive
+        blocks = (last - 1) // block + 1
+        rows = range(span.row + first - span.start, span.row + last - span.start)
+        table = _table(span.pages, blocks * per_block, device)
+        yield _run(rows, range(first, last), table, blocks, block, device)
+        first = last
+
+
+def _run(rows, positions, table: torch.Tensor, blocks: int, block: int, device) -> BlockRun:
+    keys = torch.arange(blocks * block)
+    valid = keys.unsqueeze(0) <= torch.tensor(list(positions)).unsqueeze(1)
+    return BlockRun(
+        rows=torch.tensor(list(rows), dtype=torch.long, device=device),
+        page_table=table,
+        num_blocks=blocks,
+        key_valid=valid.view(-1, blocks, 1, 1, block).to(device),
+    )
+
+
+def _private_units(
+    decodes: Sequence[QuerySpan], first_private: list[int], block: int, per_block: int, device
+) -> PrivateUnits:
+    by_block: list[list[tuple[int, int, list[int]]]] = []  # per block: (row, position, pages)
+    for first, span in zip(first_private, decodes, strict=True):
+        for b in range(first, span.start // block + 1):
+            while len(by_block) <= b:
+                by_block.append([])
+            pages = [int(p) for p in span.pages[b * per_block : (b + 1) * per_block]]
+            by_block[b].append(
+                (span.row, span.start - b * block, pages + [0] * (per_block - len(pages)))
+            )
+    units = [unit for units in by_block for unit in units]
+    starts = [0]
+    for units_of_block in by_block:
+        starts.append(starts[-1] + len(units_of_block))
+    offsets = torch.tensor([u[1] for u in units], dtype=torch.long)
+    valid = torch.arange(block).unsqueeze(0) <= offsets.unsqueeze(1)
+    return PrivateUnits(
+        rows=torch.tensor([u[0] for u in units], dtype=torch.long, device=device),
+        page_tables=torch.tensor([u[2] for u in units], dtype=torch.long, device=device).view(
+            len(units), per_block
+        ),
+        key_valid=valid.view(len(units), 1, 1, block).to(device),
+        block_starts=starts,
+    )
+
+
+def _table(pages: Sequence[int], count: int, device: torch.device) -> torch.Tensor:
+    table = [int(p) for p in pages[:count]]
+    table += [0] * (count - len(table))
+    return torch.tensor(table, dtype=torch.long, device=device).unsqueeze(0)

@@ -1,0 +1,74 @@
+"""The cost of batch-invariant numerics: our engine with invariant and fast numerics, alternated.
+
+Run: .venv/bin/python scripts/bench_numerics.py [--repeat 3] [--num-system-prompts 4]
+     [--questions-per-prompt 16] [--max-tokens 32] [--workloads shared-prefix,unique]
+
+One process, SmolLM2-135M float32 on the CPU, the bench workloads' prompts, greedy with end
+of sequence ignored (every prompt generates exactly max_tokens). For each workload the two
+modes run alternately (invariant, fast, invariant, fast, ...) after one warm-up each, and the
+script prints each run's wall time and the median ratio invariant / fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from dataclasses import replace
+
+from astrai_batch.bench.config import BenchConfig
+from astrai_batch.bench.ours import run_ours
+from astrai_batch.bench.prompts import load_prompts
+from astrai_batch.engine import EngineConfig
+from astrai_batch.engine.loader import load_model
+from astrai_batch.engine.threads import set_cpu_threads
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--num-system-prompts", type=int, default=4)
+    parser.add_argument("--questions-per-prompt", type=int, default=16)
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--workloads", default="shared-prefix,unique")
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args()
+    set_cpu_threads(args.threads)
+    loaded = load_model(args.model, dtype="float32")
+    for workload in args.workloads.split(","):
+        config = BenchConfig(
+            model=args.model,
+            workload=workload,
+            max_tokens=args.max_tokens,
+            num_system_prompts=args.num_system_prompts,
+            questions_per_prompt=args.questions_per_prompt,
+        )
+        prompts = load_prompts(config, loaded.tokenizer, loaded.name)
+        modes = {name: replace(EngineConfig(), numerics=name) for name in ("invariant", "fast")}
+        warmup = prompts.head(4, 4)
+        for engine in modes.values():
+            run_ours(loaded, warmup, engine, None)
+        walls: dict[str, list[float]] = {name: [] for name in modes}
+        for repeat in range(args.repeat):
+            for name, engine in modes.items():
+                run = run_ours(loaded, prompts, engine, repeat)
+                walls[name].append(run.wall_seconds)
+                print(
+                    f"{workload} {name} repeat {repeat + 1}: {run.wall_seconds:.2f} s, "
+                    f"{run.generated_tokens_per_second:.1f} generated tokens/s",
+                    flush=True,
+                )
+        ratio = statistics.median(
+            i / f for i, f in zip(walls["invariant"], walls["fast"], strict=True)
+        )
+        print(
+            f"{workload}: {prompts.num_prompts} prompts, {prompts.prompt_tokens} prompt tokens, "
+            f"median wall invariant {statistics.median(walls['invariant']):.2f} s, "
+            f"fast {statistics.median(walls['fast']):.2f} s, "
+            f"invariant/fast {ratio:.3f}",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()

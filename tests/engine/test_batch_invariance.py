@@ -1,0 +1,101 @@
+"""A row's logits never depend on what runs beside it: alone vs in a crowd, bitwise.
+
+Each of 32 prompts of mixed lengths runs alone, then among 64 with token budgets of 64, 256
+and 1024, with the prefix cache on and off, and under a pool so small that sequences are
+preempted and recomputed. Every generated position's logits must be `torch.equal`, and the
+greedy and seeded-sampled tokens identical.
+"""
+
+from __future__ import annotations
+
+import pytest
+from invariance_kit import (
+    GREEDY,
+    SAMPLED,
+    assert_same_rows,
+    invariance_prompts,
+    requests_for,
+    run_capturing,
+)
+
+from astrai_batch.engine import EngineConfig
+from astrai_batch.engine.loader import load_model
+
+WATCHED = range(32)
+CROWD = range(64)
+CROWD_CASES = [(64, True, 512), (256, False, 512), (1024, True, 512), (256, True, 40)]
+CROWD_IDS = ["budget64-cache", "budget256-nocache", "budget1024-cache", "budget256-preempt"]
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_model_dir):
+    return load_model(tiny_model_dir)
+
+
+def params_of(i: int):
+    return SAMPLED if i % 2 else GREEDY
+
+
+def mixed_requests(prompts, ids):
+    return [r for i in ids for r in requests_for(prompts, [i], params_of(i))]
+
+
+def alone_rows(loaded, page_size: int):
+    """The 32 watched prompts (of 64), each run on its own engine."""
+    prompts = invariance_prompts(loaded.model.config.vocab_size, len(CROWD), seed=5)
+    config = EngineConfig(page_size=page_size, num_pages=128, enable_prefix_cache=False)
+    rows = {}
+    for i in WATCHED:
+        got, _ = run_capturing(loaded, mixed_requests(prompts, [i]), config)
+        rows.update(got)
+    return prompts, rows
+
+
+def check_crowd(loaded, alone, page_size, budget, prefix_cache, num_pages) -> None:
+    prompts, reference = alone
+    config = EngineConfig(
+        page_size=page_size,
+        num_pages=num_pages,
+        max_num_batched_tokens=budget,
+        enable_prefix_cache=prefix_cache,
+    )
+    crowd, stats = run_capturing(loaded, mixed_requests(prompts, CROWD), config)
+    assert_same_rows(reference, crowd, WATCHED)
+    if num_pages == 40:
+        assert stats.preemptions > 0
+    if prefix_cache:
+        assert stats.cache.hit_tokens > 0
+
+
+@pytest.fixture(scope="module")
+def alone(loaded):
+    return alone_rows(loaded, page_size=8)
+
+
+@pytest.mark.parametrize(("budget", "prefix_cache", "num_pages"), CROWD_CASES, ids=CROWD_IDS)
+def test_alone_equals_in_crowd(loaded, alone, budget, prefix_cache, num_pages):
+    check_crowd(loaded, alone, 8, budget, prefix_cache, num_pages)
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    return load_model("smollm2-135m")
+
+
+@pytest.fixture(scope="module")
+def smollm2_alone(smollm2):
+    return alone_rows(smollm2, page_size=16)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("budget", "prefix_cache", "num_pages"), CROWD_CASES, ids=CROWD_IDS)
+def test_smollm2_alone_equals_in_crowd(smollm2, smollm2_alone, budget, prefix_cache, num_pages):
+    # 40 pages of 16 tokens still preempt: the crowd's prompts need up to 14 pages each
+    check_crowd(smollm2, smollm2_alone, 16, budget, prefix_cache, num_pages)
+
+
+def test_fast_numerics_is_selectable(loaded):
+    prompts = invariance_prompts(loaded.model.config.vocab_size, 4, seed=6)
+    config = EngineConfig(page_size=8, num_pages=128, numerics="fast")
+    got, _ = run_capturing(loaded, mixed_requests(prompts, range(4)), config)
+    assert sorted(got) == [0, 1, 2, 3]

@@ -1,0 +1,53 @@
+"""Runs requests through the engine core and keeps every sampled position's logits."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from astrai_batch.engine import EngineConfig, GenerationRequest, SamplingParams
+from astrai_batch.engine.core import EngineCore
+
+GREEDY = SamplingParams(max_tokens=12, ignore_eos=True)
+SAMPLED = SamplingParams(max_tokens=12, temperature=0.8, ignore_eos=True)
+
+
+def run_capturing(loaded, requests, config: EngineConfig):
+    """{request id: (token ids, [logits of each generated position])} and the engine stats."""
+    core = EngineCore(loaded, config)
+    logits: dict = {}
+    core.logits_observer = lambda rid, _i, row: logits.setdefault(rid, []).append(row.clone())
+    tokens = {}
+    for request in requests:
+        assert core.add_request(request) == []
+    while core.num_unfinished:
+        for result in core.step():
+            tokens[result.request_id] = result.token_ids
+    core.check_invariants()
+    return {rid: (tokens[rid], logits[rid]) for rid in tokens}, core.stats()
+
+
+def invariance_prompts(vocab_size: int, count: int, seed: int) -> list[list[int]]:
+    """Mixed lengths (2 to 150 tokens); a third share one of two prefixes of 40-70 tokens."""
+    rng = random.Random(seed)
+    prefixes = [[rng.randrange(3, vocab_size) for _ in range(rng.randint(40, 70))] for _ in "ab"]
+    prompts = []
+    for i in range(count):
+        tail = [rng.randrange(3, vocab_size) for _ in range(rng.choice([2, 9, 17, 33, 80, 150]))]
+        prompts.append(prefixes[i % 2] + tail if i % 3 == 0 else tail)
+    return prompts
+
+
+def requests_for(prompts, ids, params) -> list[GenerationRequest]:
+    return [GenerationRequest(i, prompts[i], params) for i in ids]
+
+
+def assert_same_rows(alone: dict, crowd: dict, ids) -> None:
+    for rid in ids:
+        tokens_a, logits_a = alone[rid]
+        tokens_c, logits_c = crowd[rid]
+        assert tokens_a == tokens_c, f"row {rid}: tokens differ"
+        assert len(logits_a) == len(logits_c)
+        for position, (a, c) in enumerate(zip(logits_a, logits_c, strict=True)):
+            assert torch.equal(a, c), f"row {rid}: logits of generated position {position} differ"
