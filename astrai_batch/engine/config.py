@@ -8,6 +8,7 @@ from typing import Any
 
 from astrai_batch.cache.layout import KV_LAYOUTS
 from astrai_batch.checks import require_positive_int
+from astrai_batch.engine.attention_backends import check_backend_name
 from astrai_batch.errors import ConfigError
 
 
@@ -38,6 +39,9 @@ class EngineConfig:
     # kernels (last bits move with the batch; for jobs that neither sample nor resume)
     numerics: str = "invariant"
     gpu_memory_utilization: float = 0.9  # vLLM's meaning: share of the GPU this engine may use
+    # sdpa (portable, batch-invariant), flashinfer or flash-attn (CUDA kernels, fast numerics
+    # only), auto: see `attention_backends.resolve_attention_backend`
+    attention_backend: str = "auto"
 
     def __post_init__(self) -> None:
         require_positive_int("page_size", self.page_size)
@@ -61,6 +65,7 @@ class EngineConfig:
             raise ConfigError(f"seed must be a non-negative int, got {self.seed!r}")
         if self.numerics not in ("invariant", "fast"):
             raise ConfigError(f"numerics must be 'invariant' or 'fast', got {self.numerics!r}")
+        check_backend_name(self.attention_backend)
 
     @property
     def waiting_capacity(self) -> int:

@@ -12,11 +12,13 @@ from collections.abc import Callable, Hashable
 import torch
 
 from astrai_batch.cache import KVLayout, KVPool, make_layout
+from astrai_batch.engine.attention_backends import resolve_attention_backend
 from astrai_batch.engine.config import EngineConfig
 from astrai_batch.engine.constraints.backend import ConstraintBackend, ConstraintCompileError
 from astrai_batch.engine.constraints.mask_filler import StepMasks
 from astrai_batch.engine.constraints.sequence_matchers import SequenceMatchers
 from astrai_batch.engine.forward_timer import ForwardTimer
+from astrai_batch.engine.kernel_attention import make_kernel
 from astrai_batch.engine.loader import LoadedModel
 from astrai_batch.engine.memory_budget import capped, default_kv_budget, profile_activation_peak
 from astrai_batch.engine.model_runner import ModelRunner, ScheduledChunk
@@ -42,6 +44,15 @@ class EngineCore:
         self.tokenizer = loaded.tokenizer
         self.max_model_len = min(loaded.max_model_len, config.max_model_len or loaded.max_model_len)
         param = next(loaded.model.parameters())
+        # with the model's real device and dtype (jobs checked the options before loading),
+        # before anything is allocated
+        self.attention_backend = resolve_attention_backend(
+            config.attention_backend,
+            device=param.device,
+            numerics=config.numerics,
+            page_size=config.page_size,
+            dtype=param.dtype,
+        )
         pool_args = dict(
             num_layers=loaded.num_layers,
             num_kv_heads=loaded.num_kv_heads,
@@ -81,7 +92,12 @@ class EngineCore:
             max_num_seqs=config.max_num_seqs,
             enable_prefix_cache=config.enable_prefix_cache,
         )
-        self.runner = ModelRunner(loaded.model, self.pool, numerics=config.numerics)
+        self.runner = ModelRunner(
+            loaded.model,
+            self.pool,
+            numerics=config.numerics,
+            attention_kernel=make_kernel(self.attention_backend, param.device),
+        )
         # (request id, sample index, logits row) of every sampled position; tests of the
         # batch-invariance promise compare these bitwise
         self.logits_observer: Callable[[Hashable, int, torch.Tensor], None] | None = None

@@ -41,6 +41,7 @@ def test_every_step_wrote_its_file(check_dir: Path) -> None:
         "exactness_tiny_bfloat16",
         "bench_shared_prefix",
         "host_overhead",
+        "attention_backends",
     }
     assert {p.stem for p in check_dir.glob("*.json")} == names | {"summary"}
     summary = read(check_dir, "summary")
@@ -74,3 +75,12 @@ def test_bench_and_host_figures_are_recorded(check_dir: Path) -> None:
     assert host["context"] == 64
     assert host["host_ms_per_step"] > 0
     assert host["peak_device_memory_bytes"] is None  # no GPU here
+
+
+def test_kernel_backends_say_why_they_did_not_run(check_dir: Path) -> None:
+    result = read(check_dir, "attention_backends")
+    assert result["backends"] == {
+        "flashinfer": {"status": "needs a CUDA device"},
+        "flash-attn": {"status": "needs a CUDA device"},
+    }
+    assert "bench" not in result and "passed" not in result
