@@ -72,7 +72,7 @@ def check_kernel_backends(
         mine = greedy(loaded, exact_prompts, exact_tokens, kernel_config(exact_engine, name))
         compared = sum(len(r) for r in reference)
         agree = sum(
-            a == b for m, r in zip(mine, reference, strict=True) for a, b in zip(m, r)
+            a == b for m, r in zip(mine, reference, strict=True) for a, b in zip(m, r, strict=True)
         )
         result["backends"][name] = {
             "status": "ran",

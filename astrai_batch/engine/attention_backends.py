@@ -118,9 +118,7 @@ def _problem(
     if not importable(spec.module):
         return f"needs {spec.package}: pip install 'astrai-batch[{spec.name}]'"
     if page_size % spec.page_size_multiple:
-        return (
-            f"needs --page-size a multiple of {spec.page_size_multiple}, got {page_size}"
-        )
+        return f"needs --page-size a multiple of {spec.page_size_multiple}, got {page_size}"
     if dtype not in KERNEL_DTYPES:
         return f"needs --dtype bfloat16 or float16, got {dtype}"
     return None

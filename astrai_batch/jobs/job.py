@@ -133,7 +133,9 @@ def _run(config: JobConfig, paths: JobPaths, progress: Progress, started: float)
         progress.message(f"planning as the checkpoint's job did: {checkpoint.planning.describe()}")
 
     resumed_rows = checkpoint.total_stats().input_rows
-    report = _Report(config, paths, loaded.name, total_rows, resumed_rows, started, checkpoint, attention)
+    report = _Report(
+        config, paths, loaded.name, total_rows, resumed_rows, started, checkpoint, attention
+    )
     if already_written and checkpoint.run_id == already_written:
         # A previous run wrote the output and died before removing its checkpoint.
         summary = report.completed(None)

@@ -138,10 +138,11 @@ def test_unknown_names_refused_by_every_config():
 
 def test_option_values_resolve_dtype_auto_by_device():
     # dtype auto is bfloat16 on CUDA: a kernel is acceptable there, float32 is not
-    assert resolve_from_options(
-        "sdpa", device="cuda", dtype="auto", numerics="fast", page_size=16
-    ) == "sdpa"
-    with pytest.raises(ConfigError, match="got float32$"):
+    assert (
+        resolve_from_options("sdpa", device="cuda", dtype="auto", numerics="fast", page_size=16)
+        == "sdpa"
+    )
+    with pytest.raises(ConfigError, match=r"got float32$"):
         resolve_attention_backend(
             "flashinfer",
             device="cuda",
@@ -165,7 +166,7 @@ def test_engine_records_the_resolved_backend(tiny_llama_dir):
     core = EngineCore(loaded, EngineConfig(num_pages=8, numerics="fast"))
     assert core.attention_backend == "sdpa"
     assert core.runner.attention_kernel is None
-    with pytest.raises(ConfigError, match="^--attention-backend flash-attn needs a CUDA device$"):
+    with pytest.raises(ConfigError, match=r"^--attention-backend flash-attn needs a CUDA device$"):
         EngineCore(loaded, EngineConfig(num_pages=8, attention_backend="flash-attn"))
 
 

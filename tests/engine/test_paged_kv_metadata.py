@@ -47,7 +47,7 @@ def per_row(chunks: list[ScheduledChunk], page: int) -> dict:
 def random_steps(seed: int, page: int, steps: int):
     """Steps of chunks for sequences that live across steps (seq_key, pages_version)."""
     rng = random.Random(seed)
-    free_pages = list(range(1, 400))
+    free_pages = list(range(1, 20_000))
     rng.shuffle(free_pages)
     live: dict[int, dict] = {}
     next_key = 0
