@@ -20,6 +20,7 @@ choice before any model loads; the engine resolves again with the model's real d
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -143,3 +144,15 @@ def resolve_from_options(
         page_size=page_size,
         dtype=resolve_dtype(dtype, device=device),
     )
+
+
+def import_kernel_module(backend: str) -> Any:
+    """The package of a kernel backend; an installed one that fails to import (built for
+    another CUDA or torch) is refused in one line."""
+    spec = BACKEND_SPECS[backend]
+    try:
+        return importlib.import_module(spec.module)
+    except ImportError as exc:
+        raise ConfigError(
+            f"--attention-backend {backend}: {spec.package} does not import ({exc})"
+        ) from exc

@@ -14,23 +14,17 @@ from __future__ import annotations
 
 import torch
 
+from astrai_batch.engine.attention_backends import import_kernel_module
 from astrai_batch.engine.kernel_attention import paged_view
 from astrai_batch.engine.paged_kv_metadata import PagedKVMetadata
 from astrai_batch.engine.step_buffers import to_device
-from astrai_batch.errors import ConfigError
 
 
 class FlashAttnKernel:
     name = "flash-attn"
 
     def __init__(self, device: torch.device) -> None:
-        try:
-            from flash_attn import flash_attn_varlen_func
-        except ImportError as exc:  # installed (find_spec saw it) but broken for this CUDA
-            raise ConfigError(
-                f"--attention-backend flash-attn: flash-attn does not import ({exc})"
-            ) from exc
-        self._varlen = flash_attn_varlen_func
+        self._varlen = import_kernel_module("flash-attn").flash_attn_varlen_func
         self._device = device
         self._step: tuple | None = None
 

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import torch
 
+from astrai_batch.engine.attention_backends import import_kernel_module
 from astrai_batch.engine.kernel_attention import paged_view
 from astrai_batch.engine.paged_kv_metadata import PagedKVMetadata
-from astrai_batch.errors import ConfigError
 
 WORKSPACE_BYTES = 128 * 1024**2  # FlashInfer's documented size for its float workspace
 
@@ -30,12 +30,7 @@ class FlashInferKernel:
     name = "flashinfer"
 
     def __init__(self, device: torch.device) -> None:
-        try:
-            import flashinfer
-        except ImportError as exc:  # installed (find_spec saw it) but broken for this CUDA
-            raise ConfigError(
-                f"--attention-backend flashinfer: FlashInfer does not import ({exc})"
-            ) from exc
+        flashinfer = import_kernel_module("flashinfer")
         self._workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         self._wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self._workspace, "NHD")
         self._metadata: PagedKVMetadata | None = None

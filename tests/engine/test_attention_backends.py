@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -12,6 +13,7 @@ import torch
 
 from astrai_batch.engine.attention_backends import (
     ATTENTION_BACKENDS,
+    import_kernel_module,
     resolve_attention_backend,
     resolve_from_options,
 )
@@ -220,3 +222,12 @@ def test_bench_refuses_before_loading_the_model():
     result = _cli("bench", "--model", "no-such-model", "--attention-backend", "flash-attn")
     assert result.returncode == 2, result.stderr
     assert "--attention-backend flash-attn needs a CUDA device" in result.stderr
+
+
+@pytest.mark.skipif(importlib.util.find_spec("flashinfer") is not None, reason="installed")
+def test_a_kernel_that_does_not_import_is_refused_in_one_line():
+    with pytest.raises(ConfigError) as caught:
+        import_kernel_module("flashinfer")
+    assert str(caught.value) == (
+        "--attention-backend flashinfer: FlashInfer does not import (No module named 'flashinfer')"
+    )

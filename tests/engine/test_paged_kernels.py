@@ -149,7 +149,17 @@ def test_engine_through_reference_kernel_is_greedy_exact(tiny_llama_dir):
     core = EngineCore(loaded, config)
     kernel = CsrReference()
     core.runner.attention_kernel = kernel  # the reference in the kernel's place
-    params = SamplingParams(max_tokens=16)
+    outputs = greedy(core, prompts, 16)
+    stats = core.stats()
+    assert stats.preemptions > 0 and stats.cache.hit_tokens > 0
+    assert kernel.calls == stats.steps * loaded.model.config.num_hidden_layers
+    expected = hf_greedy(tiny_llama_dir, prompts, 16)
+    assert outputs == expected
+
+
+def greedy(core: EngineCore, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+    """The engine's greedy tokens per prompt, its invariants checked after every step."""
+    params = SamplingParams(max_tokens=max_tokens)
     for index, prompt in enumerate(prompts):
         assert core.add_request(GenerationRequest(index, prompt, params)) == []
     outputs: dict[int, list[int]] = {}
@@ -157,11 +167,7 @@ def test_engine_through_reference_kernel_is_greedy_exact(tiny_llama_dir):
         for result in core.step():
             outputs[result.request_id] = list(result.token_ids)
         core.check_invariants()
-    stats = core.stats()
-    assert stats.preemptions > 0 and stats.cache.hit_tokens > 0
-    assert kernel.calls == stats.steps * loaded.model.config.num_hidden_layers
-    expected = hf_greedy(tiny_llama_dir, prompts, 16)
-    assert [outputs[i] for i in range(len(prompts))] == expected
+    return [outputs[i] for i in range(len(prompts))]
 
 
 # -- the real kernels (CUDA) -------------------------------------------------------------------
@@ -236,13 +242,7 @@ def test_cuda_kernel_greedy_equals_transformers(wide_llama_dir, backend):
     )
     core = EngineCore(loaded, config)
     assert core.attention_backend == backend
-    params = SamplingParams(max_tokens=12)
-    for index, prompt in enumerate(prompts):
-        assert core.add_request(GenerationRequest(index, prompt, params)) == []
-    outputs: dict[int, list[int]] = {}
-    while core.num_unfinished:
-        for result in core.step():
-            outputs[result.request_id] = list(result.token_ids)
+    outputs = greedy(core, prompts, 12)
     model = loaded.model
     model.set_attn_implementation("sdpa")
     expected = []
@@ -257,4 +257,4 @@ def test_cuda_kernel_greedy_equals_transformers(wide_llama_dir, backend):
                 pad_token_id=model.config.pad_token_id,
             )
             expected.append(out[0, len(prompt) :].tolist())
-    assert [outputs[i] for i in range(len(prompts))] == expected
+    assert outputs == expected
