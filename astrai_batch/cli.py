@@ -106,6 +106,11 @@ def _run_options(function: Any) -> Any:
             **flag,
         ),
         _option(
+            "--cuda-graphs/--no-cuda-graphs",
+            None,
+            "Replay decode-only steps as CUDA graphs [default: on with --device cuda].",
+        ),
+        _option(
             "--kv-layout",
             d.kv_layout,
             "paged: pages on demand, prefix reuse; contiguous: one full-context seat per "

@@ -112,6 +112,11 @@ _ENGINE = EngineConfig()
     help="Our engine with step-shaped kernels instead of batch-invariant numerics.",
 )
 @click.option(
+    "--cuda-graphs/--no-cuda-graphs",
+    default=None,
+    help="Replay our decode-only steps as CUDA graphs [default: on with --device cuda].",
+)
+@click.option(
     "--kv-layout",
     default="paged",
     show_default=True,
@@ -203,10 +208,14 @@ def _config(options: dict[str, Any]) -> BenchConfig:
         numerics="fast" if options.pop("fast_numerics") else "invariant",
         gpu_memory_utilization=options.pop("gpu_memory_utilization"),
         max_model_len=options.pop("max_model_len"),
+        cuda_graphs=options.pop("cuda_graphs"),
     )
+    device = options.pop("device")
+    if engine.cuda_graphs and device.split(":", 1)[0].strip().lower() != "cuda":
+        raise ConfigError(f"--cuda-graphs needs --device cuda, got --device {device}")
     return BenchConfig(
         model=options.pop("model"),
-        device=options.pop("device"),
+        device=device,
         dtype=options.pop("dtype"),
         revision=options.pop("revision"),
         trust_remote_code=options.pop("trust_remote_code"),

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from astrai_batch.bench.graph_check import graphs_on_off
 from astrai_batch.bench.host_overhead import measure_host_overhead
 from astrai_batch.bench.machine import machine_info
 from astrai_batch.bench.ours import run_ours
@@ -111,6 +112,17 @@ def run_gpu_check(out_dir: Path, device: str, log: Callable[[str], None] = print
             name = f"exactness_{shape.name}_{str(dtype).removeprefix('torch.')}"
             step(name, lambda s=shape, d=dtype: _exactness(s, d, target, plan))
     step("bench_shared_prefix", lambda: _bench(plan, target))
+    step(
+        "cuda_graphs",
+        lambda: graphs_on_off(
+            plan.bench_shape,
+            plan.bench_dtype,
+            _shared_prefix_prompts(plan),
+            plan.bench_tokens,
+            _bench_engine(target),
+            target,
+        ),
+    )
     step("host_overhead", lambda: _host(plan, target))
     summary = {
         "device": str(target),
@@ -210,20 +222,8 @@ def _bench(plan: CheckPlan, device: torch.device) -> dict:
     """The shared-prefix workload as token ids: ours, `generate`, `generate_batch`, each
     warmed up first, in one process (ours first: it sizes the pool `generate_batch` gets)."""
     loaded = build_model(plan.bench_shape, device=device, dtype=plan.bench_dtype)
-    rng = random.Random(11)
-    vocab = plan.bench_shape.vocab_size
-    prompts = []
-    for _ in range(plan.system_prompts):
-        system = [rng.randrange(3, vocab) for _ in range(plan.system_tokens)]
-        for _ in range(plan.questions_per_prompt):
-            prompts.append(
-                tuple(system + [rng.randrange(3, vocab) for _ in range(plan.question_tokens)])
-            )
-    rng.shuffle(prompts)
-    engine = EngineConfig(
-        gpu_memory_utilization=0.5 if device.type == "cuda" else 0.9,
-        kv_cache_memory=None if device.type == "cuda" else 64 * 1024**2,
-    )
+    prompts = _shared_prefix_prompts(plan)
+    engine = _bench_engine(device)
     bench_prompts = BenchPrompts(
         workload="shared-prefix (token ids)",
         prompt_token_ids=tuple(prompts),
@@ -264,6 +264,27 @@ def _bench(plan: CheckPlan, device: torch.device) -> dict:
     }
     _release(loaded, device)
     return result
+
+
+def _shared_prefix_prompts(plan: CheckPlan) -> list[tuple[int, ...]]:
+    rng = random.Random(11)
+    vocab = plan.bench_shape.vocab_size
+    prompts = []
+    for _ in range(plan.system_prompts):
+        system = [rng.randrange(3, vocab) for _ in range(plan.system_tokens)]
+        for _ in range(plan.questions_per_prompt):
+            prompts.append(
+                tuple(system + [rng.randrange(3, vocab) for _ in range(plan.question_tokens)])
+            )
+    rng.shuffle(prompts)
+    return prompts
+
+
+def _bench_engine(device: torch.device) -> EngineConfig:
+    return EngineConfig(
+        gpu_memory_utilization=0.5 if device.type == "cuda" else 0.9,
+        kv_cache_memory=None if device.type == "cuda" else 64 * 1024**2,
+    )
 
 
 def _host(plan: CheckPlan, device: torch.device) -> dict:

@@ -28,6 +28,7 @@ from astrai_batch.engine.attention import (
 from astrai_batch.engine.block_plan import BlockBatch, QuerySpan, block_tokens_for, plan_blocks
 from astrai_batch.engine.cascade import DecodePartition
 from astrai_batch.engine.cascade_plan import CascadeBatch, plan_cascade
+from astrai_batch.engine.decode_graphs import DecodeGraphs, GraphSpec
 from astrai_batch.engine.forward_timer import ForwardTimer
 from astrai_batch.engine.invariant_linear import set_row_tiling
 from astrai_batch.engine.page_gather import PageGatherer
@@ -68,7 +69,8 @@ NUMERICS = ("invariant", "fast")
 
 class ModelRunner:
     """numerics="invariant": a row's logits never depend on the rest of the step (row-tiled
-    linear layers, block-ordered attention); "fast": the step-shaped kernels."""
+    linear layers, block-ordered attention); "fast": the step-shaped kernels. `graphs`:
+    decode-only steps run at bucketed shapes (`decode_graphs`), captured or eagerly."""
 
     def __init__(
         self,
@@ -77,6 +79,7 @@ class ModelRunner:
         *,
         use_cascade: bool = True,
         numerics: str = "invariant",
+        graphs: GraphSpec | None = None,
     ) -> None:
         if numerics not in NUMERICS:
             raise ValueError(f"numerics must be one of {NUMERICS}, got {numerics!r}")
@@ -91,13 +94,23 @@ class ModelRunner:
         self.use_cascade = use_cascade
         self.gatherer = PageGatherer()
         self.buffers = StepBuffers(self.page_size)
+        self.decode_graphs = (
+            None
+            if graphs is None
+            else DecodeGraphs(model, pool, graphs, invariant=numerics == "invariant")
+        )
 
     @torch.inference_mode()
     def forward(self, chunks: Sequence[ScheduledChunk]) -> ForwardOutput:
         if not chunks:
             raise ValueError("forward needs at least one chunk")
-        batch, input_ids, positions, logit_rows = self._build_batch(chunks)
+        step = self.buffers.build(chunks)
         timer = ForwardTimer(self.device)
+        if self.decode_graphs is not None:
+            logits = self.decode_graphs.forward(step, timer)
+            if logits is not None:
+                return ForwardOutput(logits=logits, timer=timer)
+        batch, input_ids, positions, logit_rows = self._build_batch(chunks, step)
         timer.start()
         outputs = self.model(
             input_ids=input_ids.unsqueeze(0),
@@ -110,10 +123,9 @@ class ModelRunner:
         timer.stop()
         return ForwardOutput(logits=logits, timer=timer)
 
-    def _build_batch(self, chunks: Sequence[ScheduledChunk]):
+    def _build_batch(self, chunks: Sequence[ScheduledChunk], step: StepArrays):
         device = self.device
         page = self.page_size
-        step = self.buffers.build(chunks)
         input_ids = to_device(step.token_ids, device)
         position_ids = to_device(step.positions, device)
         rows = to_device(step.logit_rows, device)

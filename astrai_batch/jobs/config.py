@@ -94,6 +94,7 @@ RUN_OPTIONS = (
     "max_num_batched_tokens",
     "kv_cache_memory",
     "gpu_memory_utilization",
+    "cuda_graphs",
     "prefix_cache",
     "kv_layout",
     "output_format",
@@ -132,6 +133,7 @@ class JobConfig:
     gpu_memory_utilization: float = 0.9
     prefix_cache: bool = True
     fast_numerics: bool = False  # step-shaped kernels: a row's last bits move with the batch
+    cuda_graphs: bool | None = None  # decode-only steps as CUDA graphs; None: on with CUDA
     kv_layout: str = "paged"
     max_model_len: int | None = None
     grouping: bool = True
@@ -209,6 +211,11 @@ class JobConfig:
             raise ConfigError(
                 f"kv_layout must be one of {', '.join(KV_LAYOUTS)}, got {self.kv_layout!r}"
             )
+        if self.cuda_graphs is not None:
+            _check_type("cuda_graphs", self.cuda_graphs, bool)
+            kind = self.device.split(":", 1)[0].strip().lower()
+            if self.cuda_graphs and kind != "cuda":
+                raise ConfigError(f"cuda_graphs needs device cuda, got device {self.device}")
         if self.input_format is not None and self.input_format not in INPUT_FORMAT_NAMES:
             raise ConfigError(f"input_format must be parquet or jsonl, got {self.input_format!r}")
         if self.output_format not in OUTPUT_FORMATS:
@@ -295,6 +302,7 @@ class JobConfig:
             "max_model_len": self.max_model_len,
             "seed": self.seed,
             "numerics": "fast" if self.fast_numerics else "invariant",
+            "cuda_graphs": self.cuda_graphs,
         }
 
     def model_options(self) -> dict[str, Any]:

@@ -63,6 +63,7 @@ def test_from_options_routes_sampling_and_parses_strings() -> None:
         "max_model_len": None,
         "seed": 0,
         "numerics": "invariant",
+        "cuda_graphs": None,
     }
 
 
@@ -87,6 +88,9 @@ def test_from_options_routes_sampling_and_parses_strings() -> None:
         ({"temperature": -0.5}, "temperature must be >= 0, got -0.5"),
         ({"top_p": 0}, "top_p must be in (0, 1], got 0.0"),
         ({"keep_columns": 3}, "keep_columns must be a comma-separated string or a list, got 3"),
+        ({"cuda_graphs": "on"}, "cuda_graphs must be a boolean, got string"),
+        ({"cuda_graphs": True}, "cuda_graphs needs device cuda, got device cpu"),
+        ({"cuda_graphs": True, "device": "mps"}, "cuda_graphs needs device cuda, got device mps"),
     ],
 )
 def test_invalid_options_name_the_field(options: dict, message: str) -> None:
