@@ -1,4 +1,5 @@
-"""The device check: exactness, the shared-prefix bench, host time and memory, as JSON files.
+"""The device check: exactness, the shared-prefix bench, CUDA graphs on and off, host time and
+memory, as JSON files.
 
 Built for a GPU machine that receives only our source tree: models are built from configs
 with random weights on the device (`random_models`), prompts are token ids, the tokenizer is
@@ -24,7 +25,7 @@ from astrai_batch.bench.host_overhead import measure_host_overhead
 from astrai_batch.bench.machine import machine_info
 from astrai_batch.bench.ours import run_ours
 from astrai_batch.bench.peers import BatchSizeChoice, run_hf_generate, run_hf_generate_batch
-from astrai_batch.bench.prompts import BenchPrompts
+from astrai_batch.bench.prompts import BenchPrompts, random_shared_prefix_ids
 from astrai_batch.bench.random_models import LLAMA_1B, SMOLLM2_135M, TINY, ModelShape, build_model
 from astrai_batch.engine.config import EngineConfig
 from astrai_batch.engine.core import EngineCore
@@ -267,17 +268,13 @@ def _bench(plan: CheckPlan, device: torch.device) -> dict:
 
 
 def _shared_prefix_prompts(plan: CheckPlan) -> list[tuple[int, ...]]:
-    rng = random.Random(11)
-    vocab = plan.bench_shape.vocab_size
-    prompts = []
-    for _ in range(plan.system_prompts):
-        system = [rng.randrange(3, vocab) for _ in range(plan.system_tokens)]
-        for _ in range(plan.questions_per_prompt):
-            prompts.append(
-                tuple(system + [rng.randrange(3, vocab) for _ in range(plan.question_tokens)])
-            )
-    rng.shuffle(prompts)
-    return prompts
+    return random_shared_prefix_ids(
+        plan.system_prompts,
+        plan.questions_per_prompt,
+        plan.system_tokens,
+        plan.question_tokens,
+        plan.bench_shape.vocab_size,
+    )
 
 
 def _bench_engine(device: torch.device) -> EngineConfig:

@@ -223,7 +223,9 @@ class DecodeGraphs:
                 self._graph_pool = torch.cuda.graph_pool_handle()
             graph = torch.cuda.CUDAGraph()
             target = self._logits[:batch]
-            with torch.cuda.graph(graph, pool=self._graph_pool):
+            # thread_local: the engine steps in a worker thread; others (tokenizing, writing,
+            # grammar masks) may run meanwhile and must not void the capture
+            with torch.cuda.graph(graph, pool=self._graph_pool, capture_error_mode="thread_local"):
                 target.copy_(forward())
         except RuntimeError as exc:
             self.stats.failure = str(exc).strip().splitlines()[0] if str(exc).strip() else "?"
