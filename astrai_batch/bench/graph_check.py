@@ -114,4 +114,3 @@ def _generate(core: EngineCore, prompts, max_tokens: int, first_id: int) -> list
         for result in core.step():
             outputs[result.request_id] = result.token_ids
     return [outputs[first_id + i] for i in range(len(prompts))]
-

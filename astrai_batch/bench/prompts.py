@@ -120,6 +120,8 @@ def random_shared_prefix_ids(
     for _ in range(systems):
         system = [rng.randrange(3, vocab) for _ in range(system_tokens)]
         for _ in range(questions):
-            prompts.append(tuple(system + [rng.randrange(3, vocab) for _ in range(question_tokens)]))
+            prompts.append(
+                tuple(system + [rng.randrange(3, vocab) for _ in range(question_tokens)])
+            )
     rng.shuffle(prompts)
     return prompts

@@ -97,9 +97,7 @@ class EngineCore:
                 max_context=self.max_model_len,
                 capture=capture,
             )
-        self.runner = ModelRunner(
-            loaded.model, self.pool, numerics=config.numerics, graphs=graphs
-        )
+        self.runner = ModelRunner(loaded.model, self.pool, numerics=config.numerics, graphs=graphs)
         self._usable_pages = self.pool.num_pages - (graphs is not None)
         # (request id, sample index, logits row) of every sampled position; tests of the
         # batch-invariance promise compare these bitwise

@@ -239,4 +239,3 @@ class DecodeGraphs:
             return target
 
         return replay
-

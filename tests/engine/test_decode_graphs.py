@@ -114,14 +114,18 @@ def test_graphs_default_to_the_device_and_refuse_a_cpu():
     assert resolve_cuda_graphs(None, torch.device("cpu")) is False
     assert resolve_cuda_graphs(None, torch.device("cuda")) is True
     assert resolve_cuda_graphs(False, torch.device("cuda")) is False
-    with pytest.raises(ConfigError, match="^cuda_graphs needs a CUDA device; the model is on cpu$"):
+    with pytest.raises(
+        ConfigError, match=r"^cuda_graphs needs a CUDA device; the model is on cpu$"
+    ):
         resolve_cuda_graphs(True, torch.device("cpu"))
-    with pytest.raises(ConfigError, match="^cuda_graphs must be a bool or None, got str$"):
+    with pytest.raises(ConfigError, match=r"^cuda_graphs must be a bool or None, got str$"):
         EngineConfig(cuda_graphs="yes")
 
 
 def test_engine_on_cpu_refuses_cuda_graphs(loaded):
-    with pytest.raises(ConfigError, match="^cuda_graphs needs a CUDA device; the model is on cpu$"):
+    with pytest.raises(
+        ConfigError, match=r"^cuda_graphs needs a CUDA device; the model is on cpu$"
+    ):
         EngineCore(loaded, EngineConfig(num_pages=16, cuda_graphs=True))
 
 
@@ -156,7 +160,8 @@ def test_static_attention_is_block_attention_bitwise(q_heads, kv_heads):
         decodes = random_decodes(rng, count, blocks * block, free)
         spans = [QuerySpan(i, pos, 1, table) for i, (pos, table) in enumerate(decodes)]
         runs, units = plan_blocks(spans, PAGE, True, torch.device("cpu"))
-        eager = BlockBatch(keys, values, PAGE, block, torch.zeros(0), 0, runs, units, PageGatherer())
+        gatherer = PageGatherer()
+        eager = BlockBatch(keys, values, PAGE, block, torch.zeros(0), 0, runs, units, gatherer)
         q = torch.randn(count, q_heads, dim)
         expected = block_attention(q, keys[0], values[0], eager, 0.3)
         width = blocks * (block // PAGE)
@@ -300,9 +305,7 @@ def test_captured_graphs_replay_the_eager_static_forward(tiny_model_dir):
         cache.copy_(torch.randn_like(cache))
     spec = GraphSpec(scratch_page=SCRATCH, max_num_seqs=32, max_context=512, capture=True)
     captured = ModelRunner(cuda.model, pool, graphs=spec)
-    eager = ModelRunner(
-        cuda.model, pool, graphs=GraphSpec(SCRATCH, 32, 512, capture=False)
-    )
+    eager = ModelRunner(cuda.model, pool, graphs=GraphSpec(SCRATCH, 32, 512, capture=False))
     rng = random.Random(21)
     for count, longest in [(1, 30), (1, 30), (3, 200), (9, 300), (17, 130)]:
         chunks = decode_chunks(rng, count, longest, cuda.model.config.vocab_size)
