@@ -183,19 +183,18 @@ def test_static_attention_is_block_attention_bitwise(q_heads, kv_heads):
 # -- the runner: graph path (eager on CPU) vs the normal path -----------------------------------
 
 
-def runners(loaded, numerics: str, max_context: int = 512):
-    pool = KVPool(
-        num_layers=loaded.num_layers,
-        num_kv_heads=loaded.num_kv_heads,
-        head_dim=loaded.head_dim,
-        page_size=PAGE,
-        num_pages=NUM_PAGES,
-        dtype=torch.float32,
-        device="cpu",
-    )
+def random_pool(loaded, device: str) -> KVPool:
+    """A pool for the model whose every slot holds some earlier step's keys and values."""
+    shape = {k: getattr(loaded, k) for k in ("num_layers", "num_kv_heads", "head_dim")}
+    pool = KVPool(**shape, page_size=PAGE, num_pages=NUM_PAGES, dtype=torch.float32, device=device)
     torch.manual_seed(3)
     for cache in (*pool.key_cache, *pool.value_cache):
-        cache.copy_(torch.randn_like(cache))  # earlier steps' keys and values
+        cache.copy_(torch.randn_like(cache))
+    return pool
+
+
+def runners(loaded, numerics: str, max_context: int = 512):
+    pool = random_pool(loaded, "cpu")
     spec = GraphSpec(scratch_page=SCRATCH, max_num_seqs=32, max_context=max_context, capture=False)
     eager = ModelRunner(loaded.model, pool, numerics=numerics)
     graphed = ModelRunner(loaded.model, pool, numerics=numerics, graphs=spec)
@@ -291,18 +290,7 @@ def test_engine_with_graph_path_gives_the_same_rows(loaded, layout, budget, num_
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
 def test_captured_graphs_replay_the_eager_static_forward(tiny_model_dir):
     cuda = load_model(tiny_model_dir, device="cuda")
-    pool = KVPool(
-        num_layers=cuda.num_layers,
-        num_kv_heads=cuda.num_kv_heads,
-        head_dim=cuda.head_dim,
-        page_size=PAGE,
-        num_pages=NUM_PAGES,
-        dtype=torch.float32,
-        device="cuda",
-    )
-    torch.manual_seed(3)
-    for cache in (*pool.key_cache, *pool.value_cache):
-        cache.copy_(torch.randn_like(cache))
+    pool = random_pool(cuda, "cuda")
     spec = GraphSpec(scratch_page=SCRATCH, max_num_seqs=32, max_context=512, capture=True)
     captured = ModelRunner(cuda.model, pool, graphs=spec)
     eager = ModelRunner(cuda.model, pool, graphs=GraphSpec(SCRATCH, 32, 512, capture=False))
