@@ -107,8 +107,10 @@ class DecodeGraphs:
         self._logits: torch.Tensor | None = None  # the graphs' static output
         self.stats = GraphStats()
 
-    def forward(self, step: StepArrays, timer: ForwardTimer) -> torch.Tensor | None:
-        """Logits of the step's logit rows, or None when the step is not a bucketed decode."""
+    def stage(self, step: StepArrays) -> Callable[[ForwardTimer], torch.Tensor] | None:
+        """Host work for a bucketed decode step: its inputs staged (and its bucket's graph
+        captured on first use); returns the forward to run (logits of the step's logit rows),
+        or None when the step is not a decode-only step that a bucket holds."""
         rows = len(step.num_tokens)
         if len(step.token_ids) != rows or self.stats.failure is not None:
             return None
@@ -122,13 +124,16 @@ class DecodeGraphs:
             run = self._prepare(*bucket)
             if run is None:
                 return None
-        timer.start()
-        logits = run()
-        timer.stop()
-        self.stats.graphed_steps += 1
-        if len(step.logit_rows) == rows:
-            return logits[:rows]
-        return logits.index_select(0, to_device(step.logit_rows, self.device))
+        wanted = None if len(step.logit_rows) == rows else to_device(step.logit_rows, self.device)
+
+        def forward(timer: ForwardTimer) -> torch.Tensor:
+            timer.start()
+            logits = run()
+            timer.stop()
+            self.stats.graphed_steps += 1
+            return logits[:rows] if wanted is None else logits.index_select(0, wanted)
+
+        return forward
 
     # -- static inputs -----------------------------------------------------------------------
 

@@ -104,13 +104,11 @@ class ModelRunner:
     def forward(self, chunks: Sequence[ScheduledChunk]) -> ForwardOutput:
         if not chunks:
             raise ValueError("forward needs at least one chunk")
-        step = self.buffers.build(chunks)
+        built = self._build_batch(chunks)
         timer = ForwardTimer(self.device)
-        if self.decode_graphs is not None:
-            logits = self.decode_graphs.forward(step, timer)
-            if logits is not None:
-                return ForwardOutput(logits=logits, timer=timer)
-        batch, input_ids, positions, logit_rows = self._build_batch(chunks, step)
+        if callable(built):  # a decode-only step staged for its bucket's graph
+            return ForwardOutput(logits=built(timer), timer=timer)
+        batch, input_ids, positions, logit_rows = built
         timer.start()
         outputs = self.model(
             input_ids=input_ids.unsqueeze(0),
@@ -123,7 +121,12 @@ class ModelRunner:
         timer.stop()
         return ForwardOutput(logits=logits, timer=timer)
 
-    def _build_batch(self, chunks: Sequence[ScheduledChunk], step: StepArrays):
+    def _build_batch(self, chunks: Sequence[ScheduledChunk]):
+        step = self.buffers.build(chunks)
+        if self.decode_graphs is not None:
+            staged = self.decode_graphs.stage(step)
+            if staged is not None:
+                return staged
         device = self.device
         page = self.page_size
         input_ids = to_device(step.token_ids, device)
