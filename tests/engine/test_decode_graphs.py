@@ -284,6 +284,20 @@ def test_engine_with_graph_path_gives_the_same_rows(loaded, layout, budget, num_
         assert core.stats().preemptions > 0
 
 
+@pytest.mark.slow
+def test_smollm2_with_graph_path_gives_the_same_rows():
+    smollm2 = load_model("smollm2-135m")  # 9 query heads on 3 KV heads, head size 64
+    prompts = invariance_prompts(smollm2.model.config.vocab_size, 12, seed=9)
+    requests = [
+        GenerationRequest(i, prompts[i], SAMPLED if i % 2 else GREEDY) for i in range(len(prompts))
+    ]
+    config = EngineConfig(page_size=16, num_pages=256, max_num_seqs=12)
+    plain = capture_rows(EngineCore(smollm2, config), requests)
+    core = EngineCore(smollm2, config, static_decode=True)
+    assert_same_rows(plain, capture_rows(core, requests), range(len(prompts)))
+    assert core.runner.decode_graphs.stats.graphed_steps > 0
+
+
 # -- CUDA: capture + replay ------------------------------------------------------------------------
 
 
