@@ -148,6 +148,9 @@ class DecodeGraphs:
             self._copied.synchronize()  # the previous step's copy has read the staging
         host = self._host
         scratch = self.spec.scratch_page
+        if (step.write_slots // self.page_size == scratch).any():
+            # padding rows write there too: a sequence holding it would read their keys
+            raise RuntimeError(f"a sequence writes into the scratch page {scratch}")
         for index, (values, pad) in enumerate(
             ((step.token_ids, 0), (step.positions, 0), (step.write_slots, scratch * self.page_size))
         ):

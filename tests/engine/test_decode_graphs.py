@@ -244,6 +244,13 @@ def test_steps_outside_the_buckets_run_eagerly(loaded):
     assert graphed.decode_graphs.stats.graphed_steps == 0
 
 
+def test_a_sequence_in_the_scratch_page_is_refused(loaded):
+    _, graphed = runners(loaded, "invariant")
+    chunks = [ScheduledChunk([7], 20, [9, SCRATCH], True)]
+    with pytest.raises(RuntimeError, match=f"^a sequence writes into the scratch page {SCRATCH}$"):
+        graphed.forward(chunks)
+
+
 def test_fast_numerics_graph_path_matches_closely(loaded):
     eager, graphed = runners(loaded, "fast")
     rng = random.Random(14)
