@@ -115,6 +115,11 @@ def _run_options(function: Any) -> Any:
             type=click.Choice(list(ATTENTION_BACKENDS)),
         ),
         _option(
+            "--cuda-graphs/--no-cuda-graphs",
+            None,
+            "Replay decode-only steps as CUDA graphs [default: on with --device cuda].",
+        ),
+        _option(
             "--kv-layout",
             d.kv_layout,
             "paged: pages on demand, prefix reuse; contiguous: one full-context seat per "

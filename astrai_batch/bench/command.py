@@ -121,6 +121,11 @@ _ENGINE = EngineConfig()
     "unless --fast-numerics on CUDA, then the first installed kernel.",
 )
 @click.option(
+    "--cuda-graphs/--no-cuda-graphs",
+    default=None,
+    help="Replay our decode-only steps as CUDA graphs [default: on with --device cuda].",
+)
+@click.option(
     "--kv-layout",
     default="paged",
     show_default=True,
@@ -213,10 +218,14 @@ def _config(options: dict[str, Any]) -> BenchConfig:
         gpu_memory_utilization=options.pop("gpu_memory_utilization"),
         max_model_len=options.pop("max_model_len"),
         attention_backend=options.pop("attention_backend"),
+        cuda_graphs=options.pop("cuda_graphs"),
     )
+    device = options.pop("device")
+    if engine.cuda_graphs and device.split(":", 1)[0].strip().lower() != "cuda":
+        raise ConfigError(f"--cuda-graphs needs --device cuda, got --device {device}")
     config = BenchConfig(
         model=options.pop("model"),
-        device=options.pop("device"),
+        device=device,
         dtype=options.pop("dtype"),
         revision=options.pop("revision"),
         trust_remote_code=options.pop("trust_remote_code"),

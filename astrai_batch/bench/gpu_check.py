@@ -1,4 +1,5 @@
-"""The device check: exactness, the shared-prefix bench, host time and memory, as JSON files.
+"""The device check: exactness, the shared-prefix bench, CUDA graphs on and off, host time and
+memory, as JSON files.
 
 Built for a GPU machine that receives only our source tree: models are built from configs
 with random weights on the device (`random_models`), prompts are token ids, the tokenizer is
@@ -20,11 +21,12 @@ from typing import Any
 import torch
 
 from astrai_batch.bench.gpu_kernels import check_kernel_backends
+from astrai_batch.bench.graph_check import graphs_on_off
 from astrai_batch.bench.host_overhead import measure_host_overhead
 from astrai_batch.bench.machine import machine_info
 from astrai_batch.bench.ours import run_ours
 from astrai_batch.bench.peers import BatchSizeChoice, run_hf_generate, run_hf_generate_batch
-from astrai_batch.bench.prompts import BenchPrompts
+from astrai_batch.bench.prompts import BenchPrompts, random_shared_prefix_ids
 from astrai_batch.bench.random_models import LLAMA_1B, SMOLLM2_135M, TINY, ModelShape, build_model
 from astrai_batch.engine.config import EngineConfig
 from astrai_batch.engine.core import EngineCore
@@ -112,6 +114,17 @@ def run_gpu_check(out_dir: Path, device: str, log: Callable[[str], None] = print
             name = f"exactness_{shape.name}_{str(dtype).removeprefix('torch.')}"
             step(name, lambda s=shape, d=dtype: _exactness(s, d, target, plan))
     step("bench_shared_prefix", lambda: _bench(plan, target))
+    step(
+        "cuda_graphs",
+        lambda: graphs_on_off(
+            plan.bench_shape,
+            plan.bench_dtype,
+            _shared_prefix_prompts(plan),
+            plan.bench_tokens,
+            _bench_engine(target),
+            target,
+        ),
+    )
     step("host_overhead", lambda: _host(plan, target))
     step("attention_backends", lambda: _kernels(plan, target))
     summary = {
@@ -252,6 +265,16 @@ def _bench(plan: CheckPlan, device: torch.device) -> dict:
     return result
 
 
+def _shared_prefix_prompts(plan: CheckPlan) -> list[tuple[int, ...]]:
+    return random_shared_prefix_ids(
+        plan.system_prompts,
+        plan.questions_per_prompt,
+        plan.system_tokens,
+        plan.question_tokens,
+        plan.bench_shape.vocab_size,
+    )
+
+
 def _bench_engine(device: torch.device) -> EngineConfig:
     return EngineConfig(
         gpu_memory_utilization=0.5 if device.type == "cuda" else 0.9,
@@ -261,16 +284,7 @@ def _bench_engine(device: torch.device) -> EngineConfig:
 
 def _bench_prompts(plan: CheckPlan, page_size: int) -> BenchPrompts:
     """The shared-prefix workload as token ids: system prompts, each with its questions."""
-    rng = random.Random(11)
-    vocab = plan.bench_shape.vocab_size
-    prompts = []
-    for _ in range(plan.system_prompts):
-        system = [rng.randrange(3, vocab) for _ in range(plan.system_tokens)]
-        for _ in range(plan.questions_per_prompt):
-            prompts.append(
-                tuple(system + [rng.randrange(3, vocab) for _ in range(plan.question_tokens)])
-            )
-    rng.shuffle(prompts)
+    prompts = _shared_prefix_prompts(plan)
     return BenchPrompts(
         workload="shared-prefix (token ids)",
         prompt_token_ids=tuple(prompts),

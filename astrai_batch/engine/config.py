@@ -42,6 +42,8 @@ class EngineConfig:
     # sdpa (portable, batch-invariant), flashinfer or flash-attn (CUDA kernels, fast numerics
     # only), auto: see `attention_backends.resolve_attention_backend`
     attention_backend: str = "auto"
+    # decode-only steps replayed as CUDA graphs at bucketed shapes; None: on exactly on CUDA
+    cuda_graphs: bool | None = None
 
     def __post_init__(self) -> None:
         require_positive_int("page_size", self.page_size)
@@ -63,6 +65,10 @@ class EngineConfig:
             )
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
             raise ConfigError(f"seed must be a non-negative int, got {self.seed!r}")
+        if self.cuda_graphs is not None and not isinstance(self.cuda_graphs, bool):
+            raise ConfigError(
+                f"cuda_graphs must be a bool or None, got {type(self.cuda_graphs).__name__}"
+            )
         if self.numerics not in ("invariant", "fast"):
             raise ConfigError(f"numerics must be 'invariant' or 'fast', got {self.numerics!r}")
         check_backend_name(self.attention_backend)

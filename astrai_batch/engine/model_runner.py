@@ -28,6 +28,7 @@ from astrai_batch.engine.attention import (
 from astrai_batch.engine.block_plan import BlockBatch, QuerySpan, block_tokens_for, plan_blocks
 from astrai_batch.engine.cascade import DecodePartition
 from astrai_batch.engine.cascade_plan import CascadeBatch, plan_cascade
+from astrai_batch.engine.decode_graphs import DecodeGraphs, GraphSpec
 from astrai_batch.engine.forward_timer import ForwardTimer
 from astrai_batch.engine.invariant_linear import set_row_tiling
 from astrai_batch.engine.kernel_attention import KernelBatch, PagedKernel
@@ -71,7 +72,8 @@ NUMERICS = ("invariant", "fast")
 class ModelRunner:
     """numerics="invariant": a row's logits never depend on the rest of the step (row-tiled
     linear layers, block-ordered attention); "fast": the step-shaped kernels, or a paged
-    CUDA kernel (`attention_kernel`, see `kernel_attention`) for the whole step's attention."""
+    CUDA kernel (`attention_kernel`, see `kernel_attention`) for the whole step's attention.
+    `graphs`: decode-only steps run at bucketed shapes (`decode_graphs`), captured or eagerly."""
 
     def __init__(
         self,
@@ -81,6 +83,7 @@ class ModelRunner:
         use_cascade: bool = True,
         numerics: str = "invariant",
         attention_kernel: PagedKernel | None = None,
+        graphs: GraphSpec | None = None,
     ) -> None:
         if numerics not in NUMERICS:
             raise ValueError(f"numerics must be one of {NUMERICS}, got {numerics!r}")
@@ -98,13 +101,21 @@ class ModelRunner:
         self.attention_kernel = attention_kernel
         self.gatherer = PageGatherer()
         self.buffers = StepBuffers(self.page_size)
+        self.decode_graphs = (
+            None
+            if graphs is None
+            else DecodeGraphs(model, pool, graphs, invariant=numerics == "invariant")
+        )
 
     @torch.inference_mode()
     def forward(self, chunks: Sequence[ScheduledChunk]) -> ForwardOutput:
         if not chunks:
             raise ValueError("forward needs at least one chunk")
-        batch, input_ids, positions, logit_rows = self._build_batch(chunks)
+        built = self._build_batch(chunks)
         timer = ForwardTimer(self.device)
+        if callable(built):  # a decode-only step staged for its bucket's graph
+            return ForwardOutput(logits=built(timer), timer=timer)
+        batch, input_ids, positions, logit_rows = built
         timer.start()
         outputs = self.model(
             input_ids=input_ids.unsqueeze(0),
@@ -118,9 +129,13 @@ class ModelRunner:
         return ForwardOutput(logits=logits, timer=timer)
 
     def _build_batch(self, chunks: Sequence[ScheduledChunk]):
+        step = self.buffers.build(chunks)
+        if self.decode_graphs is not None:
+            staged = self.decode_graphs.stage(step)
+            if staged is not None:
+                return staged
         device = self.device
         page = self.page_size
-        step = self.buffers.build(chunks)
         input_ids = to_device(step.token_ids, device)
         position_ids = to_device(step.positions, device)
         rows = to_device(step.logit_rows, device)

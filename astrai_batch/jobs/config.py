@@ -101,6 +101,7 @@ RUN_OPTIONS = (
     "max_num_batched_tokens",
     "kv_cache_memory",
     "gpu_memory_utilization",
+    "cuda_graphs",
     "prefix_cache",
     "kv_layout",
     "output_format",
@@ -140,6 +141,7 @@ class JobConfig:
     prefix_cache: bool = True
     fast_numerics: bool = False  # step-shaped kernels: a row's last bits move with the batch
     attention_backend: str = "auto"  # auto, sdpa, flashinfer, flash-attn
+    cuda_graphs: bool | None = None  # decode-only steps as CUDA graphs; None: on with CUDA
     kv_layout: str = "paged"
     max_model_len: int | None = None
     grouping: bool = True
@@ -218,6 +220,17 @@ class JobConfig:
             raise ConfigError(
                 f"kv_layout must be one of {', '.join(KV_LAYOUTS)}, got {self.kv_layout!r}"
             )
+        if self.cuda_graphs is not None:
+            _check_type("cuda_graphs", self.cuda_graphs, bool)
+            kind = self.device.split(":", 1)[0].strip().lower()
+            if self.cuda_graphs and kind != "cuda":
+                raise ConfigError(f"cuda_graphs needs device cuda, got device {self.device}")
+            if self.cuda_graphs and self.attention_backend in ("flashinfer", "flash-attn"):
+                raise ConfigError(
+                    f"cuda_graphs cannot be used with attention_backend {self.attention_backend} "
+                    "(its step metadata is planned on the host every step); use sdpa or turn "
+                    "cuda_graphs off"
+                )
         if self.input_format is not None and self.input_format not in INPUT_FORMAT_NAMES:
             raise ConfigError(f"input_format must be parquet or jsonl, got {self.input_format!r}")
         if self.output_format not in OUTPUT_FORMATS:
@@ -305,6 +318,7 @@ class JobConfig:
             "seed": self.seed,
             "numerics": "fast" if self.fast_numerics else "invariant",
             "attention_backend": self.attention_backend,
+            "cuda_graphs": self.cuda_graphs,
         }
 
     def resolved_attention_backend(self) -> str:

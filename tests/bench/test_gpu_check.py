@@ -40,6 +40,7 @@ def test_every_step_wrote_its_file(check_dir: Path) -> None:
         "exactness_tiny_float32",
         "exactness_tiny_bfloat16",
         "bench_shared_prefix",
+        "cuda_graphs",
         "host_overhead",
         "attention_backends",
     }
@@ -84,3 +85,13 @@ def test_kernel_backends_say_why_they_did_not_run(check_dir: Path) -> None:
         "flash-attn": {"status": "needs a CUDA device"},
     }
     assert "bench" not in result and "passed" not in result
+
+
+def test_graph_path_gives_the_eager_tokens(check_dir: Path) -> None:
+    result = read(check_dir, "cuda_graphs")
+    assert result["passed"] is True
+    assert result["same_tokens_rows"] == result["prompts"] == 4
+    on = result["graphs_on"]
+    assert on["captured"] is False and on["captures"] == 0  # CPU: the static path, eager
+    assert on["bucketed_steps_all_runs"] > 0
+    assert "captured" not in result["graphs_off"]
