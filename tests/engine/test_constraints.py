@@ -9,7 +9,7 @@ import re
 
 import jsonschema
 import pytest
-from engine_reference import mixed_prompts
+from engine_reference import hf_greedy, mixed_prompts
 
 from astrai_batch.engine import EngineConfig, GenerationRequest, SamplingParams, generate_sync
 from astrai_batch.engine.config import EngineConfig as Config
@@ -200,32 +200,19 @@ def test_a_complete_grammar_ends_the_row_even_with_ignore_eos(loaded, prompts):
 
 def hf_constrained(loaded, prompt, constraint, *, min_tokens, max_tokens):
     """transformers `generate` with `min_new_tokens` and xgrammar's own logits processor: the
-    reference is not our code (greedy, float32, EOS ids as our engine's)."""
-    import torch
+    reference is not our code (greedy, float32; the tiny model's EOS ids are our engine's)."""
     import xgrammar
-    from engine_reference import _reference_model
     from xgrammar.contrib.hf import LogitsProcessor
 
-    eos = sorted(loaded.eos_token_ids)
-    vocab = loaded.model.config.vocab_size
     info = xgrammar.TokenizerInfo.from_huggingface(
-        loaded.tokenizer, vocab_size=vocab, stop_token_ids=eos
+        loaded.tokenizer,
+        vocab_size=loaded.model.config.vocab_size,
+        stop_token_ids=sorted(loaded.eos_token_ids),
     )
     compiled = xgrammar.GrammarCompiler(info).compile_regex(constraint.text)
-    model = _reference_model(str(loaded.source))
-    ids = torch.tensor([prompt])
-    with torch.inference_mode():
-        out = model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=max_tokens,
-            min_new_tokens=min_tokens,
-            eos_token_id=eos,
-            do_sample=False,
-            pad_token_id=model.config.pad_token_id,
-            logits_processor=[LogitsProcessor(compiled)],
-        )
-    return tuple(out[0, len(prompt) :].tolist())
+    processors = lambda _: [LogitsProcessor(compiled)]  # noqa: E731
+    out = hf_greedy(loaded.source, [prompt], max_tokens, processors, min_new_tokens=min_tokens)
+    return tuple(out[0])
 
 
 def test_min_tokens_holds_off_a_complete_grammars_end_like_transformers(loaded, prompts):

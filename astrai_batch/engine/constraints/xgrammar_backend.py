@@ -19,7 +19,7 @@ from astrai_batch.engine.constraints.backend import (
     ConstraintCompileError,
     Matcher,
 )
-from astrai_batch.engine.constraints.schema_support import SchemaSupport
+from astrai_batch.engine.constraints.schema_support import TYPE_KEYWORDS, SchemaSupport
 from astrai_batch.engine.constraints.spec import Constraint
 from astrai_batch.errors import ModelLoadError
 
@@ -28,7 +28,6 @@ _SOURCE_PREFIX = re.compile(r"^\[[0-9:]+\] \S+:\d+: ")
 # `json_object` is OpenAI's "any JSON object".
 _ANY_OBJECT_SCHEMA = '{"type":"object"}'
 
-_BOUNDS = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})
 # What xgrammar 0.2.8 enforces of JSON Schema, found by experiment (tests/engine/
 # test_schema_support.py holds, for every feature left out, an instance its matcher accepts
 # and `jsonschema` rejects) and by reading its converter (cpp/json_schema_converter.cc).
@@ -43,24 +42,15 @@ _BOUNDS = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum
 # `maxLength` beside a format (and the lengths beside a pattern).
 XGRAMMAR_SCHEMA_SUPPORT = SchemaSupport(
     types={
-        "string": frozenset({"minLength", "maxLength", "pattern", "format"}),
-        "integer": _BOUNDS | {"multipleOf"},
-        "number": _BOUNDS,
+        "string": TYPE_KEYWORDS["string"],
+        "integer": TYPE_KEYWORDS["number"],
+        "number": TYPE_KEYWORDS["number"] - {"multipleOf"},
         "boolean": frozenset(),
         "null": frozenset(),
-        "object": frozenset(
-            [
-                "properties",
-                "required",
-                "additionalProperties",
-                "patternProperties",
-                "propertyNames",
-                "minProperties",
-                "maxProperties",
-                "unevaluatedProperties",
-            ]
-        ),
-        "array": frozenset({"items", "prefixItems", "unevaluatedItems", "minItems", "maxItems"}),
+        "object": TYPE_KEYWORDS["object"]
+        - {"dependentRequired", "dependentSchemas", "dependencies"},
+        "array": TYPE_KEYWORDS["array"]
+        - {"contains", "minContains", "maxContains", "uniqueItems", "additionalItems"},
     },
     alone=("$ref", "const", "enum", "anyOf", "oneOf", "allOf"),
     inferred={
