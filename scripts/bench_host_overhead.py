@@ -29,6 +29,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--shape", choices=sorted(SHAPES), default=TINY.name)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--fast-numerics", action="store_true", help="the step-shaped kernels (not invariant)"
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     loaded = build_model(SHAPES[args.shape], device=args.device)
@@ -39,6 +42,7 @@ def main(argv: list[str]) -> int:
         steps=args.steps,
         sampling=args.sampling,
         prefix_groups=args.prefix_groups,
+        numerics="fast" if args.fast_numerics else "invariant",
     )
     if args.json:
         print(json.dumps(result.to_dict(), sort_keys=True))

@@ -37,6 +37,7 @@ class HostOverhead:
     context: int
     steps: int
     sampling: str
+    numerics: str
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -49,6 +50,7 @@ class HostOverhead:
             "context": self.context,
             "steps": self.steps,
             "sampling": self.sampling,
+            "numerics": self.numerics,
         }
 
 
@@ -75,6 +77,7 @@ def measure_host_overhead(
     sampling: str = "greedy",
     prefix_groups: int = 0,
     seed: int = 0,
+    numerics: str = "invariant",
 ) -> HostOverhead:
     """`prefix_groups` > 0 makes the prompts share that many common prefixes (half the
     context), so shared-prefix decode attention is planned every step too."""
@@ -91,6 +94,7 @@ def measure_host_overhead(
         max_num_batched_tokens=max(1024, num_seqs * context),
         max_model_len=context + max_tokens,
         num_pages=num_seqs * (-(-(context + max_tokens) // 16)) + 16,
+        numerics=numerics,
     )
     core = EngineCore(loaded, config)
     for i in range(num_seqs):
@@ -135,6 +139,7 @@ def measure_host_overhead(
         context=context,
         steps=steps,
         sampling=sampling,
+        numerics=numerics,
     )
 
 

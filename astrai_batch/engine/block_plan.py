@@ -18,10 +18,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
-from astrai_batch.engine.cascade import partition_decodes
 from astrai_batch.engine.page_gather import PageGatherer
+from astrai_batch.engine.step_buffers import partition_rows
 
 BLOCK_TARGET_TOKENS = 64  # a block is the smallest whole number of pages holding this many
 # A prefill chunk's rows are split into runs of this many blocks of positions, each reading
@@ -78,13 +79,40 @@ class QuerySpan:
     pages: Sequence[int]
 
 
+@dataclass(frozen=True)
+class DecodeRows:
+    """The step's one-token chunks as arrays, the step buffers' form (no per-row objects)."""
+
+    rows: np.ndarray  # [D] row of each decode in the packed batch
+    positions: np.ndarray  # [D] position of its new token
+    tables: np.ndarray  # [D, W] its page table, zero-padded, covering at least its position
+
+    @classmethod
+    def from_spans(cls, spans: Sequence[QuerySpan]) -> DecodeRows:
+        width = max((len(s.pages) for s in spans), default=0)
+        tables = np.zeros((len(spans), width), dtype=np.int64)
+        for i, span in enumerate(spans):
+            tables[i, : len(span.pages)] = span.pages
+        return cls(
+            rows=np.array([s.row for s in spans], dtype=np.int64),
+            positions=np.array([s.start for s in spans], dtype=np.int64),
+            tables=tables,
+        )
+
+
 def plan_blocks(
-    spans: Sequence[QuerySpan], page_size: int, use_cascade: bool, device: torch.device
+    spans: Sequence[QuerySpan],
+    page_size: int,
+    use_cascade: bool,
+    device: torch.device,
+    decodes: DecodeRows | None = None,
 ) -> tuple[list[BlockRun], PrivateUnits]:
     """Runs and private units covering blocks 0..last of every query row.
 
-    Every (row, block <= row's last) pair is covered exactly once, by a run or by a unit, and
-    a row's run blocks (when it has any) come before its unit blocks.
+    `spans` give the prefill chunks (and the decodes too when `decodes` is None; otherwise
+    their one-token spans are ignored). Every (row, block <= row's last) pair is covered
+    exactly once, by a run or by a unit, and a row's run blocks (when it has any) come before
+    its unit blocks.
     """
     block = block_tokens_for(page_size)
     per_block = block // page_size
@@ -94,21 +122,20 @@ def plan_blocks(
         if span.length > 1
         for run in _prefill_runs(span, block, per_block, device)
     ]
-    decodes = [s for s in spans if s.length == 1]
-    first_private = [0] * len(decodes)
-    if use_cascade and len(decodes) > 1:
-        lengths = [d.start + 1 for d in decodes]
-        tables = [d.pages for d in decodes]
-        for members, shared_pages in partition_decodes(tables, lengths, page_size).groups:
+    if decodes is None:
+        decodes = DecodeRows.from_spans([s for s in spans if s.length == 1])
+    first_private = np.zeros(len(decodes.rows), dtype=np.int64)
+    if use_cascade and len(decodes.rows) > 1:
+        lengths = decodes.positions + 1
+        for members, shared_pages in partition_rows(decodes.tables, lengths, page_size).groups:
             shared = shared_pages // per_block
             if shared == 0:
                 continue
-            table = _table(decodes[members[0]].pages, shared * per_block, device)
-            rows = [decodes[i].row for i in members]
-            positions = [decodes[i].start for i in members]
+            table = _table(decodes.tables[members[0]], shared * per_block, device)
+            rows = decodes.rows[members]
+            positions = decodes.positions[members]
             runs.append(_run(rows, positions, table, shared, block, device))
-            for i in members:
-                first_private[i] = shared
+            first_private[members] = shared
     return runs, _private_units(decodes, first_private, block, per_block, device)
 
 
@@ -128,9 +155,10 @@ def _prefill_runs(span: QuerySpan, block: int, per_block: int, device: torch.dev
 
 def _run(rows, positions, table: torch.Tensor, blocks: int, block: int, device) -> BlockRun:
     keys = torch.arange(blocks * block)
-    valid = keys.unsqueeze(0) <= torch.tensor(list(positions)).unsqueeze(1)
+    positions = torch.from_numpy(np.asarray(positions, dtype=np.int64))
+    valid = keys.unsqueeze(0) <= positions.unsqueeze(1)
     return BlockRun(
-        rows=torch.tensor(list(rows), dtype=torch.long, device=device),
+        rows=torch.from_numpy(np.asarray(rows, dtype=np.int64)).to(device),
         page_table=table,
         num_blocks=blocks,
         key_valid=valid.view(-1, blocks, 1, 1, block).to(device),
@@ -138,29 +166,31 @@ def _run(rows, positions, table: torch.Tensor, blocks: int, block: int, device) 
 
 
 def _private_units(
-    decodes: Sequence[QuerySpan], first_private: list[int], block: int, per_block: int, device
+    decodes: DecodeRows, first_private: np.ndarray, block: int, per_block: int, device
 ) -> PrivateUnits:
-    by_block: list[list[tuple[int, int, list[int]]]] = []  # per block: (row, position, pages)
-    for first, span in zip(first_private, decodes, strict=True):
-        for b in range(first, span.start // block + 1):
-            while len(by_block) <= b:
-                by_block.append([])
-            pages = [int(p) for p in span.pages[b * per_block : (b + 1) * per_block]]
-            by_block[b].append(
-                (span.row, span.start - b * block, pages + [0] * (per_block - len(pages)))
-            )
-    units = [unit for units in by_block for unit in units]
-    starts = [0]
-    for units_of_block in by_block:
-        starts.append(starts[-1] + len(units_of_block))
-    offsets = torch.tensor([u[1] for u in units], dtype=torch.long)
+    """One unit per (decode, block) from its first private block to the block of its
+    position, sorted by block, decodes in step order within a block; vectorized."""
+    last = decodes.positions // block
+    counts = np.maximum(last - first_private + 1, 0)
+    owner = np.repeat(np.arange(len(counts)), counts)
+    offsets_in_run = np.arange(len(owner)) - np.repeat(np.cumsum(counts) - counts, counts)
+    blocks = first_private[owner] + offsets_in_run
+    order = np.lexsort((owner, blocks))
+    owner, blocks = owner[order], blocks[order]
+    num_blocks = int(blocks.max()) + 1 if len(blocks) else 0
+    tables = decodes.tables
+    width = num_blocks * per_block
+    if tables.shape[1] < width:
+        tables = np.pad(tables, ((0, 0), (0, width - tables.shape[1])))
+    columns = blocks[:, None] * per_block + np.arange(per_block)
+    pages = tables[owner[:, None], columns] if len(owner) else np.zeros((0, per_block), np.int64)
+    offsets = torch.from_numpy(decodes.positions[owner] - blocks * block)
     valid = torch.arange(block).unsqueeze(0) <= offsets.unsqueeze(1)
+    starts = [0, *np.cumsum(np.bincount(blocks, minlength=num_blocks)).tolist()]
     return PrivateUnits(
-        rows=torch.tensor([u[0] for u in units], dtype=torch.long, device=device),
-        page_tables=torch.tensor([u[2] for u in units], dtype=torch.long, device=device).view(
-            len(units), per_block
-        ),
-        key_valid=valid.view(len(units), 1, 1, block).to(device),
+        rows=torch.from_numpy(decodes.rows[owner]).to(device),
+        page_tables=torch.from_numpy(np.ascontiguousarray(pages, dtype=np.int64)).to(device),
+        key_valid=valid.view(len(owner), 1, 1, block).to(device),
         block_starts=starts,
     )
 

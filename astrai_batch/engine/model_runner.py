@@ -25,7 +25,13 @@ from astrai_batch.engine.attention import (
     offset_causal_mask,
     register_paged_attention,
 )
-from astrai_batch.engine.block_plan import BlockBatch, QuerySpan, block_tokens_for, plan_blocks
+from astrai_batch.engine.block_plan import (
+    BlockBatch,
+    DecodeRows,
+    QuerySpan,
+    block_tokens_for,
+    plan_blocks,
+)
 from astrai_batch.engine.cascade import DecodePartition
 from astrai_batch.engine.cascade_plan import CascadeBatch, plan_cascade
 from astrai_batch.engine.decode_graphs import DecodeGraphs, GraphSpec
@@ -171,10 +177,14 @@ class ModelRunner:
 
     def _block_batch(self, chunks: Sequence[ScheduledChunk], step: StepArrays) -> BlockBatch:
         spans = [
-            QuerySpan(int(row), chunk.start, len(chunk.token_ids), chunk.pages)
-            for row, chunk in zip(step.token_start.tolist(), chunks, strict=True)
+            QuerySpan(
+                int(step.token_start[i]), chunks[i].start, int(step.num_tokens[i]), chunks[i].pages
+            )
+            for i in np.flatnonzero(step.num_tokens > 1).tolist()
         ]
-        runs, units = plan_blocks(spans, self.page_size, self.use_cascade, self.device)
+        d = step.decodes
+        decodes = DecodeRows(step.token_start[d], step.context_start[d], step.page_tables[d])
+        runs, units = plan_blocks(spans, self.page_size, self.use_cascade, self.device, decodes)
         return BlockBatch(
             key_cache=self.pool.key_cache,
             value_cache=self.pool.value_cache,
