@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import posixpath
 import secrets
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -150,15 +150,20 @@ def as_location(target: str | Path | Location) -> Location:
 
 def read_lines(stream: Any, chunk_bytes: int = _READ_CHUNK) -> Iterator[bytes]:
     """The lines of a binary stream (each with its ``\\n``, the last one maybe without),
-    read in chunks: pyarrow's streams have no line iteration of their own."""
-    pending = b""
+    read in chunks: pyarrow's streams have no line iteration of their own. A line longer
+    than a chunk is joined once, from its pieces (linear in its length)."""
+    pending: list[bytes] = []
     while chunk := stream.read(chunk_bytes):
-        lines = (pending + chunk).split(b"\n")
-        pending = lines.pop()
-        for line in lines:
-            yield line + b"\n"
+        start = 0
+        while (end := chunk.find(b"\n", start)) >= 0:
+            pending.append(chunk[start : end + 1])
+            yield b"".join(pending)
+            pending = []
+            start = end + 1
+        if start < len(chunk):
+            pending.append(chunk[start:])
     if pending:
-        yield pending
+        yield b"".join(pending)
 
 
 def resolve(target: str | Path, error: type[AstraiBatchError] = InputError) -> Location:

@@ -18,8 +18,9 @@ class InputSource(ABC):
     """A readable input: its row shapes, its rows (streamed), and an identity for resume.
 
     `path` is where the user's INPUT is (a file, or a directory of Parquet files), on any
-    filesystem pyarrow reaches; `files` the files actually read, in reading order. `duplicates` lists the rows that repeat an earlier
-    row's id, found when the input was opened (see `row_ids`).
+    filesystem pyarrow reaches; `files` the files actually read, in reading order.
+    `duplicates` lists the rows that repeat an earlier row's id, found when the input was
+    opened (see `row_ids`).
     """
 
     def __init__(

@@ -138,9 +138,7 @@ class OpenAIBatchWriter:
     """Writes OpenAI batch output lines to `path` (a local path or a `Location` on any
     filesystem) atomically (see `AtomicObject`)."""
 
-    def __init__(
-        self, path: str | os.PathLike[str] | Location, *, overwrite: bool = False
-    ) -> None:
+    def __init__(self, path: str | os.PathLike[str] | Location, *, overwrite: bool = False) -> None:
         self._file = AtomicObject(as_location(path), overwrite=overwrite)
         self.lines_written = 0
 

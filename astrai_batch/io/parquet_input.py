@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 

@@ -42,10 +42,10 @@ from astrai_batch.jobs.output import (
     write_parquet_output,
     write_stats,
 )
+from astrai_batch.jobs.output_lock import OutputLock, lock_for
 from astrai_batch.jobs.parquet_dir import check_output_location, write_parquet_dir
 from astrai_batch.jobs.progress import Progress, make_progress
 from astrai_batch.jobs.records import output_schema, part_schema
-from astrai_batch.jobs.output_lock import OutputLock, lock_for
 from astrai_batch.jobs.signals import interrupt_exit_code
 from astrai_batch.jobs.summary import JobSummary
 
@@ -146,8 +146,7 @@ def _run(
         return summary
     if resumed_rows:
         progress.message(
-            f"resuming from {paths.checkpoint.shown}: {resumed_rows} of {total_rows} rows are "
-            "done"
+            f"resuming from {paths.checkpoint.shown}: {resumed_rows} of {total_rows} rows are done"
         )
     execution = JobExecution(
         config=config,

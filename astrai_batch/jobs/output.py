@@ -14,14 +14,15 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from astrai_batch import __version__
 from astrai_batch.errors import OutputError
 from astrai_batch.io import OpenAIBatchWriter, openai_response_body
 from astrai_batch.io.filesystems import AtomicObject, Location, write_table_at
 from astrai_batch.jobs.checkpoint import Checkpoint
-from astrai_batch.jobs.run_lock import process_alive
 from astrai_batch.jobs.records import CUSTOM_ID_COLUMN, INDEX_COLUMN, KIND_COLUMN
+from astrai_batch.jobs.run_lock import process_alive
 from astrai_batch.jobs.stats import stats_table
 
 ROW_GROUP_ROWS = 10_000

@@ -53,10 +53,15 @@ def test_a_live_lease_refuses_a_second_run_and_release_leaves_nothing(s3_bucket)
 
 
 def test_a_lease_of_a_dead_process_on_this_host_is_free_at_once(s3_bucket) -> None:
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True, check=True)
-    plant(s3_bucket, "lease2", pid=int(dead.stdout), host=socket.gethostname(),
-          refreshed=time.time())
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    plant(
+        s3_bucket, "lease2", pid=int(dead.stdout), host=socket.gethostname(), refreshed=time.time()
+    )
     lock = lease_at(s3_bucket, "lease2")
     lock.acquire()
     assert lock.read()["pid"] == os.getpid()

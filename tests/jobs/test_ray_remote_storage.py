@@ -68,8 +68,9 @@ def test_a_sharded_job_reads_and_writes_s3_and_a_failed_one_leaves_no_output(
     assert got.select(columns).to_pylist() == expected.select(columns).to_pylist()
     # The same job identity as a local copy of the input: content, not place.
     stored = got.schema.metadata[b"astrai_batch.input"]
-    assert stored.replace(b"s3://bucket/job/in.jsonl", str(source.resolve()).encode()) == (
-        expected.schema.metadata[b"astrai_batch.input"]
+    assert (
+        stored.replace(b"s3://bucket/job/in.jsonl", str(source.resolve()).encode())
+        == (expected.schema.metadata[b"astrai_batch.input"])
     )
 
 
