@@ -135,7 +135,7 @@ class S3Bucket:
 
     def upload(self, local: Path, key: str) -> str:
         """Copy a local file to `key`; returns its URI."""
-        with self.fs.open_output_stream(f"bucket/{key}") as stream:
+        with self.fs.open_output_stream(f"bucket/{key}", compression=None) as stream:
             stream.write(local.read_bytes())
         return self.uri(key)
 

@@ -203,7 +203,7 @@ class AtomicObject:
         self._refuse_existing()
         self.temp = target.sibling(f".{target.name}.tmp-{secrets.token_hex(6)}")
         try:
-            self.handle = target.fs.open_output_stream(self.temp.path)
+            self.handle = target.fs.open_output_stream(self.temp.path, compression=None)
         except (OSError, pa.ArrowException) as exc:
             raise OutputError(f"cannot write {target.shown}: {exc}") from exc
         self.state = "open"

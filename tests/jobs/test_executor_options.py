@@ -62,15 +62,17 @@ def test_file_uris_work_and_a_uri_pyarrow_cannot_open_is_refused_in_one_line(
     from jobs.jobkit import engine_args
 
     source = write_jsonl(tmp_path / "in.jsonl", [{"prompt": "hello"}])
-    for arguments in (
-        ("nosuch://KEY:SECRET@bucket/in.jsonl", tmp_path / "out.parquet"),
-        (source, "nosuch://KEY:SECRET@bucket/out.parquet"),
+    for arguments, uri in (
+        (("nosuch://KEY:SECRET@bucket/in.jsonl", tmp_path / "out.parquet"), "bucket/in.jsonl"),
+        ((source, "nosuch://KEY:SECRET@bucket/out.parquet"), "bucket/out.parquet"),
     ):
         refused = run_cli("run", *arguments, "--quiet")
         assert refused.exit_code == 1
-        assert refused.stderr.startswith("Error: cannot open nosuch://bucket/")
-        assert "SECRET" not in refused.stderr
-        assert refused.stderr.count("\n") == 1
+        # Named without the keys, also where pyarrow's own message repeats the URI.
+        assert refused.stderr == (
+            f"Error: cannot open nosuch://{uri}: Unrecognized filesystem type in URI: "
+            f"nosuch://{uri}\n"
+        )
     assert list(tmp_path.iterdir()) == [source]
     result = run_cli(
         "run", f"file://{source}", f"file://{tmp_path}/out.parquet", *engine_args(tiny_llama_dir)
