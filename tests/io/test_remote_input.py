@@ -54,7 +54,10 @@ def test_jsonl_objects_read_as_their_local_copies(s3_bucket, write_jsonl, name) 
     assert [(row.id, row.error) for row in rows] == [
         ("a", None),
         ("b", None),
-        (None, "line 4: invalid JSON: Expecting property name enclosed in double quotes at column 2"),
+        (
+            None,
+            "line 4: invalid JSON: Expecting property name enclosed in double quotes at column 2",
+        ),
         (None, "duplicate id 'a' (first at row 0)"),
         (None, "line 6: expected a JSON object, got list"),
         ("c", "prompt must be a string, got integer"),

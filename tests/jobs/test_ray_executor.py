@@ -214,7 +214,7 @@ def test_without_ray_the_error_names_the_extra(
 def test_a_second_ray_run_on_a_live_runs_output_exits_1_and_touches_nothing(
     tiny_llama_dir: Path, tmp_path: Path, ray_address: str
 ) -> None:
-    rows = [{"id": f"r{i}", "prompt": p} for i, p in enumerate(shared_prefix_prompts(8))]
+    rows = [{"id": f"r{i}", "prompt": p} for i, p in enumerate(shared_prefix_prompts(4))]
     source = write_jsonl(tmp_path / "in.jsonl", rows)
     output = tmp_path / "out.parquet"
     lock_file = tmp_path / ".out.parquet.ckpt" / ".lock"
@@ -250,7 +250,7 @@ def test_a_second_ray_run_on_a_live_runs_output_exits_1_and_touches_nothing(
     stdout, stderr = first.communicate(timeout=240)
 
     assert first.returncode == 0, stderr
-    assert summary_of(stdout)["rows"] == 8
+    assert summary_of(stdout)["rows"] == 4
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "in.jsonl",
         "out.parquet",
