@@ -8,6 +8,7 @@ scatter a whole batch with one `index_select` / `index_copy_` per layer.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from astrai_batch.checks import require_positive_int
@@ -18,7 +19,8 @@ class KVPool:
     """Per-layer key and value tensors of shape `[num_pages * page_size, num_kv_heads, head_dim]`.
 
     The tensors are zero-filled: attention masks unused slots with weight 0, and 0 * NaN from
-    uninitialised memory would still poison the weighted sum.
+    uninitialised memory would still poison the weighted sum. On CPU the zeros are lazy
+    (`zeroed`): the pool becomes resident as pages are written, not when it is made.
     """
 
     def __init__(
@@ -51,10 +53,10 @@ class KVPool:
         self.device = torch.device(device)
         shape = (num_pages * page_size, num_kv_heads, head_dim)
         self.key_cache: list[torch.Tensor] = [
-            torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)
+            zeroed(shape, dtype, self.device) for _ in range(num_layers)
         ]
         self.value_cache: list[torch.Tensor] = [
-            torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)
+            zeroed(shape, dtype, self.device) for _ in range(num_layers)
         ]
 
     @staticmethod
@@ -127,3 +129,20 @@ class KVPool:
             f"head_dim={self.head_dim}, page_size={self.page_size}, num_pages={self.num_pages}, "
             f"dtype={self.dtype}, device={self.device})"
         )
+
+
+def zeroed(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zero tensor that, on CPU, costs memory only where it is written.
+
+    `torch.zeros` writes every byte, so a pool sized for the machine is resident at once (8 GiB
+    for a job whose sequences use a few MB). numpy's zeros come from `calloc`, which for a
+    block this large maps fresh pages that the kernel zero-fills on first write: untouched
+    slots stay the shared zero page. Read as zeros either way.
+    """
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    count = 1
+    for size in shape:
+        count *= size
+    nbytes = count * torch.empty((), dtype=dtype).element_size()
+    return torch.from_numpy(np.zeros(nbytes, dtype=np.uint8)).view(dtype).view(shape)

@@ -23,9 +23,9 @@ import torch
 
 from astrai_batch.errors import ConfigError
 
-# Of MemAvailable at start. The pool is zero-filled, so it is resident at once: the rest stays
-# for a step's activations (GBs for a 1B model at 1024 tokens in float32), I/O and whatever
-# else runs on the machine.
+# Of MemAvailable at start. The CPU pool becomes resident as its pages are written (lazy
+# zeros), so a small job stays small; a long one may fill it, and the rest stays for a step's
+# activations (GBs for a 1B model at 1024 tokens in float32), I/O and whatever else runs.
 CPU_RAM_SHARE = 0.3
 _MEMINFO = Path("/proc/meminfo")
 GIB = 1024**3

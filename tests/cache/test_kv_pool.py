@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import os
+import sys
+
 import pytest
 import torch
 
@@ -70,3 +73,32 @@ def test_slot_indices_of_a_long_prompt_match_the_reference() -> None:
     some = torch.tensor([4095, 17, 0, 2048, 15, 16])
     expected = reference_slots(page_table.tolist(), some.tolist(), 16)
     assert pool.slot_indices(page_table, some).tolist() == expected
+
+
+def _resident_bytes() -> int:
+    with open("/proc/self/statm", encoding="ascii") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/statm")
+def test_a_cpu_pool_is_resident_only_where_it_is_written() -> None:
+    before = _resident_bytes()
+    pool = KVPool.from_memory_budget(
+        1 << 30,
+        num_layers=4,
+        num_kv_heads=2,
+        head_dim=64,
+        page_size=16,
+        dtype=torch.float32,
+        device="cpu",
+    )
+    made = _resident_bytes()
+    assert pool.memory_bytes > (1 << 30) - pool.bytes_per_page(
+        num_layers=4, num_kv_heads=2, head_dim=64, page_size=16, dtype=torch.float32
+    )
+    assert made - before < 64 << 20  # a 1 GiB pool, a few pages of bookkeeping resident
+    keys = pool.key_cache[2]
+    assert torch.equal(keys[:4096], torch.zeros_like(keys[:4096]))
+    keys[:4096] = 1.0  # 2 MiB of slots written
+    assert _resident_bytes() - made >= 2 << 20
+    assert torch.equal(pool.value_cache[2][:4096], torch.zeros_like(keys[:4096]))
