@@ -13,12 +13,12 @@ local filesystem the existing `AtomicFile` (fsync, rename, directory fsync) does
 
 from __future__ import annotations
 
+import io
 import posixpath
 import secrets
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -135,6 +135,11 @@ class Location:
         """Sequential reading of the bytes as stored (no decompression by file name)."""
         return self.fs.open_input_stream(self.path, compression=None)
 
+    def open_lines(self) -> BinaryIO:
+        """The bytes as stored, buffered, iterating by line like a local binary file (pyarrow's
+        streams have no line iteration of their own)."""
+        return io.BufferedReader(self.open_input_stream(), buffer_size=_READ_CHUNK)
+
     def read_parquet_schema(self) -> pa.Schema:
         with self.fs.open_input_file(self.path) as handle:
             return pq.read_schema(handle)
@@ -146,24 +151,6 @@ class Location:
 
 def as_location(target: str | Path | Location) -> Location:
     return target if isinstance(target, Location) else resolve(target)
-
-
-def read_lines(stream: Any, chunk_bytes: int = _READ_CHUNK) -> Iterator[bytes]:
-    """The lines of a binary stream (each with its ``\\n``, the last one maybe without),
-    read in chunks: pyarrow's streams have no line iteration of their own. A line longer
-    than a chunk is joined once, from its pieces (linear in its length)."""
-    pending: list[bytes] = []
-    while chunk := stream.read(chunk_bytes):
-        start = 0
-        while (end := chunk.find(b"\n", start)) >= 0:
-            pending.append(chunk[start : end + 1])
-            yield b"".join(pending)
-            pending = []
-            start = end + 1
-        if start < len(chunk):
-            pending.append(chunk[start:])
-    if pending:
-        yield b"".join(pending)
 
 
 def resolve(target: str | Path, error: type[AstraiBatchError] = InputError) -> Location:

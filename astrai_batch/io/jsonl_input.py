@@ -23,7 +23,7 @@ from typing import Any
 import pyarrow as pa
 
 from astrai_batch.errors import InputError
-from astrai_batch.io.filesystems import Location, read_lines
+from astrai_batch.io.filesystems import Location
 from astrai_batch.io.input_source import InputSource, check_start
 from astrai_batch.io.row_ids import DuplicateIds, IdScan, read_ids
 from astrai_batch.io.row_parsing import parse_record, unreadable_row
@@ -175,9 +175,9 @@ def _nonblank_lines(path: Location, compressed: bool) -> Iterator[tuple[int, byt
     as a stream on any filesystem (a remote object is never downloaded whole first); gzip is
     undone here, so a local and a remote copy read identically."""
     try:
-        with path.open_input_stream() as stream:
+        with path.open_lines() as stream:
             handle = gzip.GzipFile(fileobj=stream, mode="rb") if compressed else stream
-            for line_number, raw in enumerate(read_lines(handle), start=1):
+            for line_number, raw in enumerate(handle, start=1):
                 if raw.strip():
                     yield line_number, raw
     except (OSError, EOFError, zlib.error) as exc:

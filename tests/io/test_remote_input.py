@@ -4,8 +4,6 @@ from any start, and the content identity."""
 
 from __future__ import annotations
 
-import gzip
-import io
 from pathlib import Path
 
 import pyarrow as pa
@@ -14,7 +12,6 @@ import pytest
 
 from astrai_batch.errors import InputError
 from astrai_batch.io import open_input
-from astrai_batch.io.filesystems import read_lines
 from astrai_batch.io.fingerprint import same_content
 
 LINES = [
@@ -99,12 +96,9 @@ def test_missing_and_empty_remote_inputs_are_refused_in_the_users_terms(s3_bucke
         open_input(s3_bucket.uri("empty-dir"))
 
 
-@pytest.mark.parametrize("chunk", [1, 2, 3, 7, 1 << 20])
-@pytest.mark.parametrize(
-    "data", [b"", b"a", b"a\n", b"\n\n", b"one\ntwo\r\n\nthree", b"x" * 10 + b"\n" + b"y" * 9]
-)
-def test_lines_are_split_as_a_file_iterates_them(data: bytes, chunk: int) -> None:
-    assert list(read_lines(io.BytesIO(data), chunk)) == list(io.BytesIO(data))
-    # And through gzip, as a .jsonl.gz stream is read.
-    packed = gzip.GzipFile(fileobj=io.BytesIO(gzip.compress(data)), mode="rb")
-    assert list(read_lines(packed, chunk)) == list(io.BytesIO(data))
+def test_a_line_longer_than_the_read_buffer_reads_whole(s3_bucket, write_jsonl) -> None:
+    long_prompt = "word " * 500_000  # 2.5 MB: more than one buffer of the stream
+    local = write_jsonl("long.jsonl", [{"prompt": "a"}, {"prompt": long_prompt}, {"prompt": "b"}])
+    remote = s3_bucket.upload(local, "input/long.jsonl")
+    same_input(local, remote)
+    assert [len(row.prompt) for row in open_input(remote).iter_rows()] == [1, len(long_prompt), 1]
