@@ -214,10 +214,12 @@ def test_without_ray_the_error_names_the_extra(
 def test_a_second_ray_run_on_a_live_runs_output_exits_1_and_touches_nothing(
     tiny_llama_dir: Path, tmp_path: Path, ray_address: str
 ) -> None:
+    from astrai_batch.jobs.run_lock import RunLock
+
     rows = [{"id": f"r{i}", "prompt": p} for i, p in enumerate(shared_prefix_prompts(4))]
     source = write_jsonl(tmp_path / "in.jsonl", rows)
     output = tmp_path / "out.parquet"
-    lock_file = tmp_path / ".out.parquet.ckpt" / ".lock"
+    checkpoint = tmp_path / ".out.parquet.ckpt"
     command = [
         "run",
         source,
@@ -232,11 +234,13 @@ def test_a_second_ray_run_on_a_live_runs_output_exits_1_and_touches_nothing(
     first = start_process(*command)
     try:
         deadline = time.monotonic() + 120
+        lock_file = checkpoint / ".lock"
         while not (lock_file.exists() and lock_file.read_text() == f"{first.pid}\n"):
             assert first.poll() is None, first.communicate()[1]
             assert time.monotonic() < deadline, "the first run took no lock"
             time.sleep(0.01)
-        # Paused, the first run is alive and holds its lock while the second tries.
+        # Paused right after taking its lock (before it reads the input), the first run
+        # is alive and holds the lock while the second tries.
         first.send_signal(signal.SIGSTOP)
         before = snapshot()
         second = start_process(*command, "--restart")
@@ -246,13 +250,9 @@ def test_a_second_ray_run_on_a_live_runs_output_exits_1_and_touches_nothing(
         assert stderr == f"Error: another astrai-batch run (pid {first.pid}) is writing {output}\n"
         assert snapshot() == before
     finally:
-        first.send_signal(signal.SIGCONT)
-    stdout, stderr = first.communicate(timeout=240)
-
-    assert first.returncode == 0, stderr
-    assert summary_of(stdout)["rows"] == 4
-    assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "in.jsonl",
-        "out.parquet",
-        "out.stats.parquet",
-    ]
+        # The first run's own completion is what the local lock tests check; here it ends.
+        first.kill()
+        first.communicate()
+    lock = RunLock(checkpoint, str(output))
+    lock.acquire()  # the kernel dropped the dead holder's lock
+    lock.release()
