@@ -51,6 +51,9 @@ def test_a_sharded_job_reads_and_writes_s3_and_a_failed_one_leaves_no_output(
     assert "bucket/job/out/out.parquet" not in s3_bucket.names("job/out")
     assert "bucket/job/out/out.stats.parquet" not in s3_bucket.names("job/out")
 
+    # What a driver killed while writing the output leaves: removed by the next run.
+    with s3_bucket.fs.open_output_stream("bucket/job/out/.out.parquet.tmp-0123abcd") as torn:
+        torn.write(b"PAR1 torn")
     done = run_cli("run", remote_source, output, *ray_args)
     assert done.exit_code == 0, done.stderr
     summary = summary_of(done.stdout)

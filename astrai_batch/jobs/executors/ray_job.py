@@ -39,7 +39,12 @@ from astrai_batch.jobs.executors.ray_stages import (
 from astrai_batch.jobs.executors.ray_worker import ShardWorker
 from astrai_batch.jobs.executors.shard_store import ShardInfo, ShardStore, job_hash
 from astrai_batch.jobs.executors.sharded_output import write_sharded_outputs
-from astrai_batch.jobs.output import RUN_ID_KEY, output_metadata, stats_location
+from astrai_batch.jobs.output import (
+    RUN_ID_KEY,
+    output_metadata,
+    remove_stale_temp_files,
+    stats_location,
+)
 from astrai_batch.jobs.output_lock import OutputLock, lock_for
 from astrai_batch.jobs.parquet_dir import check_output_location
 from astrai_batch.jobs.progress import make_progress
@@ -128,6 +133,8 @@ def _run_locked(
         progress.message(f"{output.shown} was already written by this job")
         return _summary(config, input_path, output, total_rows, {}, {}, started)
     check_output_location(output, config.output_format, config.overwrite)
+    for target in (output, stats_location(output)):
+        remove_stale_temp_files(target)  # a killed driver's half-written output or stats
     store.open(restart=config.restart)
     before = store.finished()
     if before:
