@@ -6,23 +6,24 @@ in the checkpoint directory (where a local run keeps its flock file) holding the
 random token, host, pid and the time it was last refreshed.
 
 - `acquire`: a live lease refuses the run (`RunLockedError`, naming the holder) before
-  anything else is touched. A lease is dead when it was not refreshed for `stale_seconds`,
-  or at once when its holder ran on this host and its process is gone (so a rerun after
-  ``kill -9`` on the same machine resumes at once). Otherwise the run writes its own lease
-  (temporary object, then move), waits `settle_seconds` and reads it back: a different
-  token there means another run wrote after it and won; this run stops.
+  anything else is touched. A lease is dead when it was not refreshed for `stale_seconds`
+  (timings: `LeaseTiming`), or at once when its holder ran on this host and its process
+  is gone (so a rerun after ``kill -9`` on the same machine resumes at once). Otherwise
+  the run writes its own lease (temporary object, then move), waits `settle_seconds` and
+  reads it back: a different token there means another run wrote after it and won; this
+  run stops.
 - While held, a thread rewrites the lease every `heartbeat_seconds` while it still holds
   this run's token. A lease found taken over is never taken back: `verify` then raises,
   and the run calls it before committing its output.
 - `release` stops the thread and deletes the lease if it is still this run's (and the
   checkpoint directory with it when nothing else is in it).
 
-What this guarantees is advisory, and weaker than the local flock: two runs that both
-read "no lease" and then write theirs further apart than `settle_seconds` can both start
-(a check and a write are two requests); a holder paused longer than `stale_seconds` loses
-its lease and learns it at its next heartbeat; the machines' clocks must agree to well
-within `stale_seconds`. Runs started one after the other, by people or schedulers, are
-refused as locally.
+What this guarantees is advisory, and weaker than the local flock: a check and a write are
+two requests, so two runs that both read "no lease" before either wrote can both start when
+one's write lands more than `settle_seconds` after the other's; a holder paused longer than
+`stale_seconds` loses its lease and learns it at its next heartbeat; the machines' clocks
+must agree to well within `stale_seconds`. Runs started one after the other, by people or
+schedulers, are refused as locally.
 """
 
 from __future__ import annotations
@@ -33,41 +34,42 @@ import secrets
 import socket
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from astrai_batch.errors import AstraiBatchError
 from astrai_batch.io.filesystems import AtomicObject, Location
 from astrai_batch.jobs.run_lock import LOCK_NAME, RunLockedError, process_alive
 
-STALE_SECONDS = 60.0
-HEARTBEAT_SECONDS = 10.0
-SETTLE_SECONDS = 1.0
+
+@dataclass(frozen=True)
+class LeaseTiming:
+    """How long a lease lives unrefreshed, how often its holder refreshes it, and how long a
+    new holder waits before reading its lease back."""
+
+    stale_seconds: float = 60.0
+    heartbeat_seconds: float = 10.0
+    settle_seconds: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.heartbeat_seconds < self.stale_seconds:
+            raise ValueError(
+                f"heartbeat_seconds must be > 0 and < stale_seconds ({self.stale_seconds}), "
+                f"got {self.heartbeat_seconds}"
+            )
+        if self.settle_seconds < 0:
+            raise ValueError(f"settle_seconds must be >= 0, got {self.settle_seconds}")
 
 
 class LeaseLock:
     """The lease of one output's checkpoint directory on an object store."""
 
     def __init__(
-        self,
-        directory: Location,
-        output_label: str,
-        *,
-        stale_seconds: float = STALE_SECONDS,
-        heartbeat_seconds: float = HEARTBEAT_SECONDS,
-        settle_seconds: float = SETTLE_SECONDS,
+        self, directory: Location, output_label: str, timing: LeaseTiming = LeaseTiming()
     ) -> None:
-        if not 0 < heartbeat_seconds < stale_seconds:
-            raise ValueError(
-                f"heartbeat_seconds must be > 0 and < stale_seconds ({stale_seconds}), "
-                f"got {heartbeat_seconds}"
-            )
-        if settle_seconds < 0:
-            raise ValueError(f"settle_seconds must be >= 0, got {settle_seconds}")
         self.directory = directory
         self.output_label = output_label
-        self.stale_seconds = stale_seconds
-        self.heartbeat_seconds = heartbeat_seconds
-        self.settle_seconds = settle_seconds
+        self.timing = timing
         self._token: str | None = None
         self._lost: dict[str, Any] | None = None
         self._stop = threading.Event()
@@ -90,7 +92,7 @@ class LeaseLock:
             raise RunLockedError(self._held_message(current))
         token = secrets.token_hex(16)
         self._write(token)
-        time.sleep(self.settle_seconds)
+        time.sleep(self.timing.settle_seconds)
         current = self.read()
         if current is None or current.get("token") != token:
             raise RunLockedError(self._held_message(current or {}))
@@ -154,7 +156,7 @@ class LeaseLock:
         refreshed = lease.get("refreshed")
         if not isinstance(refreshed, (int, float)):
             return False
-        if time.time() - refreshed > self.stale_seconds:
+        if time.time() - refreshed > self.timing.stale_seconds:
             return False
         pid = lease.get("pid")
         if lease.get("host") == socket.gethostname() and isinstance(pid, int):
@@ -162,7 +164,7 @@ class LeaseLock:
         return True
 
     def _heartbeat(self) -> None:
-        while not self._stop.wait(self.heartbeat_seconds):
+        while not self._stop.wait(self.timing.heartbeat_seconds):
             try:
                 current = self.read()
                 if current is None:

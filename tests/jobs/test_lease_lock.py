@@ -15,15 +15,15 @@ import time
 import pytest
 
 from astrai_batch.io.filesystems import resolve
-from astrai_batch.jobs.lease_lock import LeaseLock
+from astrai_batch.jobs.lease_lock import LeaseLock, LeaseTiming
 from astrai_batch.jobs.output_lock import lock_for
 from astrai_batch.jobs.run_lock import LOCK_NAME, RunLock, RunLockedError
 
-FAST = {"stale_seconds": 2.0, "heartbeat_seconds": 0.2, "settle_seconds": 0.05}
+FAST = LeaseTiming(stale_seconds=2.0, heartbeat_seconds=0.2, settle_seconds=0.05)
 
 
 def lease_at(s3_bucket, key: str) -> LeaseLock:
-    return LeaseLock(resolve(s3_bucket.uri(key)), "s3://bucket/out.parquet", **FAST)
+    return LeaseLock(resolve(s3_bucket.uri(key)), "s3://bucket/out.parquet", FAST)
 
 
 def plant(s3_bucket, key: str, **lease) -> None:
@@ -102,4 +102,4 @@ def test_lock_for_picks_flock_locally_and_a_lease_on_an_object_store(s3_bucket, 
     assert isinstance(lock_for(resolve(tmp_path / ".out.ckpt"), "out"), RunLock)
     assert isinstance(lock_for(resolve(s3_bucket.uri("x/.out.ckpt")), "out"), LeaseLock)
     with pytest.raises(ValueError, match="heartbeat_seconds must be > 0 and < stale_seconds"):
-        LeaseLock(resolve(s3_bucket.uri("x")), "out", stale_seconds=1.0, heartbeat_seconds=1.0)
+        LeaseTiming(stale_seconds=1.0, heartbeat_seconds=1.0)
