@@ -15,6 +15,7 @@ import click
 from click.core import ParameterSource
 
 from astrai_batch import __version__
+from astrai_batch.engine.attention_backends import ATTENTION_BACKENDS
 from astrai_batch.engine.config import KV_LAYOUTS
 from astrai_batch.errors import AstraiBatchError, ConfigError
 from astrai_batch.jobs.config import DEFAULT_MODEL, OUTPUT_FORMATS, JobConfig, load_toml_options
@@ -104,6 +105,19 @@ def _run_options(function: Any) -> Any:
             help="Step-shaped kernels: faster, but a row's output may depend on its batch "
             "(for jobs that neither sample nor resume; a checkpoint keeps its numerics).",
             **flag,
+        ),
+        _option(
+            "--attention-backend",
+            d.attention_backend,
+            "sdpa: portable, batch-invariant; flashinfer, flash-attn: one paged CUDA kernel per "
+            "layer (with --fast-numerics); auto: sdpa unless --fast-numerics on CUDA, then the "
+            "first installed kernel.",
+            type=click.Choice(list(ATTENTION_BACKENDS)),
+        ),
+        _option(
+            "--cuda-graphs/--no-cuda-graphs",
+            None,
+            "Replay decode-only steps as CUDA graphs [default: on with --device cuda].",
         ),
         _option(
             "--kv-layout",

@@ -44,11 +44,12 @@ def _reference_model(model_dir: str):
 
 
 def hf_greedy(
-    model_dir: Path, prompts, max_new_tokens: int, logits_processors=None
+    model_dir: Path, prompts, max_new_tokens: int, logits_processors=None, min_new_tokens=0
 ) -> list[list[int]]:
     """transformers `generate`, one prompt at a time, no padding, float32, greedy.
 
-    `logits_processors(i)`, when given, returns the (single-use) processors of prompt i.
+    `logits_processors(i)`, when given, returns the (single-use) processors of prompt i;
+    `min_new_tokens` masks the model's EOS ids until that many tokens were generated.
     """
     model = _reference_model(str(model_dir))
     outputs = []
@@ -60,6 +61,7 @@ def hf_greedy(
                 ids,
                 attention_mask=torch.ones_like(ids),
                 max_new_tokens=max_new_tokens,
+                min_new_tokens=min_new_tokens,
                 do_sample=False,
                 pad_token_id=model.config.pad_token_id,
                 **extra,

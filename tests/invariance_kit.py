@@ -16,6 +16,11 @@ SAMPLED = SamplingParams(max_tokens=12, temperature=0.8, ignore_eos=True)
 def run_capturing(loaded, requests, config: EngineConfig):
     """{request id: (token ids, [logits of each generated position])} and the engine stats."""
     core = EngineCore(loaded, config)
+    return capture_rows(core, requests), core.stats()
+
+
+def capture_rows(core: EngineCore, requests) -> dict:
+    """{request id: (token ids, [logits of each generated position])} of a run on `core`."""
     logits: dict = {}
     core.logits_observer = lambda rid, _i, row: logits.setdefault(rid, []).append(row.clone())
     tokens = {}
@@ -25,7 +30,7 @@ def run_capturing(loaded, requests, config: EngineConfig):
         for result in core.step():
             tokens[result.request_id] = result.token_ids
     core.check_invariants()
-    return {rid: (tokens[rid], logits[rid]) for rid in tokens}, core.stats()
+    return {rid: (tokens[rid], logits[rid]) for rid in tokens}
 
 
 def invariance_prompts(vocab_size: int, count: int, seed: int) -> list[list[int]]:

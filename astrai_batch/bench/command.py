@@ -24,6 +24,7 @@ from astrai_batch.bench.config import (
     parse_tolerance,
 )
 from astrai_batch.bench.workloads import WORKLOAD_NAMES
+from astrai_batch.engine.attention_backends import ATTENTION_BACKENDS, resolve_from_options
 from astrai_batch.engine.config import EngineConfig
 from astrai_batch.errors import AstraiBatchError, ConfigError
 from astrai_batch.jobs.config import DEFAULT_MODEL, parse_size
@@ -110,6 +111,19 @@ _ENGINE = EngineConfig()
     "--fast-numerics",
     is_flag=True,
     help="Our engine with step-shaped kernels instead of batch-invariant numerics.",
+)
+@click.option(
+    "--attention-backend",
+    type=click.Choice(list(ATTENTION_BACKENDS)),
+    default=_ENGINE.attention_backend,
+    show_default=True,
+    help="sdpa, flashinfer or flash-attn (CUDA kernels, with --fast-numerics); auto: sdpa "
+    "unless --fast-numerics on CUDA, then the first installed kernel.",
+)
+@click.option(
+    "--cuda-graphs/--no-cuda-graphs",
+    default=None,
+    help="Replay our decode-only steps as CUDA graphs [default: on with --device cuda].",
 )
 @click.option(
     "--kv-layout",
@@ -203,10 +217,15 @@ def _config(options: dict[str, Any]) -> BenchConfig:
         numerics="fast" if options.pop("fast_numerics") else "invariant",
         gpu_memory_utilization=options.pop("gpu_memory_utilization"),
         max_model_len=options.pop("max_model_len"),
+        attention_backend=options.pop("attention_backend"),
+        cuda_graphs=options.pop("cuda_graphs"),
     )
-    return BenchConfig(
+    device = options.pop("device")
+    if engine.cuda_graphs and device.split(":", 1)[0].strip().lower() != "cuda":
+        raise ConfigError(f"--cuda-graphs needs --device cuda, got --device {device}")
+    config = BenchConfig(
         model=options.pop("model"),
-        device=options.pop("device"),
+        device=device,
         dtype=options.pop("dtype"),
         revision=options.pop("revision"),
         trust_remote_code=options.pop("trust_remote_code"),
@@ -224,6 +243,19 @@ def _config(options: dict[str, Any]) -> BenchConfig:
         kv_layouts=parse_kv_layouts(options.pop("kv_layout")),
         warmup=not options.pop("no_warmup"),
         floor=not options.pop("no_floor"),
+    )
+    _check_attention(config)
+    return config
+
+
+def _check_attention(config: BenchConfig) -> None:
+    """Refuses an attention backend that cannot run here before any model loads."""
+    resolve_from_options(
+        config.engine.attention_backend,
+        device=config.device,
+        dtype=config.dtype,
+        numerics=config.engine.numerics,
+        page_size=config.engine.page_size,
     )
 
 

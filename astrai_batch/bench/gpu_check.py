@@ -1,4 +1,5 @@
-"""The device check: exactness, the shared-prefix bench, host time and memory, as JSON files.
+"""The device check: exactness, the shared-prefix bench, CUDA graphs on and off, host time and
+memory, as JSON files.
 
 Built for a GPU machine that receives only our source tree: models are built from configs
 with random weights on the device (`random_models`), prompts are token ids, the tokenizer is
@@ -19,11 +20,13 @@ from typing import Any
 
 import torch
 
+from astrai_batch.bench.gpu_kernels import check_kernel_backends
+from astrai_batch.bench.graph_check import graphs_on_off
 from astrai_batch.bench.host_overhead import measure_host_overhead
 from astrai_batch.bench.machine import machine_info
 from astrai_batch.bench.ours import run_ours
 from astrai_batch.bench.peers import BatchSizeChoice, run_hf_generate, run_hf_generate_batch
-from astrai_batch.bench.prompts import BenchPrompts
+from astrai_batch.bench.prompts import BenchPrompts, random_shared_prefix_ids
 from astrai_batch.bench.random_models import LLAMA_1B, SMOLLM2_135M, TINY, ModelShape, build_model
 from astrai_batch.engine.config import EngineConfig
 from astrai_batch.engine.core import EngineCore
@@ -111,7 +114,19 @@ def run_gpu_check(out_dir: Path, device: str, log: Callable[[str], None] = print
             name = f"exactness_{shape.name}_{str(dtype).removeprefix('torch.')}"
             step(name, lambda s=shape, d=dtype: _exactness(s, d, target, plan))
     step("bench_shared_prefix", lambda: _bench(plan, target))
+    step(
+        "cuda_graphs",
+        lambda: graphs_on_off(
+            plan.bench_shape,
+            plan.bench_dtype,
+            _shared_prefix_prompts(plan),
+            plan.bench_tokens,
+            _bench_engine(target),
+            target,
+        ),
+    )
     step("host_overhead", lambda: _host(plan, target))
+    step("attention_backends", lambda: _kernels(plan, target))
     summary = {
         "device": str(target),
         "files": files,
@@ -130,12 +145,7 @@ def _exactness(shape: ModelShape, dtype: torch.dtype, device: torch.device, plan
     agrees (rounding can flip a near-tie, after which the continuations differ).
     """
     loaded = build_model(shape, device=device, dtype=dtype)
-    rng = random.Random(7)
-    vocab = shape.vocab_size
-    prompts = [
-        [rng.randrange(3, vocab) for _ in range(rng.choice([5, 17, 33, 64, 90, 150]))]
-        for _ in range(plan.exact_prompts)
-    ]
+    prompts = _exact_prompts(shape, plan)
     ours = _engine_greedy(loaded, prompts, plan.exact_tokens)
     theirs = _hf_greedy(loaded, prompts, plan.exact_tokens)
     rows = []
@@ -170,8 +180,14 @@ def _exactness(shape: ModelShape, dtype: torch.dtype, device: torch.device, plan
     return result
 
 
-def _engine_greedy(loaded: LoadedModel, prompts: list[list[int]], max_tokens: int):
-    config = EngineConfig(max_num_seqs=len(prompts), kv_cache_memory=GIB // 4)
+def _engine_greedy(
+    loaded: LoadedModel,
+    prompts: list[list[int]],
+    max_tokens: int,
+    config: EngineConfig | None = None,
+):
+    if config is None:
+        config = EngineConfig(max_num_seqs=len(prompts), kv_cache_memory=GIB // 4)
     core = EngineCore(loaded, config)
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     for index, prompt in enumerate(prompts):
@@ -210,26 +226,9 @@ def _bench(plan: CheckPlan, device: torch.device) -> dict:
     """The shared-prefix workload as token ids: ours, `generate`, `generate_batch`, each
     warmed up first, in one process (ours first: it sizes the pool `generate_batch` gets)."""
     loaded = build_model(plan.bench_shape, device=device, dtype=plan.bench_dtype)
-    rng = random.Random(11)
-    vocab = plan.bench_shape.vocab_size
-    prompts = []
-    for _ in range(plan.system_prompts):
-        system = [rng.randrange(3, vocab) for _ in range(plan.system_tokens)]
-        for _ in range(plan.questions_per_prompt):
-            prompts.append(
-                tuple(system + [rng.randrange(3, vocab) for _ in range(plan.question_tokens)])
-            )
-    rng.shuffle(prompts)
-    engine = EngineConfig(
-        gpu_memory_utilization=0.5 if device.type == "cuda" else 0.9,
-        kv_cache_memory=None if device.type == "cuda" else 64 * 1024**2,
-    )
-    bench_prompts = BenchPrompts(
-        workload="shared-prefix (token ids)",
-        prompt_token_ids=tuple(prompts),
-        max_tokens=plan.bench_tokens,
-        ideal=ideal_prefix_stats(prompts, page_size=engine.page_size),
-    )
+    engine = _bench_engine(device)
+    bench_prompts = _bench_prompts(plan, engine.page_size)
+    prompts = bench_prompts.prompt_token_ids
     warm = bench_prompts.head(8, 4)  # first calls at new shapes allocate and tune kernels
     pages = run_ours(loaded, warm, engine, repeat=None).engine.kv_pool_pages
     choice = BatchSizeChoice(32)  # left-padded batches of 32, as the CPU bench's default was
@@ -264,6 +263,57 @@ def _bench(plan: CheckPlan, device: torch.device) -> dict:
     }
     _release(loaded, device)
     return result
+
+
+def _shared_prefix_prompts(plan: CheckPlan) -> list[tuple[int, ...]]:
+    return random_shared_prefix_ids(
+        plan.system_prompts,
+        plan.questions_per_prompt,
+        plan.system_tokens,
+        plan.question_tokens,
+        plan.bench_shape.vocab_size,
+    )
+
+
+def _bench_engine(device: torch.device) -> EngineConfig:
+    return EngineConfig(
+        gpu_memory_utilization=0.5 if device.type == "cuda" else 0.9,
+        kv_cache_memory=None if device.type == "cuda" else 64 * 1024**2,
+    )
+
+
+def _bench_prompts(plan: CheckPlan, page_size: int) -> BenchPrompts:
+    """The shared-prefix workload as token ids: system prompts, each with its questions."""
+    prompts = _shared_prefix_prompts(plan)
+    return BenchPrompts(
+        workload="shared-prefix (token ids)",
+        prompt_token_ids=tuple(prompts),
+        max_tokens=plan.bench_tokens,
+        ideal=ideal_prefix_stats(prompts, page_size=page_size),
+    )
+
+
+def _exact_prompts(shape: ModelShape, plan: CheckPlan) -> list[list[int]]:
+    rng = random.Random(7)
+    return [
+        [rng.randrange(3, shape.vocab_size) for _ in range(rng.choice([5, 17, 33, 64, 90, 150]))]
+        for _ in range(plan.exact_prompts)
+    ]
+
+
+def _kernels(plan: CheckPlan, device: torch.device) -> dict:
+    shape = plan.exact_shapes[0]
+    return check_kernel_backends(
+        device,
+        exact_shape=shape,
+        exact_prompts=_exact_prompts(shape, plan),
+        exact_tokens=plan.exact_tokens,
+        greedy=_engine_greedy,
+        bench_shape=plan.bench_shape,
+        bench_prompts=_bench_prompts(plan, _bench_engine(device).page_size),
+        bench_engine=_bench_engine(device),
+        release=lambda loaded: _release(loaded, device),
+    )
 
 
 def _host(plan: CheckPlan, device: torch.device) -> dict:

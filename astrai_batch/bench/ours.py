@@ -75,6 +75,7 @@ def run_ours(
             peak_kv_pages=stats.cache.peak_pages_in_use,
             kv_pool_pages=shape.pool_pages,
             kv_layout=config.kv_layout,
+            attention_backend=shape.attention_backend,
             kv_seats=shape.seats,
             peak_running_seqs=shape.peak_running,
             forward_seconds=stats.forward_seconds,
@@ -90,6 +91,7 @@ class _KVShape:
     pool_pages: int
     seats: int | None
     peak_running: int
+    attention_backend: str
 
 
 async def _generate(
@@ -103,5 +105,6 @@ async def _generate(
             pool_pages=core.pool.num_pages,
             seats=core.cache.num_seats if isinstance(core.cache, SeatTable) else None,
             peak_running=core.scheduler.peak_running,
+            attention_backend=core.attention_backend,
         )
         return results, engine.stats(), shape

@@ -8,6 +8,7 @@ peers see the very same token ids and `run` would see them too.
 from __future__ import annotations
 
 import hashlib
+import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -107,3 +108,20 @@ def load_prompts(config: BenchConfig, tokenizer: Any, model_name: str) -> BenchP
 
 def _input_row(index: int, row: WorkloadRow) -> InputRow:
     return InputRow(index=index, id=row.id, prompt=row.prompt, messages=row.messages)
+
+
+def random_shared_prefix_ids(
+    systems: int, questions: int, system_tokens: int, question_tokens: int, vocab: int
+) -> list[tuple[int, ...]]:
+    """The shared-prefix workload as random token ids (no tokenizer): `systems` prefixes of
+    `system_tokens`, each followed by `questions` tails of `question_tokens`, shuffled."""
+    rng = random.Random(11)
+    prompts = []
+    for _ in range(systems):
+        system = [rng.randrange(3, vocab) for _ in range(system_tokens)]
+        for _ in range(questions):
+            prompts.append(
+                tuple(system + [rng.randrange(3, vocab) for _ in range(question_tokens)])
+            )
+    rng.shuffle(prompts)
+    return prompts

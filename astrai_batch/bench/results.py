@@ -50,6 +50,7 @@ RESULTS_SCHEMA = pa.schema(
         ("peak_kv_pages", pa.int64()),
         ("kv_pool_pages", pa.int64()),
         ("kv_layout", pa.string()),  # paged | contiguous
+        ("attention_backend", pa.string()),  # sdpa | flashinfer | flash-attn (resolved)
         ("kv_seats", pa.int64()),  # contiguous: seats the pool was cut into
         ("peak_running_seqs", pa.int64()),  # most sequences running at once
         ("peak_rss_bytes", pa.int64()),
@@ -141,6 +142,7 @@ def _engine_columns(run: SystemRun, ideal_prefill: int) -> dict[str, Any]:
         "peak_kv_pages": engine.peak_kv_pages,
         "kv_pool_pages": engine.kv_pool_pages,
         "kv_layout": engine.kv_layout,
+        "attention_backend": engine.attention_backend,
         "kv_seats": engine.kv_seats,
         "peak_running_seqs": engine.peak_running_seqs,
         "forward_seconds": engine.forward_seconds,

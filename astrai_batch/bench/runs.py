@@ -20,6 +20,7 @@ class EngineFigures:
     peak_kv_pages: int
     kv_pool_pages: int
     kv_layout: str  # paged | contiguous
+    attention_backend: str  # what `auto` resolved to, or the backend named
     kv_seats: int | None  # contiguous: the seats the pool was cut into; paged: None
     peak_running_seqs: int  # the most sequences running at once: what fit in the KV memory
     forward_seconds: float  # inside the model forward

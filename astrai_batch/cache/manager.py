@@ -63,6 +63,7 @@ class KVCacheManager:
         self._evicted_pages = 0
         self._peak_pages_in_use = 0
         self._page_table_stamp = 0  # last version handed out; versions never repeat
+        self._scratch_page: int | None = None  # see reserve_scratch_page
 
     @property
     def caches_prefixes(self) -> bool:
@@ -147,6 +148,20 @@ class KVCacheManager:
             self._missed_tokens += missed
         self._note_usage()
         return True
+
+    def reserve_scratch_page(self) -> int:
+        """A page no request ever holds: where the padding rows of a bucketed decode step
+        write their keys and values. Taken from the allocator once (reference count 1, held by
+        this manager for its whole life); later calls return the same page."""
+        if self._scratch_page is None:
+            pages = self.allocator.allocate(1)
+            if pages is None and self.evict(1):
+                pages = self.allocator.allocate(1)
+            if pages is None:
+                raise CacheUsageError("no free page for the scratch page: every page is in use")
+            self._scratch_page = pages[0]
+            self._note_usage()
+        return self._scratch_page
 
     def publish(self, request_id: Hashable, tokens: Sequence[int]) -> None:
         """Offer the full pages of `tokens` (whose K/V is written) to the prefix index.
@@ -246,17 +261,21 @@ class KVCacheManager:
         )
 
     def check_invariants(self) -> None:
-        """Each page's count is (1 if cached) + its open holders; cached pages pinned per holder."""
+        """Each page's count is (1 if cached) + its open holders (+ 1 for the scratch page,
+        which no request holds and the index never caches); cached pages pinned per holder."""
         self.allocator.check_invariants()
         if self.index is not None:
             self.index.check_invariants()
         holders = [0] * self.num_pages
+        scratch = self._scratch_page
         for request_id, request in self._requests.items():
             if len(set(request.pages)) != len(request.pages):
                 raise CacheUsageError(f"request {request_id!r} holds a page twice")
             for page in request.pages:
                 if not 0 <= page < self.num_pages:
                     raise CacheUsageError(f"request {request_id!r} holds unknown page {page}")
+                if page == scratch:
+                    raise CacheUsageError(f"request {request_id!r} holds the scratch page {page}")
                 holders[page] += 1
             match = request.match
             if match is not None:
@@ -268,6 +287,10 @@ class KVCacheManager:
                         f"with its published pages {match.pages}"
                     )
         pins = {} if self.index is None else self.index.pin_counts()
+        if scratch is not None:
+            if scratch in pins:
+                raise CacheUsageError(f"the prefix index caches the scratch page {scratch}")
+            holders[scratch] = 1
         for page in range(self.num_pages):
             cached = page in pins
             expected = holders[page] + int(cached)

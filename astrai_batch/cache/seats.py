@@ -48,6 +48,7 @@ class SeatTable:
         self._lookups = 0
         self._missed_tokens = 0
         self._peak_seats = 0
+        self._scratch_page: int | None = None  # see reserve_scratch_page
 
     @property
     def seat_tokens(self) -> int:
@@ -104,6 +105,26 @@ class SeatTable:
             )
         return True
 
+    def reserve_scratch_page(self) -> int:
+        """A page outside every seat, where the padding rows of a bucketed decode step write
+        their keys and values: the first page past the last seat, or, when the seats fill the
+        pool, the last seat gives up its pages (only before any request opened, and never the
+        only seat). Later calls return the same page."""
+        if self._scratch_page is None:
+            if self.num_seats * self.seat_pages >= self.num_pages:
+                if self._seat_of:
+                    raise CacheUsageError("the scratch page is reserved before any request opens")
+                if self.num_seats == 1:
+                    raise ConfigError(
+                        "the contiguous KV layout has room for one seat and no page besides "
+                        "it for CUDA graphs' padding; raise --kv-cache-memory or use "
+                        "--no-cuda-graphs"
+                    )
+                self.num_seats -= 1
+                self._free = list(range(self.num_seats - 1, -1, -1))
+            self._scratch_page = self.num_seats * self.seat_pages
+        return self._scratch_page
+
     def publish(self, request_id: Hashable, tokens: Sequence[int]) -> None:
         self._seat(request_id)
 
@@ -137,7 +158,8 @@ class SeatTable:
         )
 
     def check_invariants(self) -> None:
-        """Every seat is exactly one of free or held by one open request."""
+        """Every seat is exactly one of free or held by one open request; the scratch page
+        lies past every seat."""
         held = list(self._seat_of.values())
         seats = held + self._free
         if sorted(seats) != list(range(self.num_seats)):
@@ -150,6 +172,9 @@ class SeatTable:
                 f"{self.num_seats} seats of {self.seat_pages} pages exceed the "
                 f"{self.num_pages} pages of the pool"
             )
+        scratch = self._scratch_page
+        if scratch is not None and not self.num_seats * self.seat_pages <= scratch < self.num_pages:
+            raise CacheUsageError(f"the scratch page {scratch} is not past every seat")
 
     def _seat(self, request_id: Hashable) -> int:
         return lookup_open(self._seat_of, request_id)

@@ -27,7 +27,9 @@ from astrai_batch.engine.block_attention import block_attention
 from astrai_batch.engine.block_plan import BlockBatch
 from astrai_batch.engine.cascade import cascade_attention
 from astrai_batch.engine.cascade_plan import CascadeBatch
+from astrai_batch.engine.kernel_attention import KernelBatch
 from astrai_batch.engine.page_gather import PageGatherer
+from astrai_batch.engine.static_decode import StaticDecodeBatch, static_decode_attention
 
 ATTENTION_NAME = "astrai_paged"
 BATCH_KWARG = "astrai_attention_batch"
@@ -78,7 +80,9 @@ def paged_attention(
     dropout: float = 0.0,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
-    batch: AttentionBatch | BlockBatch | None = kwargs.get(BATCH_KWARG)
+    batch: AttentionBatch | BlockBatch | KernelBatch | StaticDecodeBatch | None = kwargs.get(
+        BATCH_KWARG
+    )
     if batch is None:
         raise RuntimeError(
             f"the '{ATTENTION_NAME}' attention needs the engine's step metadata; "
@@ -108,6 +112,12 @@ def paged_attention(
     scale = scaling if scaling is not None else head_dim**-0.5
     if isinstance(batch, BlockBatch):
         out = block_attention(q, k_cache, v_cache, batch, scale)
+        return out.to(q.dtype).unsqueeze(0), None
+    if isinstance(batch, KernelBatch):  # a paged CUDA kernel: every query in one call
+        out = batch.kernel.attend(q, k_cache, v_cache, scale)
+        return out.to(q.dtype).unsqueeze(0), None
+    if isinstance(batch, StaticDecodeBatch):  # a decode-only step at a graph bucket's shape
+        out = static_decode_attention(q, k_cache, v_cache, batch, scale)
         return out.to(q.dtype).unsqueeze(0), None
     kv_heads = k_new.shape[1]
     group = q_heads // kv_heads

@@ -46,7 +46,7 @@ def block_attention(
         run_scores.append(scores)
     if units.rows.numel():
         keys = batch.gatherer.gather("key", k_cache, units.page_tables, batch.page_size)
-        a = _rows_at_least_two(qg.index_select(0, units.rows))  # [U, Hkv, G', D]
+        a = rows_at_least_two(qg.index_select(0, units.rows))  # [U, Hkv, G', D]
         unit_scores = torch.matmul(a, keys.permute(0, 2, 3, 1).to(a.dtype))
         unit_scores = unit_scores.float()[:, :, :group].mul_(scale)
         unit_scores.masked_fill_(~units.key_valid, NEG)
@@ -72,7 +72,7 @@ def block_attention(
         vals = batch.gatherer.gather("value", v_cache, units.page_tables, batch.page_size)
         probs = unit_scores.sub_(row_max.index_select(0, units.rows).unsqueeze(-1)).exp_()
         sums = probs.sum(dim=-1)  # [U, Hkv, G]
-        p = _rows_at_least_two(probs)
+        p = rows_at_least_two(probs)
         out = torch.matmul(p.to(vals.dtype), vals.permute(0, 2, 1, 3)).float()[:, :, :group]
         starts = units.block_starts
         for b in range(len(starts) - 1):  # block order: one addition per block and row
@@ -90,7 +90,7 @@ def _run_scores(
     n = run.rows.shape[0]
     _, kv_heads, group, dim = qg.shape
     keys = batch.gatherer.gather("run_key", k_cache, run.page_table, batch.page_size)[0]
-    a = _rows_at_least_two(
+    a = rows_at_least_two(
         qg.index_select(0, run.rows).permute(1, 0, 2, 3).reshape(kv_heads, 1, n * group, dim)
     )
     b = keys.view(run.num_blocks, batch.block_tokens, kv_heads, dim).permute(2, 0, 3, 1)
@@ -106,7 +106,7 @@ def _run_values(probs: torch.Tensor, v_cache: torch.Tensor, run: BlockRun, batch
     _, _, kv_heads, group, block = probs.shape
     vals = batch.gatherer.gather("run_value", v_cache, run.page_table, batch.page_size)[0]
     width = vals.shape[-1]
-    p = _rows_at_least_two(
+    p = rows_at_least_two(
         probs.permute(1, 2, 0, 3, 4).reshape(run.num_blocks, kv_heads, n * group, block)
     )
     v = vals.view(run.num_blocks, block, kv_heads, width).permute(0, 2, 1, 3)
@@ -114,7 +114,7 @@ def _run_values(probs: torch.Tensor, v_cache: torch.Tensor, run: BlockRun, batch
     return o.view(run.num_blocks, kv_heads, n, group, width).permute(2, 0, 1, 3, 4)
 
 
-def _rows_at_least_two(x: torch.Tensor) -> torch.Tensor:
+def rows_at_least_two(x: torch.Tensor) -> torch.Tensor:
     """Pads the GEMM row axis (-2) to two rows with zeros when it has one."""
     if x.shape[-2] >= 2:
         return x

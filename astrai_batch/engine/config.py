@@ -8,6 +8,7 @@ from typing import Any
 
 from astrai_batch.cache.layout import KV_LAYOUTS
 from astrai_batch.checks import require_positive_int
+from astrai_batch.engine.attention_backends import check_backend_name
 from astrai_batch.errors import ConfigError
 
 
@@ -38,6 +39,11 @@ class EngineConfig:
     # kernels (last bits move with the batch; for jobs that neither sample nor resume)
     numerics: str = "invariant"
     gpu_memory_utilization: float = 0.9  # vLLM's meaning: share of the GPU this engine may use
+    # sdpa (portable, batch-invariant), flashinfer or flash-attn (CUDA kernels, fast numerics
+    # only), auto: see `attention_backends.resolve_attention_backend`
+    attention_backend: str = "auto"
+    # decode-only steps replayed as CUDA graphs at bucketed shapes; None: on exactly on CUDA
+    cuda_graphs: bool | None = None
 
     def __post_init__(self) -> None:
         require_positive_int("page_size", self.page_size)
@@ -59,8 +65,13 @@ class EngineConfig:
             )
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
             raise ConfigError(f"seed must be a non-negative int, got {self.seed!r}")
+        if self.cuda_graphs is not None and not isinstance(self.cuda_graphs, bool):
+            raise ConfigError(
+                f"cuda_graphs must be a bool or None, got {type(self.cuda_graphs).__name__}"
+            )
         if self.numerics not in ("invariant", "fast"):
             raise ConfigError(f"numerics must be 'invariant' or 'fast', got {self.numerics!r}")
+        check_backend_name(self.attention_backend)
 
     @property
     def waiting_capacity(self) -> int:

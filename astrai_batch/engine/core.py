@@ -12,11 +12,14 @@ from collections.abc import Callable, Hashable
 import torch
 
 from astrai_batch.cache import KVLayout, KVPool, make_layout
+from astrai_batch.engine.attention_backends import resolve_attention_backend
 from astrai_batch.engine.config import EngineConfig
 from astrai_batch.engine.constraints.backend import ConstraintBackend, ConstraintCompileError
 from astrai_batch.engine.constraints.mask_filler import StepMasks
 from astrai_batch.engine.constraints.sequence_matchers import SequenceMatchers
+from astrai_batch.engine.decode_graphs import GraphSpec, resolve_cuda_graphs
 from astrai_batch.engine.forward_timer import ForwardTimer
+from astrai_batch.engine.kernel_attention import make_kernel
 from astrai_batch.engine.loader import LoadedModel
 from astrai_batch.engine.memory_budget import capped, default_kv_budget, profile_activation_peak
 from astrai_batch.engine.model_runner import ModelRunner, ScheduledChunk
@@ -36,12 +39,30 @@ from astrai_batch.engine.types import (
 
 
 class EngineCore:
-    def __init__(self, loaded: LoadedModel, config: EngineConfig) -> None:
+    """`static_decode=True` runs decode-only steps through the CUDA-graph path's static,
+    bucketed forward even where nothing is captured (on CPU): how tests compare that path
+    with the normal one. Graphs themselves follow `config.cuda_graphs`."""
+
+    def __init__(
+        self, loaded: LoadedModel, config: EngineConfig, *, static_decode: bool = False
+    ) -> None:
         self.loaded = loaded
         self.config = config
         self.tokenizer = loaded.tokenizer
         self.max_model_len = min(loaded.max_model_len, config.max_model_len or loaded.max_model_len)
         param = next(loaded.model.parameters())
+        # with the model's real device and dtype (jobs checked the options before loading),
+        # before anything is allocated
+        self.attention_backend = resolve_attention_backend(
+            config.attention_backend,
+            device=param.device,
+            numerics=config.numerics,
+            page_size=config.page_size,
+            dtype=param.dtype,
+        )
+        capture = resolve_cuda_graphs(
+            config.cuda_graphs, param.device, backend=self.attention_backend
+        )
         pool_args = dict(
             num_layers=loaded.num_layers,
             num_kv_heads=loaded.num_kv_heads,
@@ -81,7 +102,22 @@ class EngineCore:
             max_num_seqs=config.max_num_seqs,
             enable_prefix_cache=config.enable_prefix_cache,
         )
-        self.runner = ModelRunner(loaded.model, self.pool, numerics=config.numerics)
+        graphs = None
+        if capture or static_decode:
+            graphs = GraphSpec(
+                scratch_page=self.cache.reserve_scratch_page(),
+                max_num_seqs=config.max_num_seqs,
+                max_context=self.max_model_len,
+                capture=capture,
+            )
+        self.runner = ModelRunner(
+            loaded.model,
+            self.pool,
+            numerics=config.numerics,
+            attention_kernel=make_kernel(self.attention_backend, param.device),
+            graphs=graphs,
+        )
+        self._usable_pages = self.pool.num_pages - (graphs is not None)
         # (request id, sample index, logits row) of every sampled position; tests of the
         # batch-invariance promise compare these bitwise
         self.logits_observer: Callable[[Hashable, int, torch.Tensor], None] | None = None
@@ -169,10 +205,10 @@ class EngineCore:
                 f"the model context of {self.max_model_len} tokens"
             )
         pages = -(-total // self.config.page_size)
-        if pages > self.pool.num_pages:
+        if pages > self._usable_pages:
             return (
                 f"prompt + max_tokens needs {pages} KV pages but the cache holds only "
-                f"{self.pool.num_pages}; raise --kv-cache-memory or lower max_tokens"
+                f"{self._usable_pages}; raise --kv-cache-memory or lower max_tokens"
             )
         return None
 

@@ -28,9 +28,12 @@ from astrai_batch.engine.attention import (
 from astrai_batch.engine.block_plan import BlockBatch, QuerySpan, block_tokens_for, plan_blocks
 from astrai_batch.engine.cascade import DecodePartition
 from astrai_batch.engine.cascade_plan import CascadeBatch, plan_cascade
+from astrai_batch.engine.decode_graphs import DecodeGraphs, GraphSpec
 from astrai_batch.engine.forward_timer import ForwardTimer
 from astrai_batch.engine.invariant_linear import set_row_tiling
+from astrai_batch.engine.kernel_attention import KernelBatch, PagedKernel
 from astrai_batch.engine.page_gather import PageGatherer
+from astrai_batch.engine.paged_kv_metadata import paged_kv_metadata
 from astrai_batch.engine.step_buffers import StepArrays, StepBuffers, partition_rows, to_device
 
 
@@ -68,7 +71,9 @@ NUMERICS = ("invariant", "fast")
 
 class ModelRunner:
     """numerics="invariant": a row's logits never depend on the rest of the step (row-tiled
-    linear layers, block-ordered attention); "fast": the step-shaped kernels."""
+    linear layers, block-ordered attention); "fast": the step-shaped kernels, or a paged
+    CUDA kernel (`attention_kernel`, see `kernel_attention`) for the whole step's attention.
+    `graphs`: decode-only steps run at bucketed shapes (`decode_graphs`), captured or eagerly."""
 
     def __init__(
         self,
@@ -77,9 +82,13 @@ class ModelRunner:
         *,
         use_cascade: bool = True,
         numerics: str = "invariant",
+        attention_kernel: PagedKernel | None = None,
+        graphs: GraphSpec | None = None,
     ) -> None:
         if numerics not in NUMERICS:
             raise ValueError(f"numerics must be one of {NUMERICS}, got {numerics!r}")
+        if attention_kernel is not None and numerics != "fast":
+            raise ValueError("an attention kernel does not keep invariant numerics: use 'fast'")
         register_paged_attention()
         model.set_attn_implementation(ATTENTION_NAME)
         set_row_tiling(model, numerics == "invariant")
@@ -89,15 +98,24 @@ class ModelRunner:
         self.device = pool.key_cache[0].device
         self.page_size = pool.page_size
         self.use_cascade = use_cascade
+        self.attention_kernel = attention_kernel
         self.gatherer = PageGatherer()
         self.buffers = StepBuffers(self.page_size)
+        self.decode_graphs = (
+            None
+            if graphs is None
+            else DecodeGraphs(model, pool, graphs, invariant=numerics == "invariant")
+        )
 
     @torch.inference_mode()
     def forward(self, chunks: Sequence[ScheduledChunk]) -> ForwardOutput:
         if not chunks:
             raise ValueError("forward needs at least one chunk")
-        batch, input_ids, positions, logit_rows = self._build_batch(chunks)
+        built = self._build_batch(chunks)
         timer = ForwardTimer(self.device)
+        if callable(built):  # a decode-only step staged for its bucket's graph
+            return ForwardOutput(logits=built(timer), timer=timer)
+        batch, input_ids, positions, logit_rows = built
         timer.start()
         outputs = self.model(
             input_ids=input_ids.unsqueeze(0),
@@ -111,15 +129,21 @@ class ModelRunner:
         return ForwardOutput(logits=logits, timer=timer)
 
     def _build_batch(self, chunks: Sequence[ScheduledChunk]):
+        step = self.buffers.build(chunks)
+        if self.decode_graphs is not None:
+            staged = self.decode_graphs.stage(step)
+            if staged is not None:
+                return staged
         device = self.device
         page = self.page_size
-        step = self.buffers.build(chunks)
         input_ids = to_device(step.token_ids, device)
         position_ids = to_device(step.positions, device)
         rows = to_device(step.logit_rows, device)
         if self.numerics == "invariant":
             batch = self._block_batch(chunks, step)
             return batch, input_ids, position_ids, rows
+        if self.attention_kernel is not None:
+            return self._kernel_batch(step), input_ids, position_ids, rows
         prefills: list[PrefillSpan] = []
         for i in np.flatnonzero(step.num_tokens > 1).tolist():
             row, n = int(step.token_start[i]), int(step.num_tokens[i])
@@ -161,6 +185,18 @@ class ModelRunner:
             runs=runs,
             units=units,
             gatherer=self.gatherer,
+        )
+
+    def _kernel_batch(self, step: StepArrays) -> KernelBatch:
+        kernel = self.attention_kernel
+        kernel.begin_step(paged_kv_metadata(step, self.page_size))
+        return KernelBatch(
+            key_cache=self.pool.key_cache,
+            value_cache=self.pool.value_cache,
+            page_size=self.page_size,
+            write_slots=to_device(step.write_slots, self.device),
+            longest_context=int(step.lengths.max()),
+            kernel=kernel,
         )
 
     def _decode_groups(self, step: StepArrays) -> tuple[DecodeGroup | None, CascadeBatch | None]:

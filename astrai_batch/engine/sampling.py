@@ -8,12 +8,15 @@ processed in this order, always in float32:
    its logit divided by the penalty when positive and multiplied by it when negative, once
    however often it occurred. Then `frequency_penalty * count + presence_penalty` is subtracted
    from every token generated `count >= 1` times (OpenAI semantics: the prompt does not count).
-2. min_tokens. While fewer than `min_tokens` tokens were generated, the `stop_token_ids` and
-   the EOS ids get -inf, so the sequence cannot end early. With `ignore_eos` EOS does not end
-   a sequence, so it is not masked (only the stop ids are).
-   Then the grammar masks of constrained rows (`engine.constraints`): every token the row's
+2. The grammar masks of constrained rows (`engine.constraints`): every token the row's
    grammar does not allow next gets -inf, so greedy, seeded and logprob rows all see the
    constrained distribution.
+   Then min_tokens. While fewer than `min_tokens` tokens were generated, the `stop_token_ids`
+   and the EOS ids get -inf, so the sequence cannot end early. With `ignore_eos` EOS does not
+   end a sequence, so it is not masked (only the stop ids are). The grammar wins over
+   min_tokens (as in vLLM): when a constrained output is complete and its grammar allows
+   nothing but end tokens, they stay allowed, so the row ends there, shorter than
+   min_tokens, rather than with a token its grammar forbids.
 3. Greedy rows (temperature 0) take the argmax (the first maximal index, as `torch.argmax`;
    computed by numpy on CPU, several times faster there): of the raw logits when
    no penalty or mask applies, and of the penalised logits otherwise.
@@ -207,9 +210,7 @@ def sample_next_tokens(
         )
     if masks is None and all(sampler.is_plain_greedy for sampler in samplers):
         return [SampledToken(token, None) for token in row_argmax(logits).tolist()]
-    scores = adjusted_scores(logits, samplers)
-    if masks is not None:
-        masks.apply(scores)
+    scores = adjusted_scores(logits, samplers, masks)
     device = scores.device
     token_ids = torch.empty(len(samplers), dtype=torch.long, device=device)
     logprobs = torch.full((len(samplers),), float("nan"), device=device)
@@ -246,13 +247,19 @@ def row_argmax(scores: torch.Tensor) -> torch.Tensor:
     return scores.argmax(dim=-1)
 
 
-def adjusted_scores(logits: torch.Tensor, samplers: Sequence[SequenceSampler]) -> torch.Tensor:
-    """Float32 logits after the penalties and the min_tokens mask (steps 1-2); a new tensor
-    whenever anything changes, so the caller's logits are never modified."""
+def adjusted_scores(
+    logits: torch.Tensor, samplers: Sequence[SequenceSampler], masks: StepMasks | None = None
+) -> torch.Tensor:
+    """Float32 logits after the penalties, the grammar masks and the min_tokens mask (steps
+    1-2). A new tensor whenever a penalty or min_tokens applies; grammar masks alone are
+    applied in place to float32 `logits` (the engine's are a per-step temporary)."""
     penalised = [s for s in samplers if s.has_penalties]
     masked = [i for i, sampler in enumerate(samplers) if sampler.masks_early_stops]
     if not penalised and not masked:
-        return logits.float()
+        scores = logits.float()
+        if masks is not None:
+            masks.apply(scores)
+        return scores
     scores = logits.to(torch.float32, memory_format=torch.contiguous_format, copy=True)
     vocab = scores.shape[1]
     flat = scores.view(-1)
@@ -272,12 +279,38 @@ def adjusted_scores(logits: torch.Tensor, samplers: Sequence[SequenceSampler]) -
         frequency = torch.tensor([s.params.frequency_penalty for s in samplers])[owner]
         presence = torch.tensor([s.params.presence_penalty for s in samplers])[owner]
         flat[at.to(scores.device)] -= (counts * frequency + presence).to(scores.device)
+    if masks is not None:
+        masks.apply(scores)
     if masked:
-        mask_rows = [row for row in masked for t in samplers[row].early_stop_ids if t < vocab]
-        tokens = [t for row in masked for t in samplers[row].early_stop_ids if t < vocab]
-        if tokens:
-            scores[_index(mask_rows, scores.device), _index(tokens, scores.device)] = float("-inf")
+        _mask_early_stops(scores, samplers, masked, masks.rows if masks is not None else ())
     return scores
+
+
+def _mask_early_stops(
+    scores: torch.Tensor,
+    samplers: Sequence[SequenceSampler],
+    masked: list[int],
+    constrained: Collection[int],
+) -> None:
+    """-inf for the end tokens of the rows still under min_tokens, except in constrained rows
+    whose grammar allows nothing else (a complete output: the grammar wins)."""
+    vocab = scores.shape[1]
+    pairs = [(row, t) for row in masked for t in samplers[row].early_stop_ids if t < vocab]
+    if not pairs:
+        return
+    rows = _index([row for row, _ in pairs], scores.device)
+    tokens = _index([t for _, t in pairs], scores.device)
+    kept = scores[rows, tokens]
+    scores[rows, tokens] = float("-inf")
+    checked = sorted(set(masked).intersection(constrained))
+    if not checked:
+        return  # an unconstrained row always keeps the rest of its vocabulary
+    emptied = scores[_index(checked, scores.device)].amax(dim=1) == float("-inf")
+    if bool(emptied.any()):
+        empty_rows = {row for row, empty in zip(checked, emptied.tolist(), strict=True) if empty}
+        restore = [i for i, (row, _) in enumerate(pairs) if row in empty_rows]
+        at = _index(restore, scores.device)
+        scores[rows[at], tokens[at]] = kept[at]
 
 
 def filter_scores(scaled: torch.Tensor, samplers: Sequence[SequenceSampler]) -> torch.Tensor:

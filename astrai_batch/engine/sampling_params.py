@@ -147,10 +147,6 @@ class SamplingParams:
             raise ConfigError(
                 f"constraint must be a Constraint, got {type(self.constraint).__name__}"
             )
-        if self.min_tokens:
-            # The grammar decides where a constrained output ends; forbidding its end tokens
-            # could leave no token at all.
-            raise ConfigError("min_tokens cannot be combined with a constraint")
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> SamplingParams:

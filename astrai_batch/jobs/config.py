@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from astrai_batch.checks import require_positive_int
+from astrai_batch.engine.attention_backends import check_backend_name, resolve_from_options
 from astrai_batch.engine.config import KV_LAYOUTS, check_utilization
 from astrai_batch.engine.sampling_params import SamplingParams
 from astrai_batch.errors import ConfigError
@@ -65,9 +66,15 @@ DEFAULT_MAX_TOKENS = 256
 # RESULT_OPTIONS define a row's result: a resume under other values is refused, naming them.
 # The model is compared by its files (`jobs/fingerprint.py`), not by its name, so it is
 # absent here; `device` is compared by its kind (cpu, cuda), not its index.
+# `attention_backend` is a result option as `dtype` is: another kernel sums in another order,
+# so a row's bits (and a greedy near-tie) may change. Like `dtype`, it is compared as given:
+# `auto` is `sdpa` whenever numerics are invariant, whatever is installed; only under
+# `fast_numerics`, whose rows already move with their batch, may it pick another kernel on
+# another machine.
 RESULT_OPTIONS = (
     "device",
     "dtype",
+    "attention_backend",
     "fast_numerics",
     "revision",
     "max_model_len",
@@ -94,6 +101,7 @@ RUN_OPTIONS = (
     "max_num_batched_tokens",
     "kv_cache_memory",
     "gpu_memory_utilization",
+    "cuda_graphs",
     "prefix_cache",
     "kv_layout",
     "output_format",
@@ -132,6 +140,8 @@ class JobConfig:
     gpu_memory_utilization: float = 0.9
     prefix_cache: bool = True
     fast_numerics: bool = False  # step-shaped kernels: a row's last bits move with the batch
+    attention_backend: str = "auto"  # auto, sdpa, flashinfer, flash-attn
+    cuda_graphs: bool | None = None  # decode-only steps as CUDA graphs; None: on with CUDA
     kv_layout: str = "paged"
     max_model_len: int | None = None
     grouping: bool = True
@@ -205,10 +215,22 @@ class JobConfig:
             value = getattr(self, name)
             if value is not None:
                 _check_type(name, value, str)
+        check_backend_name(self.attention_backend)
         if self.kv_layout not in KV_LAYOUTS:
             raise ConfigError(
                 f"kv_layout must be one of {', '.join(KV_LAYOUTS)}, got {self.kv_layout!r}"
             )
+        if self.cuda_graphs is not None:
+            _check_type("cuda_graphs", self.cuda_graphs, bool)
+            kind = self.device.split(":", 1)[0].strip().lower()
+            if self.cuda_graphs and kind != "cuda":
+                raise ConfigError(f"cuda_graphs needs device cuda, got device {self.device}")
+            if self.cuda_graphs and self.attention_backend in ("flashinfer", "flash-attn"):
+                raise ConfigError(
+                    f"cuda_graphs cannot be used with attention_backend {self.attention_backend} "
+                    "(its step metadata is planned on the host every step); use sdpa or turn "
+                    "cuda_graphs off"
+                )
         if self.input_format is not None and self.input_format not in INPUT_FORMAT_NAMES:
             raise ConfigError(f"input_format must be parquet or jsonl, got {self.input_format!r}")
         if self.output_format not in OUTPUT_FORMATS:
@@ -295,7 +317,20 @@ class JobConfig:
             "max_model_len": self.max_model_len,
             "seed": self.seed,
             "numerics": "fast" if self.fast_numerics else "invariant",
+            "attention_backend": self.attention_backend,
+            "cuda_graphs": self.cuda_graphs,
         }
+
+    def resolved_attention_backend(self) -> str:
+        """The attention backend this process would run (refusing one that cannot run here),
+        from the options alone, so a local run refuses before the model loads."""
+        return resolve_from_options(
+            self.attention_backend,
+            device=self.device,
+            dtype=self.dtype,
+            numerics="fast" if self.fast_numerics else "invariant",
+            page_size=self.page_size,
+        )
 
     def model_options(self) -> dict[str, Any]:
         """Keyword arguments of `load_model` beside the model itself."""

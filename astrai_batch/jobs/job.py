@@ -103,6 +103,7 @@ def run_job(
 def _run(
     config: JobConfig, paths: JobPaths, progress: Progress, started: float, lock: OutputLock
 ) -> JobSummary:
+    attention = config.resolved_attention_backend()  # a bad choice fails before anything loads
     already_written = _check_output(paths, config)
     source = open_input(
         paths.input,
@@ -138,7 +139,9 @@ def _run(
         progress.message(f"planning as the checkpoint's job did: {checkpoint.planning.describe()}")
 
     resumed_rows = checkpoint.total_stats().input_rows
-    report = _Report(config, paths, loaded.name, total_rows, resumed_rows, started, checkpoint)
+    report = _Report(
+        config, paths, loaded.name, total_rows, resumed_rows, started, checkpoint, attention
+    )
     if already_written and checkpoint.run_id == already_written:
         # A previous run wrote the output and died before removing its checkpoint.
         summary = report.completed(None)
@@ -202,6 +205,7 @@ class _Report:
     resumed_rows: int
     started: float
     checkpoint: Checkpoint
+    attention_backend: str
 
     def summary(
         self, status: str, exit_code: int, run: ExecutionResult | None, message: str | None = None
@@ -221,6 +225,7 @@ class _Report:
             run_decode_tokens=run.run_stats.decode_tokens if run else 0,
             run_wall_seconds=time.monotonic() - self.started,
             message=message,
+            attention_backend=self.attention_backend,
         )
 
     def completed(self, run: ExecutionResult | None) -> JobSummary:

@@ -31,6 +31,8 @@ class JobSummary:
     run_decode_tokens: int
     run_wall_seconds: float
     message: str | None = None
+    # the backend this process resolved `--attention-backend` to; None where workers resolve it
+    attention_backend: str | None = None
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -48,6 +50,7 @@ class JobSummary:
             "stats_output": self.stats_output,
             "output_format": self.output_format,
             "model": self.model,
+            "attention_backend": self.attention_backend,
             "rows": self.total_rows,
             "rows_done": totals.input_rows,
             "resumed_rows": self.resumed_rows,

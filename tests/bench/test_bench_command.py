@@ -48,6 +48,7 @@ DOCUMENTED_COLUMNS = (
     "peak_kv_pages",
     "kv_pool_pages",
     "kv_layout",
+    "attention_backend",
     "kv_seats",
     "peak_running_seqs",
     "peak_rss_bytes",
@@ -81,6 +82,7 @@ ENGINE_ONLY = (
     "peak_kv_pages",
     "kv_pool_pages",
     "kv_layout",
+    "attention_backend",
     "peak_running_seqs",
     "forward_seconds",
     "step_seconds",
@@ -343,6 +345,11 @@ def test_usage_errors_exit_2_with_the_reason(tiny_llama_dir: Path) -> None:
     result = bench("--hf-batch-size", "lots")
     assert result.exit_code == 2
     assert "hf batch size must be auto or a positive int, got 'lots'" in result.stderr
+    result = bench("--cuda-graphs")
+    assert result.exit_code == 2
+    assert result.stderr.splitlines()[-1] == (
+        "Error: --cuda-graphs needs --device cuda, got --device cpu"
+    )
 
 
 def test_a_missing_workload_file_fails_with_exit_1(tiny_llama_dir: Path, tmp_path: Path) -> None:

@@ -40,7 +40,9 @@ def test_every_step_wrote_its_file(check_dir: Path) -> None:
         "exactness_tiny_float32",
         "exactness_tiny_bfloat16",
         "bench_shared_prefix",
+        "cuda_graphs",
         "host_overhead",
+        "attention_backends",
     }
     assert {p.stem for p in check_dir.glob("*.json")} == names | {"summary"}
     summary = read(check_dir, "summary")
@@ -74,3 +76,22 @@ def test_bench_and_host_figures_are_recorded(check_dir: Path) -> None:
     assert host["context"] == 64
     assert host["host_ms_per_step"] > 0
     assert host["peak_device_memory_bytes"] is None  # no GPU here
+
+
+def test_kernel_backends_say_why_they_did_not_run(check_dir: Path) -> None:
+    result = read(check_dir, "attention_backends")
+    assert result["backends"] == {
+        "flashinfer": {"status": "needs a CUDA device"},
+        "flash-attn": {"status": "needs a CUDA device"},
+    }
+    assert "bench" not in result and "passed" not in result
+
+
+def test_graph_path_gives_the_eager_tokens(check_dir: Path) -> None:
+    result = read(check_dir, "cuda_graphs")
+    assert result["passed"] is True
+    assert result["same_tokens_rows"] == result["prompts"] == 4
+    on = result["graphs_on"]
+    assert on["captured"] is False and on["captures"] == 0  # CPU: the static path, eager
+    assert on["bucketed_steps_all_runs"] > 0
+    assert "captured" not in result["graphs_off"]

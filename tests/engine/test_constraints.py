@@ -9,14 +9,13 @@ import re
 
 import jsonschema
 import pytest
-from engine_reference import mixed_prompts
+from engine_reference import hf_greedy, mixed_prompts
 
 from astrai_batch.engine import EngineConfig, GenerationRequest, SamplingParams, generate_sync
 from astrai_batch.engine.config import EngineConfig as Config
 from astrai_batch.engine.constraints import Constraint
 from astrai_batch.engine.core import EngineCore
 from astrai_batch.engine.loader import load_model
-from astrai_batch.errors import ConfigError
 
 CONFIG = EngineConfig(page_size=8, num_pages=256, max_num_seqs=16)
 SCHEMA = {
@@ -199,9 +198,65 @@ def test_a_complete_grammar_ends_the_row_even_with_ignore_eos(loaded, prompts):
     assert (results[0].text, results[0].finish_reason) == ("ok", "stop")
 
 
-def test_min_tokens_cannot_be_combined_with_a_constraint():
-    with pytest.raises(ConfigError, match=r"^min_tokens cannot be combined with a constraint$"):
-        SamplingParams(min_tokens=2, constraint=Constraint("regex", "a+"))
+def hf_constrained(loaded, prompt, constraint, *, min_tokens, max_tokens):
+    """transformers `generate` with `min_new_tokens` and xgrammar's own logits processor: the
+    reference is not our code (greedy, float32; the tiny model's EOS ids are our engine's)."""
+    import xgrammar
+    from xgrammar.contrib.hf import LogitsProcessor
+
+    info = xgrammar.TokenizerInfo.from_huggingface(
+        loaded.tokenizer,
+        vocab_size=loaded.model.config.vocab_size,
+        stop_token_ids=sorted(loaded.eos_token_ids),
+    )
+    compiled = xgrammar.GrammarCompiler(info).compile_regex(constraint.text)
+    processors = lambda _: [LogitsProcessor(compiled)]  # noqa: E731
+    out = hf_greedy(loaded.source, [prompt], max_tokens, processors, min_new_tokens=min_tokens)
+    return tuple(out[0])
+
+
+def test_min_tokens_holds_off_a_complete_grammars_end_like_transformers(loaded, prompts):
+    """While the grammar could go on, min_tokens masks the end token, as
+    generate(min_new_tokens=...) does beside xgrammar's processor, token for token."""
+    constraint = Constraint("regex", "[a-c]+")
+    lengthened = 0
+    for prompt in prompts:
+        free, _ = generate_sync(loaded, [GenerationRequest(0, prompt, params(constraint))], CONFIG)
+        ended = free[0].completion_tokens  # its EOS included
+        if free[0].finish_reason != "stop" or ended > 20:
+            continue
+        min_tokens = ended + 3
+        request = GenerationRequest(0, prompt, params(constraint, min_tokens=min_tokens))
+        results, _ = generate_sync(loaded, [request], CONFIG)
+        want = hf_constrained(loaded, prompt, constraint, min_tokens=min_tokens, max_tokens=48)
+        assert results[0].token_ids == want
+        assert results[0].completion_tokens > min_tokens
+        assert re.fullmatch("[a-c]+", results[0].text), results[0].text
+        lengthened += 1
+    assert lengthened >= 2  # rows whose unconstrained-by-min_tokens output ended early
+
+
+@pytest.mark.parametrize("seed", [None, 5])
+def test_a_complete_grammar_ends_the_row_before_min_tokens(loaded, prompts, seed):
+    """When the grammar allows nothing but the end (a choice is complete), the grammar wins:
+    the row ends there with finish_reason stop, exactly as without min_tokens."""
+    constraint = Constraint.choice(CHOICES)
+    rows = [
+        GenerationRequest(i, prompt, params(constraint, seed=seed, n=2, min_tokens=30))
+        for i, prompt in enumerate(prompts)
+    ]
+    plain = [
+        GenerationRequest(i, prompt, params(constraint, seed=seed, n=2))
+        for i, prompt in enumerate(prompts)
+    ]
+    held, _ = generate_sync(loaded, rows, CONFIG)
+    free, _ = generate_sync(loaded, plain, CONFIG)
+    assert [r.token_ids for r in held] == [r.token_ids for r in free]
+    for result in held:
+        assert (result.finish_reason, result.error) == ("stop", None)
+        assert result.text in CHOICES
+        assert result.token_ids[-1] in loaded.eos_token_ids
+        assert result.completion_tokens < 30
 
 
 def test_matchers_follow_their_sequences_step_by_step(loaded, prompts):

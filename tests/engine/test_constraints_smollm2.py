@@ -52,7 +52,7 @@ def chat(loaded, system: str, user: str) -> list[int]:
     return loaded.tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def reference(loaded, prompts, constraint: Constraint) -> list[list[int]]:
+def reference(loaded, prompts, constraint: Constraint, min_tokens: int = 0) -> list[list[int]]:
     import xgrammar
     from xgrammar.contrib.hf import LogitsProcessor
 
@@ -67,7 +67,11 @@ def reference(loaded, prompts, constraint: Constraint) -> list[list[int]]:
     else:
         compiled = compiler.compile_regex(constraint.text)
     return hf_greedy(
-        loaded.source, prompts, MAX_TOKENS, logits_processors=lambda _: [LogitsProcessor(compiled)]
+        loaded.source,
+        prompts,
+        MAX_TOKENS,
+        logits_processors=lambda _: [LogitsProcessor(compiled)],
+        min_new_tokens=min_tokens,
     )
 
 
@@ -116,3 +120,22 @@ def test_every_completion_obeys_its_constraint(loaded):
         else:
             assert re.fullmatch(REGEX, result.text)
     assert finished >= len(requests) // 2
+
+
+def test_min_tokens_under_a_constraint_matches_transformers(loaded):
+    """EOS masked while the grammar could go on, as generate(min_new_tokens=...) masks it
+    beside xgrammar's processor; greedy, token for token."""
+    # a sentence may go on after its full stop: the model ends some rows there, early
+    constraint = Constraint("regex", "[A-Za-z .]+")
+    system = "Answer with one word: the person's first name."
+    prompts = [chat(loaded, system, person) for person in PEOPLE]
+    config = EngineConfig(page_size=16, num_pages=64, max_num_batched_tokens=64)
+    free = SamplingParams(max_tokens=MAX_TOKENS, constraint=constraint)
+    held = free.replace(min_tokens=8)
+    requests = [GenerationRequest(i, p, free) for i, p in enumerate(prompts)]
+    short, _ = generate_sync(loaded, requests, config)
+    requests = [GenerationRequest(i, p, held) for i, p in enumerate(prompts)]
+    results, _ = generate_sync(loaded, requests, config)
+    assert [list(r.token_ids) for r in results] == reference(loaded, prompts, constraint, 8)
+    assert all(r.completion_tokens > 8 for r in results)
+    assert any(r.completion_tokens <= 8 for r in short)  # min_tokens changed those rows

@@ -118,3 +118,37 @@ def test_plan_counts_distinct_constraints(tiny_llama_dir: Path, tmp_path: Path) 
     assert (report["constrained_rows"], report["distinct_constraints"]) == (3, 2)
     text = run_cli("plan", source, "--model", tiny_llama_dir).stdout
     assert "output constraints        2 distinct over 3 rows (each compiled once)" in text
+
+
+def test_a_schema_feature_that_cannot_be_enforced_fails_its_own_row(
+    tiny_llama_dir: Path, tmp_path: Path
+) -> None:
+    unenforced = {
+        "type": "object",
+        "properties": {"name": {"type": "string", "not": {"const": ""}}},
+        "required": ["name"],
+    }
+    lines = [
+        {"id": "good", "prompt": question(0), "json_schema": SCHEMA},
+        {"id": "not", "prompt": question(1), "json_schema": unenforced},
+        {"id": "again", "prompt": question(2), "json_schema": json.dumps(unenforced)},
+        {"id": "free", "prompt": question(3)},
+    ]
+    source = write_jsonl(tmp_path / "in.jsonl", lines)
+    output = tmp_path / "out.parquet"
+
+    result = run_cli("run", source, output, *args(tiny_llama_dir))
+
+    assert result.exit_code == 0, result.stderr
+    rows = {row["id"]: row for row in read_rows(output)}
+    message = 'json_schema uses "not" at /properties/name, which structured outputs cannot enforce'
+    for key in ("not", "again"):
+        assert (rows[key]["finish_reason"], rows[key]["error"]) == ("error", message)
+    for key in ("good", "free"):
+        assert rows[key]["error"] is None
+        assert rows[key]["finish_reason"] in ("stop", "length")
+    if rows["good"]["finish_reason"] == "stop":
+        jsonschema.validate(json.loads(rows["good"]["completion"]), SCHEMA)
+    summary = summary_of(result.stdout)
+    assert (summary["failed_rows"], summary["constrained_rows"]) == (2, 3)
+    assert summary["grammars_compiled"] == 2  # the good schema and the refused one, once each

@@ -63,6 +63,8 @@ def test_from_options_routes_sampling_and_parses_strings() -> None:
         "max_model_len": None,
         "seed": 0,
         "numerics": "invariant",
+        "attention_backend": "auto",
+        "cuda_graphs": None,
     }
 
 
@@ -87,6 +89,14 @@ def test_from_options_routes_sampling_and_parses_strings() -> None:
         ({"temperature": -0.5}, "temperature must be >= 0, got -0.5"),
         ({"top_p": 0}, "top_p must be in (0, 1], got 0.0"),
         ({"keep_columns": 3}, "keep_columns must be a comma-separated string or a list, got 3"),
+        ({"cuda_graphs": "on"}, "cuda_graphs must be a boolean, got string"),
+        ({"cuda_graphs": True}, "cuda_graphs needs device cuda, got device cpu"),
+        ({"cuda_graphs": True, "device": "mps"}, "cuda_graphs needs device cuda, got device mps"),
+        (
+            {"cuda_graphs": True, "device": "cuda", "attention_backend": "flashinfer"},
+            "cuda_graphs cannot be used with attention_backend flashinfer (its step metadata "
+            "is planned on the host every step); use sdpa or turn cuda_graphs off",
+        ),
     ],
 )
 def test_invalid_options_name_the_field(options: dict, message: str) -> None:
@@ -180,7 +190,14 @@ def test_result_options_leave_out_operational_settings() -> None:
     assert operational.result_options() == base.result_options()
     assert JobConfig.from_options({"max_tokens": 5}).result_options() != base.result_options()
     assert base.to_dict()["max_tokens"] == 4 and base.to_dict()["stop"] == []
-    for changed in ({"seed": 3}, {"revision": "v2"}, {"max_model_len": 64}, {"dtype": "bf16"}):
+    changes = (
+        {"seed": 3},
+        {"revision": "v2"},
+        {"max_model_len": 64},
+        {"dtype": "bf16"},
+        {"attention_backend": "sdpa"},  # a kernel sums in another order
+    )
+    for changed in changes:
         options = JobConfig.from_options({"max_tokens": 4, **changed}).result_options()
         assert options != base.result_options(), changed
     assert base.result_options()["device"] == "cpu"

@@ -1,5 +1,5 @@
 """Exit status of a job whose every row failed, and the model options --max-model-len,
---revision and --trust-remote-code."""
+--revision, --trust-remote-code and --cuda-graphs."""
 
 from __future__ import annotations
 
@@ -210,3 +210,15 @@ def test_revision_picks_a_hub_models_files(
     assert json.loads(metadata[b"astrai_batch.config"])["revision"] == "v2"
     model = json.loads(metadata[b"astrai_batch.model"])
     assert (model["name"], model["digest"][:6]) == ("astrai/tiny", "files:")
+
+
+def test_cuda_graphs_on_a_cpu_is_a_usage_error(tiny_llama_dir: Path, tmp_path: Path) -> None:
+    source = write_jsonl(tmp_path / "in.jsonl", token_rows(3))
+    args = ("run", source, tmp_path / "out.parquet", *engine_args(tiny_llama_dir))
+    result = run_cli(*args, "--cuda-graphs")
+    assert result.exit_code == 2
+    assert result.stderr.splitlines()[-1] == (
+        "Error: cuda_graphs needs device cuda, got device cpu"
+    )
+    assert listing(tmp_path) == ["in.jsonl"]
+    assert run_cli(*args, "--no-cuda-graphs").exit_code == 0

@@ -2,6 +2,9 @@
 library such as llguidance would be a second implementation of the same two classes).
 
 Contract:
+- `schema_support` says which JSON Schema keywords the backend enforces; `check` refuses a
+  schema using any other (`schema_support.find_unenforced`), before `compile`, so a row
+  never runs under a schema that is only partly enforced;
 - `compile` turns a `Constraint` into an opaque compiled grammar, or raises
   `ConstraintCompileError` with a one-line message in the user's terms;
 - a `Matcher` follows one sequence's output token by token; while it is not terminated it
@@ -14,12 +17,14 @@ Contract:
 
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
+from astrai_batch.engine.constraints.schema_support import SchemaSupport, find_unenforced
 from astrai_batch.engine.constraints.spec import Constraint
 from astrai_batch.errors import AstraiBatchError
 
@@ -41,6 +46,20 @@ class Matcher(ABC):
 
 class ConstraintBackend(ABC):
     name: str
+    schema_support: SchemaSupport
+
+    def check(self, constraint: Constraint) -> None:
+        """Raises ConstraintCompileError when a json_schema uses a feature this backend does
+        not enforce (a schema that is not valid JSON is left to `compile`)."""
+        if constraint.kind != "json_schema":
+            return
+        try:
+            schema = json.loads(constraint.text)
+        except json.JSONDecodeError:
+            return
+        problem = find_unenforced(schema, self.schema_support)
+        if problem is not None:
+            raise ConstraintCompileError(problem.message)
 
     @abstractmethod
     def compile(self, constraint: Constraint) -> Any:

@@ -38,6 +38,7 @@ class GrammarCache:
         if entry is None:
             started = time.perf_counter()
             try:
+                self.backend.check(constraint)
                 entry = self.backend.compile(constraint)
             except ConstraintCompileError as exc:
                 entry = exc

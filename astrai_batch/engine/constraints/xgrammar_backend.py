@@ -19,6 +19,7 @@ from astrai_batch.engine.constraints.backend import (
     ConstraintCompileError,
     Matcher,
 )
+from astrai_batch.engine.constraints.schema_support import TYPE_KEYWORDS, SchemaSupport
 from astrai_batch.engine.constraints.spec import Constraint
 from astrai_batch.errors import ModelLoadError
 
@@ -26,6 +27,68 @@ from astrai_batch.errors import ModelLoadError
 _SOURCE_PREFIX = re.compile(r"^\[[0-9:]+\] \S+:\d+: ")
 # `json_object` is OpenAI's "any JSON object".
 _ANY_OBJECT_SCHEMA = '{"type":"object"}'
+
+# What xgrammar 0.2.8 enforces of JSON Schema, found by experiment (tests/engine/
+# test_schema_support.py holds, for every feature left out, an instance its matcher accepts
+# and `jsonschema` rejects) and by reading its converter (cpp/json_schema_converter.cc).
+# It drops silently: `not`, `if`, `dependentRequired` / `dependentSchemas` / `dependencies`,
+# `contains`, `uniqueItems`, `multipleOf` on numbers (and on integers: fractions, values
+# over 1024, one bound, bounds over 10000 integers apart), required properties missing from
+# `properties`, references outside the schema, every
+# keyword beside `$ref` / `const` / `enum` / `anyOf` / `oneOf` / `allOf` (the first of
+# them present makes the schema), `allOf` with several schemas (it allows any value), the
+# exclusivity of `oneOf` (generated as `anyOf`), the
+# type keywords of a schema without `type`, unknown formats, and `pattern`, `minLength`,
+# `maxLength` beside a format (and the lengths beside a pattern).
+XGRAMMAR_SCHEMA_SUPPORT = SchemaSupport(
+    types={
+        "string": TYPE_KEYWORDS["string"],
+        "integer": TYPE_KEYWORDS["number"],
+        "number": TYPE_KEYWORDS["number"] - {"multipleOf"},
+        "boolean": frozenset(),
+        "null": frozenset(),
+        "object": TYPE_KEYWORDS["object"]
+        - {"dependentRequired", "dependentSchemas", "dependencies"},
+        "array": TYPE_KEYWORDS["array"]
+        - {"contains", "minContains", "maxContains", "uniqueItems", "additionalItems"},
+    },
+    alone=("$ref", "const", "enum", "anyOf", "oneOf", "allOf"),
+    inferred={
+        "properties": "object",
+        "additionalProperties": "object",
+        "unevaluatedProperties": "object",
+        "items": "array",
+        "prefixItems": "array",
+        "unevaluatedItems": "array",
+    },
+    formats=frozenset(
+        [
+            "email",
+            "date",
+            "time",
+            "date-time",
+            "duration",
+            "ipv4",
+            "ipv6",
+            "hostname",
+            "uuid",
+            "uri",
+            "uri-reference",
+            "uri-template",
+            "json-pointer",
+            "relative-json-pointer",
+        ]
+    ),
+    overrides={
+        "format": frozenset({"pattern", "minLength", "maxLength"}),
+        "pattern": frozenset({"minLength", "maxLength"}),
+    },
+    max_all_of=1,
+    multiple_of_max=1024,
+    multiple_of_span=10000,
+    required_in_properties=True,
+    one_of_as_any_of=True,
+)
 
 
 class ConstraintLibraryMissing(ModelLoadError):
@@ -46,6 +109,7 @@ class XGrammarMatcher(Matcher):
 
 class XGrammarBackend(ConstraintBackend):
     name = "xgrammar"
+    schema_support = XGRAMMAR_SCHEMA_SUPPORT
 
     def __init__(
         self, tokenizer: Any, *, vocab_size: int, eos_token_ids: Collection[int], threads: int = 1
