@@ -200,7 +200,8 @@ def run(ctx: click.Context, input_path: str, output_path: str, **params: Any) ->
     """Generate a completion for every row of INPUT into the Parquet file OUTPUT.
 
     INPUT is a .parquet file, a directory of them, or a .jsonl / .jsonl.gz file, with
-    prompt, messages, prompt_token_ids or OpenAI batch rows. Progress goes to stderr, a JSON
+    prompt, messages, prompt_token_ids or OpenAI batch rows. INPUT and OUTPUT may be local
+    paths or URIs (s3://, gs://, hdfs://, file://). Progress goes to stderr, a JSON
     summary to stdout. Rerunning an interrupted job resumes it.
     """
     from astrai_batch.jobs.executors import run_with_executor
@@ -254,7 +255,7 @@ def _explicit_options(ctx: click.Context, params: dict[str, Any]) -> tuple[dict[
 
 
 @main.command()
-@click.argument("input_path", metavar="INPUT", type=click.Path(path_type=Path))
+@click.argument("input_path", metavar="INPUT")
 @click.option(
     "--model",
     default=DEFAULT_MODEL,
@@ -285,7 +286,7 @@ def _explicit_options(ctx: click.Context, params: dict[str, Any]) -> tuple[dict[
 @click.pass_context
 def plan(
     ctx: click.Context,
-    input_path: Path,
+    input_path: str,
     model: str,
     revision: str | None,
     trust_remote_code: bool,
@@ -298,7 +299,8 @@ def plan(
     id_column: str | None,
     chat_template_kwargs: str | None,
 ) -> None:
-    """Predict the prefix-cache saving on INPUT without running the model."""
+    """Predict the prefix-cache saving on INPUT (a path or a URI) without running the
+    model."""
     from astrai_batch.jobs.option_values import parse_json_object
     from astrai_batch.jobs.plan_report import plan_input
 

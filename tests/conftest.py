@@ -113,3 +113,56 @@ def tiny_qwen2_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session", params=["llama", "qwen2"])
 def tiny_model_dir(request, tiny_llama_dir, tiny_qwen2_dir) -> Path:
     return tiny_llama_dir if request.param == "llama" else tiny_qwen2_dir
+
+
+class S3Bucket:
+    """A bucket on the local S3 server: pyarrow's own S3 filesystem for it (`fs`), and URIs
+    that carry the endpoint and credentials (`uri(key)`), as a user would pass them."""
+
+    def __init__(self, fs, query: str) -> None:
+        self.fs = fs
+        self.query = query
+
+    def uri(self, key: str) -> str:
+        return f"s3://test:test@bucket/{key}?{self.query}"
+
+    def names(self, directory: str) -> list[str]:
+        """Every object under `directory` (a key prefix without the bucket), sorted."""
+        import pyarrow.fs as pafs
+
+        selector = pafs.FileSelector(f"bucket/{directory}", allow_not_found=True, recursive=True)
+        return sorted(info.path for info in self.fs.get_file_info(selector))
+
+    def upload(self, local: Path, key: str) -> str:
+        """Copy a local file to `key`; returns its URI."""
+        with self.fs.open_output_stream(f"bucket/{key}", compression=None) as stream:
+            stream.write(local.read_bytes())
+        return self.uri(key)
+
+
+@pytest.fixture(scope="session")
+def s3_bucket():
+    """An S3 server (moto's) on 127.0.0.1 for the session, with one empty bucket."""
+    import socket
+
+    moto_server = pytest.importorskip("moto.server")
+    import pyarrow.fs as pafs
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        fs = pafs.S3FileSystem(
+            access_key="test",
+            secret_key="test",
+            endpoint_override=f"127.0.0.1:{port}",
+            scheme="http",
+            region="us-east-1",
+            allow_bucket_creation=True,
+        )
+        fs.create_dir("bucket")
+        yield S3Bucket(fs, f"endpoint_override=127.0.0.1:{port}&scheme=http&region=us-east-1")
+    finally:
+        server.stop()

@@ -13,18 +13,21 @@ local filesystem the existing `AtomicFile` (fsync, rename, directory fsync) does
 
 from __future__ import annotations
 
+import io
 import posixpath
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from astrai_batch.errors import InputError, OutputError
+from astrai_batch.errors import AstraiBatchError, InputError, OutputError
 from astrai_batch.io.atomic import AtomicFile
+
+_READ_CHUNK = 1 << 20
 
 
 def is_uri(text: str) -> bool:
@@ -67,17 +70,27 @@ class Location:
     def sibling(self, name: str) -> Location:
         return self.parent.child(name)
 
-    def info(self) -> pafs.FileInfo:
+    def info(self, error: type[AstraiBatchError] = OutputError) -> pafs.FileInfo:
+        """What is at this location; an unreachable filesystem raises `error`."""
         try:
             return self.fs.get_file_info(self.path)
         except (OSError, pa.ArrowException) as exc:
-            raise OutputError(f"cannot reach {self.shown}: {exc}") from exc
+            raise error(f"cannot reach {self.shown}: {exc}") from exc
 
-    def exists(self) -> bool:
-        return self.info().type != pafs.FileType.NotFound
+    def exists(self, error: type[AstraiBatchError] = OutputError) -> bool:
+        return self.info(error).type != pafs.FileType.NotFound
 
-    def is_dir(self) -> bool:
-        return self.info().type == pafs.FileType.Directory
+    def is_dir(self, error: type[AstraiBatchError] = OutputError) -> bool:
+        return self.info(error).type == pafs.FileType.Directory
+
+    def is_file(self, error: type[AstraiBatchError] = OutputError) -> bool:
+        return self.info(error).type == pafs.FileType.File
+
+    def same_place(self, other: Location) -> bool:
+        """Whether both name one file (local paths compared resolved, links followed)."""
+        if self.is_local and other.is_local:
+            return Path(self.path).resolve() == Path(other.path).resolve()
+        return type(self.fs) is type(other.fs) and self.path.rstrip("/") == other.path.rstrip("/")
 
     def make_dir(self) -> None:
         self.fs.create_dir(self.path, recursive=True)
@@ -86,8 +99,22 @@ class Location:
         """Names directly inside this directory (none when it does not exist)."""
         if not self.is_dir():
             return []
+        return sorted(posixpath.basename(info.path) for info in self._entries())
+
+    def files(self, error: type[AstraiBatchError] = OutputError) -> list[Location]:
+        """The files directly inside this directory, in name order."""
+        try:
+            entries = self._entries()
+        except (OSError, pa.ArrowException) as exc:
+            raise error(f"cannot list {self.shown}: {exc}") from exc
+        names = sorted(
+            posixpath.basename(info.path) for info in entries if info.type == pafs.FileType.File
+        )
+        return [self.child(name) for name in names]
+
+    def _entries(self) -> list[pafs.FileInfo]:
         selector = pafs.FileSelector(self.path, allow_not_found=True)
-        return sorted(posixpath.basename(info.path) for info in self.fs.get_file_info(selector))
+        return self.fs.get_file_info(selector)
 
     def delete(self) -> None:
         info = self.info()
@@ -97,27 +124,48 @@ class Location:
             self.fs.delete_file(self.path)
 
     def read_bytes(self) -> bytes:
-        with self.fs.open_input_stream(self.path) as stream:
+        with self.fs.open_input_stream(self.path, compression=None) as stream:
             return stream.read()
 
     def open_input_file(self) -> Any:
+        """Random access (a remote object is read by ranges)."""
         return self.fs.open_input_file(self.path)
+
+    def open_input_stream(self) -> Any:
+        """Sequential reading of the bytes as stored (no decompression by file name)."""
+        return self.fs.open_input_stream(self.path, compression=None)
+
+    def open_lines(self) -> BinaryIO:
+        """The bytes as stored, buffered, iterating by line like a local binary file (pyarrow's
+        streams have no line iteration of their own)."""
+        return io.BufferedReader(self.open_input_stream(), buffer_size=_READ_CHUNK)
 
     def read_parquet_schema(self) -> pa.Schema:
         with self.fs.open_input_file(self.path) as handle:
             return pq.read_schema(handle)
 
+    def read_parquet(self, columns: list[str] | None = None) -> pa.Table:
+        with self.fs.open_input_file(self.path) as handle:
+            return pq.read_table(handle, columns=columns)
 
-def resolve(target: str | Path) -> Location:
-    """A `Location` for a local path or a filesystem URI."""
+
+def as_location(target: str | Path | Location) -> Location:
+    return target if isinstance(target, Location) else resolve(target)
+
+
+def resolve(target: str | Path, error: type[AstraiBatchError] = InputError) -> Location:
+    """A `Location` for a local path or a filesystem URI (one pyarrow cannot open raises
+    `error`). Credentials and endpoints come from the URI's options or the environment,
+    as pyarrow reads them (e.g. AWS_ACCESS_KEY_ID, AWS_PROFILE, GOOGLE_APPLICATION_CREDENTIALS)."""
     text = str(target)
     if not is_uri(text):
-        path = Path(text).absolute()
-        return Location(pafs.LocalFileSystem(), str(path), text)
+        path = Path(text)
+        return Location(pafs.LocalFileSystem(), str(path.absolute()), str(path))
     try:
         fs, path = pafs.FileSystem.from_uri(text)
     except (OSError, pa.ArrowException, ValueError) as exc:
-        raise InputError(f"cannot open {text}: {exc}") from exc
+        shown = shown_uri(text)  # pyarrow's message may repeat the URI, keys and all
+        raise error(f"cannot open {shown}: {str(exc).replace(text, shown)}") from exc
     return Location(fs, path, shown_uri(text))
 
 
@@ -142,10 +190,26 @@ class AtomicObject:
         self._refuse_existing()
         self.temp = target.sibling(f".{target.name}.tmp-{secrets.token_hex(6)}")
         try:
-            self.handle = target.fs.open_output_stream(self.temp.path)
+            self.handle = target.fs.open_output_stream(self.temp.path, compression=None)
         except (OSError, pa.ArrowException) as exc:
             raise OutputError(f"cannot write {target.shown}: {exc}") from exc
         self.state = "open"
+
+    def require_open(self) -> None:
+        if self._local is not None:
+            self._local.require_open()
+        elif self.state != "open":
+            raise OutputError(f"output {self.target.shown} is already {self.state}")
+
+    def check_invariants(self) -> None:
+        """As `AtomicFile.check_invariants`: only an open writer has a temporary object."""
+        if self._local is not None:
+            self._local.check_invariants()
+            return
+        if self.state != "open" and self.temp.exists():
+            raise OutputError(f"{self.state} writer left {self.temp.shown} behind")
+        if self.state == "committed" and not self.target.exists():
+            raise OutputError(f"committed writer but {self.target.shown} is missing")
 
     def _refuse_existing(self) -> None:
         if not self.overwrite and self.target.exists():
@@ -158,8 +222,7 @@ class AtomicObject:
             self._local.commit()
             self.state = self._local.state
             return
-        if self.state != "open":
-            raise OutputError(f"output {self.target.shown} is already {self.state}")
+        self.require_open()
         try:
             self.handle.close()
             self._refuse_existing()

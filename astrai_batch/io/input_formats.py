@@ -1,4 +1,4 @@
-"""`open_input`: pick the reader for a path and check the input as a whole up front.
+"""`open_input`: pick the reader for a path or URI and check the input as a whole up front.
 
 Every file-level problem (missing path, unknown extension, unreadable or corrupt file, no
 usable prompt column, a named column that does not exist) raises `InputError` here, before
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from pathlib import Path
 
 from astrai_batch.errors import ConfigError, InputError
+from astrai_batch.io.filesystems import Location, resolve
 from astrai_batch.io.input_source import InputSource
 from astrai_batch.io.jsonl_input import open_jsonl
 from astrai_batch.io.parquet_input import open_parquet
@@ -19,9 +19,9 @@ from astrai_batch.io.parquet_input import open_parquet
 INPUT_FORMATS = ("parquet", "jsonl")
 
 
-def detect_format(path: Path) -> str:
+def detect_format(path: Location) -> str:
     """'parquet' for a directory or a .parquet file, 'jsonl' for .jsonl / .jsonl.gz."""
-    if path.is_dir():
+    if path.is_dir(InputError):
         return "parquet"
     name = path.name.lower()
     if name.endswith(".parquet"):
@@ -35,21 +35,22 @@ def detect_format(path: Path) -> str:
 
 
 def open_input(
-    path: str | os.PathLike[str],
+    path: str | os.PathLike[str] | Location,
     *,
     input_format: str | None = None,
     prompt_column: str | None = None,
     id_column: str | None = None,
     keep_columns: Sequence[str] = (),
 ) -> InputSource:
-    """Open an input file or directory for streaming; see `InputSource`."""
+    """Open an input file or directory (a local path, or a URI of any filesystem pyarrow
+    supports, see `filesystems.resolve`) for streaming; see `InputSource`."""
     if input_format is not None and input_format not in INPUT_FORMATS:
         raise ConfigError(f"input_format must be 'parquet' or 'jsonl', got {input_format!r}")
     if isinstance(keep_columns, str):
         raise ConfigError("keep_columns must be a sequence of column names, not one string")
-    input_path = Path(path)
-    if not input_path.exists():
-        raise InputError(f"input not found: {input_path}")
+    input_path = path if isinstance(path, Location) else resolve(path)
+    if not input_path.exists(InputError):
+        raise InputError(f"input not found: {input_path.shown}")
     chosen_format = input_format or detect_format(input_path)
     opener = open_parquet if chosen_format == "parquet" else open_jsonl
     return opener(

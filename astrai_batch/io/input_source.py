@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
+from astrai_batch.io.filesystems import Location
 from astrai_batch.io.fingerprint import files_fingerprint
 from astrai_batch.io.row_ids import DuplicateIds
 from astrai_batch.io.rows import SOURCE_SHAPES, InputRow, RowPlan
@@ -17,18 +17,19 @@ from astrai_batch.io.rows import SOURCE_SHAPES, InputRow, RowPlan
 class InputSource(ABC):
     """A readable input: its row shapes, its rows (streamed), and an identity for resume.
 
-    `path` is the path the user gave (a file, or a directory of Parquet files); `files` the
-    files actually read, in reading order. `duplicates` lists the rows that repeat an earlier
-    row's id, found when the input was opened (see `row_ids`).
+    `path` is where the user's INPUT is (a file, or a directory of Parquet files), on any
+    filesystem pyarrow reaches; `files` the files actually read, in reading order.
+    `duplicates` lists the rows that repeat an earlier row's id, found when the input was
+    opened (see `row_ids`).
     """
 
     def __init__(
         self,
-        path: Path,
+        path: Location,
         input_format: str,
         plan: RowPlan,
         columns: Sequence[str],
-        files: Sequence[Path],
+        files: Sequence[Location],
         *,
         shape: str,
         duplicates: DuplicateIds,
@@ -70,7 +71,7 @@ class InputSource(ABC):
             raise ValueError("an input without ids cannot have duplicate ids")
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({str(self.path)!r}, shape={self.shape!r})"
+        return f"{type(self).__name__}({self.path.shown!r}, shape={self.shape!r})"
 
 
 def check_start(start: int) -> None:

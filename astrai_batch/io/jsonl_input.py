@@ -18,12 +18,12 @@ import gzip
 import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import pyarrow as pa
 
 from astrai_batch.errors import InputError
+from astrai_batch.io.filesystems import Location
 from astrai_batch.io.input_source import InputSource, check_start
 from astrai_batch.io.row_ids import DuplicateIds, IdScan, read_ids
 from astrai_batch.io.row_parsing import parse_record, unreadable_row
@@ -39,7 +39,7 @@ KEY_LIMIT = 10_000
 class JsonlSource(InputSource):
     def __init__(
         self,
-        path: Path,
+        path: Location,
         plan: RowPlan,
         columns: Sequence[str],
         compressed: bool,
@@ -77,14 +77,14 @@ class JsonlSource(InputSource):
 
 
 def open_jsonl(
-    path: Path,
+    path: Location,
     *,
     prompt_column: str | None,
     id_column: str | None,
     keep_columns: Sequence[str],
 ) -> JsonlSource:
-    if path.is_dir():
-        raise InputError(f"{path} is a directory; only Parquet input can be a directory")
+    if path.is_dir(InputError):
+        raise InputError(f"{path.shown} is a directory; only Parquet input can be a directory")
     compressed = is_gzip(path)
     scan = _scan(path, compressed, prompt_column, (id_column,) if id_column else ID_FIELDS)
     if not scan.objects:
@@ -123,7 +123,7 @@ class _Scan:
 
 
 def _scan(
-    path: Path, compressed: bool, prompt_column: str | None, id_fields: Sequence[str]
+    path: Location, compressed: bool, prompt_column: str | None, id_fields: Sequence[str]
 ) -> _Scan:
     scan = _Scan()
     for index, (line_number, raw) in enumerate(_nonblank_lines(path, compressed)):
@@ -142,15 +142,15 @@ def _scan(
     return scan
 
 
-def is_gzip(path: Path) -> bool:
+def is_gzip(path: Location) -> bool:
     """By suffix, or by the gzip magic bytes for a compressed file named plain .jsonl."""
     if path.name.lower().endswith(".gz"):
         return True
     try:
-        with path.open("rb") as handle:
+        with path.open_input_stream() as handle:
             return handle.read(2) == GZIP_MAGIC
     except OSError as exc:
-        raise InputError(f"cannot read {path}: {exc.strerror or exc}") from exc
+        raise InputError(f"cannot read {path.shown}: {exc.strerror or exc}") from exc
 
 
 def decode_line(raw: bytes, line_number: int) -> dict[str, Any]:
@@ -170,18 +170,15 @@ def decode_line(raw: bytes, line_number: int) -> dict[str, Any]:
     raise RowProblem(f"line {line_number}: expected a JSON object, got {json_type(value)}")
 
 
-def _nonblank_lines(path: Path, compressed: bool) -> Iterator[tuple[int, bytes]]:
-    """(1-based physical line number, raw bytes) of every non-blank line."""
+def _nonblank_lines(path: Location, compressed: bool) -> Iterator[tuple[int, bytes]]:
+    """(1-based physical line number, raw bytes) of every non-blank line. The file is read
+    as a stream on any filesystem (a remote object is never downloaded whole first); gzip is
+    undone here, so a local and a remote copy read identically."""
     try:
-        with _open_binary(path, compressed) as handle:
+        with path.open_lines() as stream:
+            handle = gzip.GzipFile(fileobj=stream, mode="rb") if compressed else stream
             for line_number, raw in enumerate(handle, start=1):
                 if raw.strip():
                     yield line_number, raw
     except (OSError, EOFError, zlib.error) as exc:
         raise InputError(f"cannot read {path.name}: {exc}") from exc
-
-
-def _open_binary(path: Path, compressed: bool) -> IO[bytes]:
-    if compressed:
-        return gzip.open(path, "rb")
-    return path.open("rb")

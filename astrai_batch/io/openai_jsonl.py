@@ -19,11 +19,10 @@ import json
 import math
 import os
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from astrai_batch.io.atomic import AtomicFile
+from astrai_batch.io.filesystems import AtomicObject, Location, as_location
 
 # kind -> (response object name, response id prefix), as OpenAI names them.
 CHAT_NAMES = ("chat.completion", "chatcmpl")
@@ -136,14 +135,15 @@ def _json_logprob(value: float, position: int) -> float:
 
 
 class OpenAIBatchWriter:
-    """Writes OpenAI batch output lines to `path` atomically (see `AtomicFile`)."""
+    """Writes OpenAI batch output lines to `path` (a local path or a `Location` on any
+    filesystem) atomically (see `AtomicObject`)."""
 
-    def __init__(self, path: str | os.PathLike[str], *, overwrite: bool = False) -> None:
-        self._file = AtomicFile(path, overwrite=overwrite)
+    def __init__(self, path: str | os.PathLike[str] | Location, *, overwrite: bool = False) -> None:
+        self._file = AtomicObject(as_location(path), overwrite=overwrite)
         self.lines_written = 0
 
     @property
-    def path(self) -> Path:
+    def path(self) -> Location:
         return self._file.target
 
     @property

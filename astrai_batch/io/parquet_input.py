@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from astrai_batch.errors import InputError
+from astrai_batch.io.filesystems import Location
 from astrai_batch.io.input_source import InputSource, check_start
 from astrai_batch.io.row_ids import DuplicateIds, IdScan, read_ids
 from astrai_batch.io.row_parsing import parse_record
@@ -40,7 +40,7 @@ BODY_EXPECTATION = "a struct or a JSON string"
 class ParquetPart:
     """One file of the input, with what its footer says about row layout."""
 
-    path: Path
+    path: Location
     schema: pa.Schema
     row_group_rows: tuple[int, ...]
 
@@ -51,7 +51,7 @@ class ParquetPart:
 
 class ParquetSource(InputSource):
     def __init__(
-        self, path: Path, plan: RowPlan, parts: Sequence[ParquetPart], *, shape: str
+        self, path: Location, plan: RowPlan, parts: Sequence[ParquetPart], *, shape: str
     ) -> None:
         super().__init__(
             path,
@@ -99,7 +99,7 @@ class ParquetSource(InputSource):
             return
         columns = self.plan.source_columns(part.schema.names)
         try:
-            with pq.ParquetFile(part.path) as parquet_file:
+            with part.path.open_input_file() as handle, pq.ParquetFile(handle) as parquet_file:
                 batches = parquet_file.iter_batches(
                     batch_size=BATCH_ROWS, row_groups=groups, columns=columns
                 )
@@ -128,7 +128,7 @@ def _duplicate_ids(parts: Sequence[ParquetPart], plan: RowPlan) -> DuplicateIds:
         names = part.schema.names
         columns = [name for name in dict.fromkeys([*plan.id_fields, "custom_id"]) if name in names]
         try:
-            with pq.ParquetFile(part.path) as parquet_file:
+            with part.path.open_input_file() as handle, pq.ParquetFile(handle) as parquet_file:
                 for batch in parquet_file.iter_batches(batch_size=BATCH_ROWS, columns=columns):
                     for record in batch.to_pylist():
                         scan.add(index, *read_ids(record, plan.id_fields))
@@ -139,7 +139,7 @@ def _duplicate_ids(parts: Sequence[ParquetPart], plan: RowPlan) -> DuplicateIds:
 
 
 def open_parquet(
-    path: Path,
+    path: Location,
     *,
     prompt_column: str | None,
     id_column: str | None,
@@ -168,23 +168,23 @@ def open_parquet(
     return ParquetSource(path, plan, parts, shape=shape)
 
 
-def _parquet_files(path: Path) -> list[Path]:
-    if not path.is_dir():
+def _parquet_files(path: Location) -> list[Location]:
+    if not path.is_dir(InputError):
         return [path]
     # Hidden and underscore files are Spark / Hadoop markers (_SUCCESS, _metadata), not data.
-    files = sorted(
+    files = [
         entry
-        for entry in path.iterdir()
-        if entry.is_file() and entry.suffix == ".parquet" and not entry.name.startswith((".", "_"))
-    )
+        for entry in path.files(InputError)
+        if entry.name.endswith(".parquet") and not entry.name.startswith((".", "_"))
+    ]
     if not files:
-        raise InputError(f"no .parquet files in directory {path}")
+        raise InputError(f"no .parquet files in directory {path.shown}")
     return files
 
 
-def _read_footer(path: Path) -> ParquetPart:
+def _read_footer(path: Location) -> ParquetPart:
     try:
-        with pq.ParquetFile(path) as parquet_file:
+        with path.open_input_file() as handle, pq.ParquetFile(handle) as parquet_file:
             metadata = parquet_file.metadata
             return ParquetPart(
                 path=path,

@@ -1,8 +1,10 @@
 """Checkpoints: finished result records saved beside the output, so a rerun resumes.
 
-Layout: a hidden directory ``.{output name}.ckpt`` beside the output, holding numbered part
+Layout: a hidden directory ``.{output name}.ckpt`` beside the output (on the output's
+filesystem: a local disk or an object store, see `io.filesystems`), holding numbered part
 files (``part-000001.parquet``, records in the part schema of `records`) and
-``manifest.json``. Both kinds of file are written atomically (temporary file, fsync, rename),
+``manifest.json``. Both kinds of file are written atomically (temporary file, fsync, rename;
+on an object store a temporary object, then a move),
 and a part counts only once the manifest lists it, so a crash at any moment leaves either the
 old state or the new one; files the manifest does not list are removed when the checkpoint is
 opened again (except the run lock's file, see `run_lock`: only the run holding that lock
@@ -19,18 +21,16 @@ from __future__ import annotations
 
 import json
 import secrets
-import shutil
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from astrai_batch.errors import CheckpointError, ConfigError, OutputError
-from astrai_batch.io import AtomicFile, write_table_atomic
+from astrai_batch.io.filesystems import AtomicObject, Location, as_location, write_table_at
 from astrai_batch.jobs.fingerprint import job_differences
 from astrai_batch.jobs.planning import PlanningOptions
 from astrai_batch.jobs.records import INDEX_COLUMN
@@ -42,8 +42,13 @@ MANIFEST_FORMAT = 2  # 2: content identities, planning options kept with the job
 RESTART_HINT = "rerun with --restart to discard it and start over"
 
 
-def checkpoint_dir_for(output: Path) -> Path:
-    return output.parent / f".{output.name}.ckpt"
+_Place = TypeVar("_Place", Path, Location)
+
+
+def checkpoint_dir_for(output: _Place) -> _Place:
+    """The checkpoint directory of an output: hidden, beside it, on its filesystem."""
+    name = f".{output.name}.ckpt"
+    return output.sibling(name) if isinstance(output, Location) else output.parent / name
 
 
 @dataclass(frozen=True)
@@ -76,7 +81,7 @@ class PartRecord:
 class Checkpoint:
     """The checkpoint of one job; create it with `Checkpoint.open`."""
 
-    def __init__(self, directory: Path, manifest: Mapping[str, Any]) -> None:
+    def __init__(self, directory: Location, manifest: Mapping[str, Any]) -> None:
         self.directory = directory
         try:
             self.run_id: str = manifest["run_id"]
@@ -92,7 +97,7 @@ class Checkpoint:
             ]
         except (KeyError, TypeError, ValueError, ConfigError) as exc:
             raise CheckpointError(
-                f"checkpoint manifest in {directory} is damaged ({exc!r}); {RESTART_HINT}"
+                f"checkpoint manifest in {directory.shown} is damaged ({exc!r}); {RESTART_HINT}"
             ) from exc
 
     # -- opening ---------------------------------------------------------------------------
@@ -100,7 +105,7 @@ class Checkpoint:
     @classmethod
     def open(
         cls,
-        directory: Path,
+        directory: Path | Location,
         job: Mapping[str, Any],
         *,
         planning: PlanningOptions,
@@ -114,7 +119,8 @@ class Checkpoint:
         The caller holds the output's `RunLock`.
         """
         job = json.loads(json.dumps(job))  # compare as stored: tuples are lists in JSON
-        manifest_path = directory / MANIFEST_NAME
+        directory = as_location(directory)
+        manifest_path = directory.child(MANIFEST_NAME)
         if restart:
             _remove_entries(directory, keep={LOCK_NAME})
         if manifest_path.exists():
@@ -122,7 +128,7 @@ class Checkpoint:
             differences = job_differences(checkpoint.job, job)
             if differences:
                 raise CheckpointError(
-                    f"the checkpoint in {directory} was made by a different job "
+                    f"the checkpoint in {directory.shown} was made by a different job "
                     f"({'; '.join(differences)}); {RESTART_HINT}, or restore the original "
                     "settings to resume"
                 )
@@ -131,10 +137,10 @@ class Checkpoint:
             return checkpoint
         # No manifest: nothing was ever saved (a crash right after creating the directory).
         try:
-            directory.mkdir(exist_ok=True)
+            directory.make_dir()
         except OSError as exc:
             raise OutputError(
-                f"cannot create checkpoint {directory}: {exc.strerror or exc}"
+                f"cannot create checkpoint {directory.shown}: {exc.strerror or exc}"
             ) from exc
         manifest = {
             "format": MANIFEST_FORMAT,
@@ -185,14 +191,16 @@ class Checkpoint:
             return record.group_offset
         earlier = [self._windows.get(k) for k in range(number)]
         if any(item is None for item in earlier):
-            raise CheckpointError(f"checkpoint in {self.directory} lacks windows before {number}")
+            raise CheckpointError(
+                f"checkpoint in {self.directory.shown} lacks windows before {number}"
+            )
         return sum(item.num_groups for item in earlier if item is not None)
 
     def done_indices(self, number: int) -> set[int]:
         """Input indices of window `number` whose records are saved."""
         done: set[int] = set()
         for path in self.part_paths(number):
-            table = pq.read_table(path, columns=[INDEX_COLUMN])
+            table = path.read_parquet([INDEX_COLUMN])
             done.update(table.column(INDEX_COLUMN).to_pylist())
         return done
 
@@ -200,7 +208,7 @@ class Checkpoint:
         """(input index, message) of the earliest failed row saved, or None."""
         first: tuple[int, str] | None = None
         for path in self.part_paths():
-            table = pq.read_table(path, columns=[INDEX_COLUMN, "finish_reason", "error"])
+            table = path.read_parquet([INDEX_COLUMN, "finish_reason", "error"])
             for index, reason, error in zip(
                 *(table.column(name).to_pylist() for name in table.column_names), strict=True
             ):
@@ -208,10 +216,10 @@ class Checkpoint:
                     first = (index, error or "")
         return first
 
-    def part_paths(self, window: int | None = None) -> list[Path]:
+    def part_paths(self, window: int | None = None) -> list[Location]:
         """Part files in writing order, of one window or of all."""
         return [
-            self.directory / part.file
+            self.directory.child(part.file)
             for part in self._parts
             if window is None or part.window == window
         ]
@@ -240,12 +248,12 @@ class Checkpoint:
         if window not in self._windows:
             raise CheckpointError(f"window {window} must be recorded before its parts")
         name = f"part-{len(self._parts) + 1:06d}.parquet"
-        write_table_atomic(self.directory / name, table)
+        write_table_at(self.directory.child(name), table)
         self._parts.append(PartRecord(name, window, stats))
         self._write_manifest()
 
     def remove(self) -> None:
-        shutil.rmtree(self.directory, ignore_errors=True)
+        self.directory.delete()
 
     def check_invariants(self) -> None:
         """Every listed part exists; no window holds more rows than it has."""
@@ -277,7 +285,7 @@ class Checkpoint:
         }
 
     def _write_manifest(self) -> None:
-        manifest = AtomicFile(self.directory / MANIFEST_NAME, overwrite=True)
+        manifest = AtomicObject(self.directory.child(MANIFEST_NAME), overwrite=True)
         try:
             manifest.handle.write(json.dumps(self._manifest(), indent=1).encode())
         except BaseException:
@@ -292,38 +300,35 @@ class Checkpoint:
     def _require_parts(self) -> None:
         for path in self.part_paths():
             if not path.is_file():
-                raise CheckpointError(f"checkpoint part {path} is missing; {RESTART_HINT}")
+                raise CheckpointError(f"checkpoint part {path.shown} is missing; {RESTART_HINT}")
 
 
-def _remove_entries(directory: Path, *, keep: set[str]) -> None:
+def _remove_entries(directory: Location, *, keep: set[str]) -> None:
     """Remove everything in `directory` except the names in `keep` (the run lock's file
     among them: the run that holds it is the one calling this)."""
-    if not directory.is_dir():
-        return
-    for entry in directory.iterdir():
-        if entry.name not in keep:
-            if entry.is_dir():
-                shutil.rmtree(entry, ignore_errors=True)
-            else:
-                entry.unlink(missing_ok=True)
+    for name in directory.list_names():
+        if name not in keep:
+            directory.child(name).delete()
 
 
-def read_manifest(path: Path) -> dict[str, Any]:
+def read_manifest(path: Location) -> dict[str, Any]:
     try:
-        manifest = json.loads(path.read_text())
+        manifest = json.loads(path.read_bytes())
     except (OSError, ValueError) as exc:
         raise CheckpointError(
-            f"cannot read checkpoint manifest {path} ({exc}); {RESTART_HINT}"
+            f"cannot read checkpoint manifest {path.shown} ({exc}); {RESTART_HINT}"
         ) from exc
     if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
-        raise CheckpointError(f"checkpoint manifest {path} has an unknown format; {RESTART_HINT}")
+        raise CheckpointError(
+            f"checkpoint manifest {path.shown} has an unknown format; {RESTART_HINT}"
+        )
     return manifest
 
 
-def peek_run_id(directory: Path) -> str | None:
+def peek_run_id(directory: Location) -> str | None:
     """The run id of the checkpoint in `directory`, or None when there is no readable one."""
     try:
-        manifest = json.loads((directory / MANIFEST_NAME).read_text())
+        manifest = json.loads(directory.child(MANIFEST_NAME).read_bytes())
     except (OSError, ValueError):
         return None
     run_id = manifest.get("run_id") if isinstance(manifest, dict) else None

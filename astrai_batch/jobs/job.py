@@ -5,7 +5,8 @@ checkpoint.
 Everything that can be refused is refused before the model loads (missing input, existing
 output, unusable columns), and nothing is left behind by a refusal. The output appears only
 complete; a crashed or interrupted job leaves only its checkpoint, which the same command
-resumes.
+resumes. INPUT and OUTPUT are local paths or URIs (`io.filesystems`); the stats file and the
+checkpoint live beside the output, on its filesystem.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from astrai_batch.engine.model_support import require_chat_template
 from astrai_batch.engine.threads import describe_threads
 from astrai_batch.errors import AstraiBatchError, ConfigError, JobAbortedError, OutputError
 from astrai_batch.io import open_input
-from astrai_batch.io.filesystems import resolve
+from astrai_batch.io.filesystems import Location, resolve
 from astrai_batch.jobs.checkpoint import Checkpoint, checkpoint_dir_for, peek_run_id
 from astrai_batch.jobs.config import JobConfig
 from astrai_batch.jobs.execution import ExecutionResult, JobExecution
@@ -35,16 +36,16 @@ from astrai_batch.jobs.output import (
     output_metadata,
     output_run_id,
     remove_stale_temp_files,
-    stats_path_for,
+    stats_location,
     window_tables,
     write_openai_output,
     write_parquet_output,
     write_stats,
 )
+from astrai_batch.jobs.output_lock import OutputLock, lock_for
 from astrai_batch.jobs.parquet_dir import check_output_location, write_parquet_dir
 from astrai_batch.jobs.progress import Progress, make_progress
 from astrai_batch.jobs.records import output_schema, part_schema
-from astrai_batch.jobs.run_lock import RunLock
 from astrai_batch.jobs.signals import interrupt_exit_code
 from astrai_batch.jobs.summary import JobSummary
 
@@ -58,15 +59,18 @@ EXIT_ROW_ERRORS = 3
 
 @dataclass(frozen=True)
 class JobPaths:
-    input: Path
-    output: Path
-    stats: Path
-    checkpoint: Path
+    """Where a job reads and writes, each a `Location` (a local path or a URI)."""
+
+    input: Location
+    output: Location
+    stats: Location
+    checkpoint: Location
 
     @classmethod
     def for_output(cls, input_path: str | Path, output_path: str | Path) -> JobPaths:
-        output = Path(output_path)
-        return cls(Path(input_path), output, stats_path_for(output), checkpoint_dir_for(output))
+        output = resolve(output_path, OutputError)
+        checkpoint = checkpoint_dir_for(output)
+        return cls(resolve(input_path), output, stats_location(output), checkpoint)
 
 
 def run_job(
@@ -82,21 +86,23 @@ def run_job(
     paths = JobPaths.for_output(input_path, output_path)
     _check_output_path(paths, directory=config.output_format == "parquet-dir")
     # Before anything is touched: a second run on this output must change nothing.
-    lock = RunLock(paths.checkpoint, str(paths.output))
+    lock = lock_for(paths.checkpoint, paths.output.shown)
     lock.acquire()
     try:
         progress = make_progress(
             stderr or sys.stderr, quiet=config.quiet, interval=config.progress_seconds
         )
         try:
-            return _run(config, paths, progress, started)
+            return _run(config, paths, progress, started, lock)
         finally:
             progress.close()
     finally:
         lock.release()
 
 
-def _run(config: JobConfig, paths: JobPaths, progress: Progress, started: float) -> JobSummary:
+def _run(
+    config: JobConfig, paths: JobPaths, progress: Progress, started: float, lock: OutputLock
+) -> JobSummary:
     attention = config.resolved_attention_backend()  # a bad choice fails before anything loads
     already_written = _check_output(paths, config)
     source = open_input(
@@ -112,7 +118,7 @@ def _run(config: JobConfig, paths: JobPaths, progress: Progress, started: float)
         kept, save_tokens=config.save_tokens, logprobs=config.sampling.logprobs
     )
     total_rows = source.count_rows()
-    progress.message(f"{total_rows} rows ({source.shape}) in {paths.input}")
+    progress.message(f"{total_rows} rows ({source.shape}) in {paths.input.shown}")
     threads = set_cpu_threads(config.threads)
     keep_freed_memory()
     progress.message(f"loading model {config.model} ({describe_threads(threads)})")
@@ -143,7 +149,7 @@ def _run(config: JobConfig, paths: JobPaths, progress: Progress, started: float)
         return summary
     if resumed_rows:
         progress.message(
-            f"resuming from {paths.checkpoint}: {resumed_rows} of {total_rows} rows are done"
+            f"resuming from {paths.checkpoint.shown}: {resumed_rows} of {total_rows} rows are done"
         )
     execution = JobExecution(
         config=config,
@@ -165,7 +171,7 @@ def _run(config: JobConfig, paths: JobPaths, progress: Progress, started: float)
             interrupt_exit_code(run.signum),
             run,
             f"interrupted by {signal.Signals(run.signum).name}; finished rows are saved in "
-            f"{paths.checkpoint}, rerun the same command to resume",
+            f"{paths.checkpoint.shown}, rerun the same command to resume",
         )
     totals = checkpoint.total_stats()
     if totals.input_rows != total_rows:
@@ -174,13 +180,14 @@ def _run(config: JobConfig, paths: JobPaths, progress: Progress, started: float)
             "changed while it ran"
         )
     progress.close()
-    progress.message(f"writing {paths.output}")
+    progress.message(f"writing {paths.output.shown}")
     metadata = output_metadata(
         config=config.to_dict(),
         model={**identity["model"], "architecture": loaded.architecture},
         input_fingerprint=input_fingerprint,
         run_id=checkpoint.run_id,
     )
+    lock.verify()
     _write_outputs(config, paths, checkpoint, final_schema, metadata, loaded)
     summary = report.completed(run)  # reads the checkpoint: before it is removed
     checkpoint.remove()
@@ -207,9 +214,9 @@ class _Report:
         return JobSummary(
             status=status,
             exit_code=exit_code,
-            input=str(self.paths.input),
-            output=str(self.paths.output) if written else None,
-            stats_output=str(self.paths.stats) if written else None,
+            input=self.paths.input.shown,
+            output=self.paths.output.shown if written else None,
+            stats_output=self.paths.stats.shown if written else None,
             output_format=self.config.output_format,
             model=self.model_name,
             total_rows=self.total_rows,
@@ -245,12 +252,13 @@ def _check_output_path(paths: JobPaths, *, directory: bool) -> None:
     """Refuse an output path that can never be written (checks that touch nothing); a
     `directory` output (parquet-dir) may be an existing directory."""
     output = paths.output
-    if not output.parent.is_dir():
-        raise OutputError(f"output directory does not exist: {output.parent}")
+    # An object store has no directories to create first; a local output's must exist.
+    if output.is_local and not output.parent.is_dir():
+        raise OutputError(f"output directory does not exist: {output.parent.shown}")
     if output.is_dir() and not directory:
-        raise OutputError(f"output {output} is a directory; give a file name")
-    if output.resolve() == paths.input.resolve():
-        raise OutputError(f"output {output} is the input file")
+        raise OutputError(f"output {output.shown} is a directory; give a file name")
+    if output.same_place(paths.input):
+        raise OutputError(f"output {output.shown} is the input file")
 
 
 def _check_output(paths: JobPaths, config: JobConfig) -> str | None:
@@ -259,7 +267,7 @@ def _check_output(paths: JobPaths, config: JobConfig) -> str | None:
     (its job finished but was killed before cleaning up)."""
     output = paths.output
     if config.output_format == "parquet-dir":
-        check_output_location(resolve(output), config.output_format, config.overwrite)
+        check_output_location(output, config.output_format, config.overwrite)
         return None
     for target in (output, paths.stats):
         remove_stale_temp_files(target)
@@ -268,7 +276,7 @@ def _check_output(paths: JobPaths, config: JobConfig) -> str | None:
     run_id = None if config.restart else peek_run_id(paths.checkpoint)
     if run_id is not None and output_run_id(output) == run_id:
         return run_id
-    raise OutputError(f"output {output} already exists; pass --overwrite to replace it")
+    raise OutputError(f"output {output.shown} already exists; pass --overwrite to replace it")
 
 
 def _write_outputs(
@@ -286,7 +294,7 @@ def _write_outputs(
         )
     elif config.output_format == "parquet-dir":
         tables = window_tables(checkpoint, final_schema.names)
-        write_parquet_dir(resolve(paths.output), tables, final_schema, metadata, config.overwrite)
+        write_parquet_dir(paths.output, tables, final_schema, metadata, config.overwrite)
     else:
         write_openai_output(
             checkpoint,

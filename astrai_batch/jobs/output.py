@@ -2,16 +2,15 @@
 
 Parts hold a window's records in the order they finished; each window is sorted back into
 input order (row index, then sample index) on the way out, so memory is bounded by one window
-of results. Both files are written atomically; the output is committed last, so a visible
-output always has its stats file beside it.
+of results. Both files are written atomically, on any filesystem (`io.filesystems`); the
+output is committed last, so a visible output always has its stats file beside it.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterable, Iterator, Mapping
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import pyarrow as pa
@@ -19,14 +18,11 @@ import pyarrow.parquet as pq
 
 from astrai_batch import __version__
 from astrai_batch.errors import OutputError
-from astrai_batch.io import (
-    AtomicFile,
-    OpenAIBatchWriter,
-    openai_response_body,
-    write_table_atomic,
-)
+from astrai_batch.io import OpenAIBatchWriter, openai_response_body
+from astrai_batch.io.filesystems import AtomicObject, Location, write_table_at
 from astrai_batch.jobs.checkpoint import Checkpoint
 from astrai_batch.jobs.records import CUSTOM_ID_COLUMN, INDEX_COLUMN, KIND_COLUMN
+from astrai_batch.jobs.run_lock import process_alive
 from astrai_batch.jobs.stats import stats_table
 
 ROW_GROUP_ROWS = 10_000
@@ -41,6 +37,11 @@ def stats_path_for(output: Path) -> Path:
             name = name[: -len(suffix)]
             break
     return output.with_name(f"{name}.stats.parquet")
+
+
+def stats_location(output: Location) -> Location:
+    """`stats_path_for` on any filesystem."""
+    return output.sibling(stats_path_for(PurePosixPath(output.path)).name)
 
 
 def output_metadata(
@@ -67,21 +68,21 @@ def window_tables(checkpoint: Checkpoint, columns: list[str]) -> Iterator[pa.Tab
         paths = checkpoint.part_paths(number)
         if not paths:
             continue
-        table = pa.concat_tables(pq.read_table(path, columns=wanted) for path in paths)
+        table = pa.concat_tables(path.read_parquet(wanted) for path in paths)
         table = table.sort_by([(INDEX_COLUMN, "ascending"), ("sample_index", "ascending")])
         yield table.select(columns)
 
 
 def write_parquet_output(
     checkpoint: Checkpoint,
-    target: Path,
+    target: Location,
     schema: pa.Schema,
     metadata: Mapping[str, str],
     *,
     overwrite: bool,
 ) -> int:
     """The Parquet output; returns its row count."""
-    output = AtomicFile(target, overwrite=overwrite)
+    output = AtomicObject(target, overwrite=overwrite)
     return write_parquet_stream(output, window_tables(checkpoint, schema.names), schema, metadata)
 
 
@@ -123,7 +124,7 @@ OPENAI_COLUMNS = [
 
 def write_openai_output(
     checkpoint: Checkpoint,
-    target: Path,
+    target: Location,
     *,
     model_name: str,
     tokenizer: Any,
@@ -142,7 +143,7 @@ def write_openai_output(
 
 def write_openai_tables(
     tables: Iterable[pa.Table],
-    target: Path,
+    target: Location,
     *,
     model_name: str,
     tokenizer: Any,
@@ -204,50 +205,42 @@ def _write_openai_row(
     writer.write_response(custom_id, body, index=index)
 
 
-def write_stats(checkpoint: Checkpoint, target: Path, metadata: Mapping[str, str]) -> None:
+def write_stats(checkpoint: Checkpoint, target: Location, metadata: Mapping[str, str]) -> None:
     """The stats file; always replaced, since it belongs to the output being written."""
     try:
-        write_table_atomic(
+        write_table_at(
             target, stats_table(checkpoint.stats_by_window()), metadata=metadata, overwrite=True
         )
     except OSError as exc:
-        raise OutputError(f"cannot write {target}: {exc.strerror or exc}") from exc
+        raise OutputError(f"cannot write {target.shown}: {exc.strerror or exc}") from exc
 
 
-def remove_stale_temp_files(target: Path) -> list[Path]:
-    """Delete temporary files of `target` left by writers that were killed.
+def remove_stale_temp_files(target: Location) -> list[str]:
+    """Delete temporary files of `target` left by writers that were killed; returns their
+    names.
 
-    `AtomicFile` names them ``.{name}.tmp-{pid}-{random}``; one whose process is gone can
-    never be committed. Files of a live process (another job) are left alone.
+    Locally `AtomicFile` names them ``.{name}.tmp-{pid}-{random}``; one whose process is
+    gone can never be committed, and files of a live process are left alone. On an object
+    store (``.{name}.tmp-{random}``: no process to ask) every one goes: the caller holds the
+    output's run lock, and only a run holding it writes this output.
     """
-    removed = []
+    removed: list[str] = []
     prefix = f".{target.name}.tmp-"
-    if not target.parent.is_dir():
-        return removed
-    for entry in target.parent.iterdir():
-        if not entry.name.startswith(prefix):
+    for name in target.parent.list_names():
+        if not name.startswith(prefix):
             continue
-        pid_text = entry.name[len(prefix) :].split("-", 1)[0]
-        if pid_text.isdigit() and not _process_alive(int(pid_text)):
-            entry.unlink(missing_ok=True)
-            removed.append(entry)
+        pid_text = name[len(prefix) :].split("-", 1)[0]
+        stale = not target.is_local or (pid_text.isdigit() and not process_alive(int(pid_text)))
+        if stale:
+            target.sibling(name).delete()
+            removed.append(name)
     return removed
 
 
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def output_run_id(target: Path) -> str | None:
+def output_run_id(target: Location) -> str | None:
     """The run id stamped in a Parquet output's metadata, or None (not ours, not Parquet)."""
     try:
-        stored = pq.read_schema(target).metadata or {}
+        stored = target.read_parquet_schema().metadata or {}
     except (OSError, pa.ArrowException):
         return None
     value = stored.get(RUN_ID_KEY.encode())

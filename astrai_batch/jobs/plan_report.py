@@ -11,7 +11,6 @@ import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from astrai_batch.engine import load_tokenizer
@@ -141,7 +140,7 @@ def plan_input(
         tokenizer.decode(list(prefix.preview_token_ids)) for prefix in stats.top_shared_prefixes
     )
     return PlanReport(
-        input=str(Path(input_path)),
+        input=source.path.shown,
         shape=source.shape,
         model=model,
         bad_rows=bad_rows,

@@ -11,6 +11,9 @@ The kernel drops a flock when its process dies, however it dies, so a rerun afte
 ``kill -9`` takes the lock and resumes. The lock file stays with the checkpoint; a run that
 saved nothing (refused before its checkpoint opened, or finished) removes it with the
 directory while it still holds the lock.
+
+This lock is for outputs on a local (or locally mounted) filesystem; an output on an object
+store gets an advisory lease instead (`lease_lock`; `output_lock.lock_for` picks).
 """
 
 from __future__ import annotations
@@ -75,6 +78,9 @@ class RunLock:
         os.fsync(fd)
         self._fd = fd
 
+    def verify(self) -> None:
+        """Nothing to check: the kernel keeps a flock for as long as its process lives."""
+
     def release(self) -> None:
         """Give the lock up. If the directory holds nothing but the lock file, remove both
         first (still holding the lock, so no other run can be using them)."""
@@ -126,3 +132,14 @@ class RunLock:
             if time.monotonic() > deadline:
                 return None
             time.sleep(0.01)
+
+
+def process_alive(pid: int) -> bool:
+    """Whether a process with this id runs on this machine (one we may not signal counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -159,8 +159,11 @@ def wait_for_parts(
         time.sleep(0.01)
 
 
-def comparable(path: Path) -> list[dict[str, Any]]:
-    return [{k: v for k, v in row.items() if k != "cached_tokens"} for row in read_rows(path)]
+def comparable(path: Path, filesystem: Any = None) -> list[dict[str, Any]]:
+    """The output's rows without `cached_tokens` (a restarted process starts cold); the
+    file may be on a pyarrow `filesystem`."""
+    rows = pq.read_table(path, filesystem=filesystem).to_pylist()
+    return [{k: v for k, v in row.items() if k != "cached_tokens"} for row in rows]
 
 
 def killed_part_way(model_dir: Path, job: dict[str, Path], parts: int = 3) -> tuple[list[Any], int]:

@@ -56,24 +56,24 @@ def test_actors_leave_a_core_to_ray_data_on_small_machines(cpus, workers, thread
     assert actor_cpus(cpus, workers, threads) == share
 
 
-def test_uris_the_executor_cannot_reach_are_refused_and_file_uris_work(
+def test_file_uris_work_and_a_uri_pyarrow_cannot_open_is_refused_in_one_line(
     tiny_llama_dir, tmp_path
 ) -> None:
     from jobs.jobkit import engine_args
 
     source = write_jsonl(tmp_path / "in.jsonl", [{"prompt": "hello"}])
-    remote = run_cli("run", "s3://bucket/in.jsonl", tmp_path / "out.parquet")
-    assert remote.exit_code == 1
-    assert remote.stderr == (
-        "Error: INPUT s3://bucket/in.jsonl is not on the local filesystem; "
-        "INPUT is read from a local or shared path\n"
-    )
-    output = run_cli("run", source, "s3://bucket/out.parquet")
-    assert output.exit_code == 1
-    assert output.stderr == (
-        "Error: OUTPUT s3://bucket/out.parquet is not on the local filesystem; "
-        "OUTPUT may be a URI with --executor ray\n"
-    )
+    for arguments, uri in (
+        (("nosuch://KEY:SECRET@bucket/in.jsonl", tmp_path / "out.parquet"), "bucket/in.jsonl"),
+        ((source, "nosuch://KEY:SECRET@bucket/out.parquet"), "bucket/out.parquet"),
+    ):
+        refused = run_cli("run", *arguments, "--quiet")
+        assert refused.exit_code == 1
+        # Named without the keys, also where pyarrow's own message repeats the URI.
+        assert refused.stderr == (
+            f"Error: cannot open nosuch://{uri}: Unrecognized filesystem type in URI: "
+            f"nosuch://{uri}\n"
+        )
+    assert list(tmp_path.iterdir()) == [source]
     result = run_cli(
         "run", f"file://{source}", f"file://{tmp_path}/out.parquet", *engine_args(tiny_llama_dir)
     )

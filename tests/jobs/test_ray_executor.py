@@ -209,3 +209,50 @@ def test_without_ray_the_error_names_the_extra(
     assert result.stderr == (
         "Error: --executor ray needs Ray, which is not installed: pip install 'astrai-batch[ray]'\n"
     )
+
+
+def test_a_second_ray_run_on_a_live_runs_output_exits_1_and_touches_nothing(
+    tiny_llama_dir: Path, tmp_path: Path, ray_address: str
+) -> None:
+    from astrai_batch.jobs.run_lock import RunLock
+
+    rows = [{"id": f"r{i}", "prompt": p} for i, p in enumerate(shared_prefix_prompts(4))]
+    source = write_jsonl(tmp_path / "in.jsonl", rows)
+    output = tmp_path / "out.parquet"
+    checkpoint = tmp_path / ".out.parquet.ckpt"
+    command = [
+        "run",
+        source,
+        output,
+        *engine_args(tiny_llama_dir),
+        *ray_args("--ray-address", ray_address),
+    ]
+
+    def snapshot() -> dict[str, int]:
+        return {str(p): p.stat().st_mtime_ns for p in sorted(tmp_path.rglob("*"))}
+
+    first = start_process(*command)
+    try:
+        deadline = time.monotonic() + 120
+        lock_file = checkpoint / ".lock"
+        while not (lock_file.exists() and lock_file.read_text() == f"{first.pid}\n"):
+            assert first.poll() is None, first.communicate()[1]
+            assert time.monotonic() < deadline, "the first run took no lock"
+            time.sleep(0.01)
+        # Paused right after taking its lock (before it reads the input), the first run
+        # is alive and holds the lock while the second tries.
+        first.send_signal(signal.SIGSTOP)
+        before = snapshot()
+        second = start_process(*command, "--restart")
+        stdout, stderr = second.communicate(timeout=120)
+        assert second.returncode == 1
+        assert stdout == ""
+        assert stderr == f"Error: another astrai-batch run (pid {first.pid}) is writing {output}\n"
+        assert snapshot() == before
+    finally:
+        # The first run's own completion is what the local lock tests check; here it ends.
+        first.kill()
+        first.communicate()
+    lock = RunLock(checkpoint, str(output))
+    lock.acquire()  # the kernel dropped the dead holder's lock
+    lock.release()

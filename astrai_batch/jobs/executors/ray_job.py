@@ -28,6 +28,7 @@ from typing import Any, TextIO
 from astrai_batch.errors import AstraiBatchError, ConfigError, OutputError
 from astrai_batch.io import open_input
 from astrai_batch.io.filesystems import Location, resolve
+from astrai_batch.jobs.checkpoint import checkpoint_dir_for
 from astrai_batch.jobs.config import JobConfig
 from astrai_batch.jobs.executors.ray_stages import (
     ChunkReader,
@@ -37,11 +38,14 @@ from astrai_batch.jobs.executors.ray_stages import (
 )
 from astrai_batch.jobs.executors.ray_worker import ShardWorker
 from astrai_batch.jobs.executors.shard_store import ShardInfo, ShardStore, job_hash
-from astrai_batch.jobs.executors.sharded_output import (
+from astrai_batch.jobs.executors.sharded_output import write_sharded_outputs
+from astrai_batch.jobs.output import (
+    RUN_ID_KEY,
+    output_metadata,
+    remove_stale_temp_files,
     stats_location,
-    write_sharded_outputs,
 )
-from astrai_batch.jobs.output import RUN_ID_KEY, output_metadata
+from astrai_batch.jobs.output_lock import OutputLock, lock_for
 from astrai_batch.jobs.parquet_dir import check_output_location
 from astrai_batch.jobs.progress import make_progress
 from astrai_batch.jobs.records import output_schema, part_schema
@@ -68,21 +72,40 @@ def run_ray_job(
 ) -> JobSummary:
     ray = require_ray()
     started = time.monotonic()
-    progress = make_progress(
-        stderr or sys.stderr, quiet=config.quiet, interval=config.progress_seconds
-    )
-    output = resolve(output_path)
+    output = resolve(output_path, OutputError)
     if output.is_local and not output.parent.is_dir():
         raise OutputError(f"output directory does not exist: {output.parent.shown}")
-    if config.output_format == "openai-jsonl" and not output.is_local:
-        raise OutputError("openai-jsonl output must be a local file; use parquet for URIs")
+    # Before anything is touched, as in a local run: one run per output.
+    lock = lock_for(checkpoint_dir_for(output), output.shown)
+    lock.acquire()
+    try:
+        progress = make_progress(
+            stderr or sys.stderr, quiet=config.quiet, interval=config.progress_seconds
+        )
+        try:
+            return _run_locked(ray, config, resolve(input_path), output, lock, progress, started)
+        finally:
+            progress.close()
+    finally:
+        lock.release()
+
+
+def _run_locked(
+    ray: Any,
+    config: JobConfig,
+    input_path: Location,
+    output: Location,
+    lock: OutputLock,
+    progress: Any,
+    started: float,
+) -> JobSummary:
     source = open_input(input_path, **config.input_options())
     kept = source.kept_schema()
     final_schema = output_schema(
         kept, save_tokens=config.save_tokens, logprobs=config.sampling.logprobs
     )
     total_rows = source.count_rows()
-    progress.message(f"{total_rows} rows ({source.shape}) in {input_path}")
+    progress.message(f"{total_rows} rows ({source.shape}) in {input_path.shown}")
     from astrai_batch.engine import load_tokenizer
     from astrai_batch.engine.model_support import no_chat_template_message
     from astrai_batch.jobs.tokenize import PromptEncoder
@@ -104,12 +127,14 @@ def run_ray_job(
         "shards": config.workers,
         "sharding": SHARDING_VERSION,
     }
-    store = ShardStore(output.sibling(f".{output.name}.ckpt"), job_hash(identity), config.workers)
+    store = ShardStore(checkpoint_dir_for(output), job_hash(identity), config.workers)
     if _already_written(output, store, config):
         store.remove()
         progress.message(f"{output.shown} was already written by this job")
         return _summary(config, input_path, output, total_rows, {}, {}, started)
     check_output_location(output, config.output_format, config.overwrite)
+    for target in (output, stats_location(output)):
+        remove_stale_temp_files(target)  # a killed driver's half-written output or stats
     store.open(restart=config.restart)
     before = store.finished()
     if before:
@@ -137,6 +162,7 @@ def run_ray_job(
         config=config.to_dict(), model=model, input_fingerprint=fingerprint, run_id=store.job
     )
     progress.message(f"writing {output.shown}")
+    lock.verify()
     write_sharded_outputs(
         output=output,
         output_format=config.output_format,
@@ -187,7 +213,7 @@ def actor_cpus(cluster_cpus: float, workers: int, threads: int) -> float:
 def _run_pending(
     ray: Any,
     config: JobConfig,
-    input_path: str,
+    input_path: Location,
     store: ShardStore,
     done: dict[int, ShardInfo],
     schema: Any,
@@ -206,7 +232,7 @@ def _run_pending(
     # Ray Data's default of 200 shuffle partitions is sized for large clusters; a partition
     # per CPU keeps a small job from spending its time scheduling empty tasks.
     partitions = max(1, int(cpus))
-    reader = ChunkReader(str(input_path), config, chunk_rows, config.model)
+    reader = ChunkReader(input_path, config, chunk_rows, config.model)
     keyed = (
         ray.data.range(chunks, override_num_blocks=chunks)
         .map_batches(reader, batch_size=1, batch_format="pyarrow")
@@ -247,7 +273,7 @@ def _already_written(output: Location, store: ShardStore, config: JobConfig) -> 
     checkpoint)."""
     if config.restart or config.output_format != "parquet" or not output.exists():
         return False
-    if not store.directory.exists():
+    if not store.finished():  # only the run lock's file: no unfinished job of ours
         return False
     try:
         stored = output.read_parquet_schema().metadata or {}
@@ -258,7 +284,7 @@ def _already_written(output: Location, store: ShardStore, config: JobConfig) -> 
 
 def _summary(
     config: JobConfig,
-    input_path: str,
+    input_path: Location,
     output: Location,
     total_rows: int,
     infos: dict[int, ShardInfo],
@@ -282,7 +308,7 @@ def _summary(
     return JobSummary(
         status=status,
         exit_code=code,
-        input=str(input_path),
+        input=input_path.shown,
         output=output.shown if written else None,
         stats_output=stats_location(output).shown if written else None,
         output_format=config.output_format,

@@ -21,6 +21,7 @@ import pyarrow as pa
 
 from astrai_batch.errors import AstraiBatchError
 from astrai_batch.io import open_input
+from astrai_batch.io.filesystems import Location
 from astrai_batch.jobs.config import JobConfig
 from astrai_batch.jobs.sharding import (
     GroupSummary,
@@ -61,9 +62,10 @@ ROUTED_SCHEMA = pa.schema(
 class ChunkReader:
     """Stage 1 (a Ray Data task per chunk of rows): read rows [start, end) of the input with
     our own readers (the same parsing, ids and row errors as a local run), tokenize them with
-    the model's tokenizer and key each row by its prefix group."""
+    the model's tokenizer and key each row by its prefix group. `input_path` travels with its
+    filesystem (endpoint, region), so a task on any machine reads the same object."""
 
-    input_path: str
+    input_path: Location
     config: JobConfig
     chunk_rows: int
     model_name: str

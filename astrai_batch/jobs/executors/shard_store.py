@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 from astrai_batch.errors import CheckpointError
 from astrai_batch.io.filesystems import Location, write_table_at
 from astrai_batch.jobs.checkpoint import RESTART_HINT
+from astrai_batch.jobs.run_lock import LOCK_NAME
 from astrai_batch.jobs.stats import WorkStats
 
 PART_ROW_GROUP = 4096
@@ -75,7 +76,8 @@ class ShardStore:
         return self.directory.child(f"shard-{shard:04d}-of-{self.shards:04d}-{self.job}.parquet")
 
     def open(self, *, restart: bool) -> None:
-        """Create the directory; refuse (or with `restart` remove) parts of another job."""
+        """Create the directory; refuse (or with `restart` remove) parts of another job. The
+        run lock's file stays: the run holding it is the one calling this."""
         names = self.directory.list_names()
         foreign = [n for n in names if _PART.match(n) and not self._is_mine(n)]
         if foreign and not restart:
@@ -85,7 +87,7 @@ class ShardStore:
                 "restore the original settings to resume"
             )
         for name in names:
-            if restart or not self._is_mine(name):
+            if name != LOCK_NAME and (restart or not self._is_mine(name)):
                 self.directory.child(name).delete()
         self.directory.make_dir()
 

@@ -5,8 +5,8 @@ so it is assembled range by range of input indices (`RANGE_ROWS` at a time): eve
 rows in the range are read (row-group statistics skip the rest), sorted and written. Memory
 is one range of results, whatever the size of the job.
 
-Formats: ``parquet`` (one file, the same schema and metadata as a local run), ``openai-jsonl``
-(local output only), ``parquet-dir`` (see `parquet_dir`). The stats file has
+Formats: ``parquet`` (one file, the same schema and metadata as a local run), ``openai-jsonl``,
+``parquet-dir`` (see `parquet_dir`). The stats file has
 one row per worker shard (its number in the ``window`` column) and the total; its metadata
 adds ``astrai_batch.shards``: per shard, rows and prefix groups.
 """
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Mapping
-from pathlib import PurePosixPath
 from typing import Any
 
 import pyarrow as pa
@@ -25,7 +24,7 @@ from astrai_batch.io.filesystems import AtomicObject, Location, write_table_at
 from astrai_batch.jobs.executors.shard_store import ShardInfo, ShardStore
 from astrai_batch.jobs.output import (
     OPENAI_COLUMNS,
-    stats_path_for,
+    stats_location,
     write_openai_tables,
     write_parquet_stream,
 )
@@ -35,10 +34,6 @@ from astrai_batch.jobs.stats import stats_table
 
 RANGE_ROWS = 10_000
 SHARDS_KEY = "astrai_batch.shards"
-
-
-def stats_location(output: Location) -> Location:
-    return output.sibling(stats_path_for(PurePosixPath(output.path)).name)
 
 
 def ordered_tables(
@@ -104,7 +99,7 @@ def write_sharded_outputs(
     elif output_format == "openai-jsonl":
         write_openai_tables(
             ordered_tables(store, shards, OPENAI_COLUMNS, total_rows),
-            output.local_path,
+            output,
             model_name=model_name,
             tokenizer=tokenizer,
             overwrite=overwrite,
