@@ -22,6 +22,7 @@ import torch
 
 from astrai_batch.bench.gpu_kernels import check_kernel_backends
 from astrai_batch.bench.graph_check import graphs_on_off
+from astrai_batch.bench.greedy_agreement import agreement, engine_greedy, hf_greedy
 from astrai_batch.bench.host_overhead import measure_host_overhead
 from astrai_batch.bench.machine import machine_info
 from astrai_batch.bench.ours import run_ours
@@ -29,13 +30,8 @@ from astrai_batch.bench.peers import BatchSizeChoice, run_hf_generate, run_hf_ge
 from astrai_batch.bench.prompts import BenchPrompts, random_shared_prefix_ids
 from astrai_batch.bench.random_models import LLAMA_1B, SMOLLM2_135M, TINY, ModelShape, build_model
 from astrai_batch.engine.config import EngineConfig
-from astrai_batch.engine.core import EngineCore
 from astrai_batch.engine.loader import LoadedModel
-from astrai_batch.engine.sampling_params import SamplingParams
-from astrai_batch.engine.types import GenerationRequest
 from astrai_batch.jobs.prefix_stats import ideal_prefix_stats
-
-GIB = 1024**3
 
 
 @dataclass(frozen=True)
@@ -138,88 +134,21 @@ def run_gpu_check(out_dir: Path, device: str, log: Callable[[str], None] = print
 
 
 def _exactness(shape: ModelShape, dtype: torch.dtype, device: torch.device, plan: CheckPlan):
-    """Our greedy tokens against transformers `generate`, one prompt at a time, no padding.
-
-    transformers stops at end of sequence, ours ignores it: ours is compared on the length
-    transformers produced. float32 must agree token for token; bfloat16 reports how much
-    agrees (rounding can flip a near-tie, after which the continuations differ).
-    """
+    """Our greedy tokens against transformers `generate`, one prompt at a time, no padding;
+    float32 must agree token for token, bfloat16 reports how much agrees."""
     loaded = build_model(shape, device=device, dtype=dtype)
     prompts = _exact_prompts(shape, plan)
-    ours = _engine_greedy(loaded, prompts, plan.exact_tokens)
-    theirs = _hf_greedy(loaded, prompts, plan.exact_tokens)
-    rows = []
-    for prompt, mine, reference in zip(prompts, ours, theirs, strict=True):
-        mine = mine[: len(reference)]
-        same = sum(a == b for a, b in zip(mine, reference, strict=True))
-        lead = next(
-            (i for i, (a, b) in enumerate(zip(mine, reference, strict=True)) if a != b), len(mine)
-        )
-        rows.append(
-            {
-                "prompt_tokens": len(prompt),
-                "compared": len(reference),
-                "agree": same,
-                "leading_agree": lead,
-            }
-        )
-    compared = sum(r["compared"] for r in rows)
-    exact_rows = sum(r["agree"] == r["compared"] for r in rows)
+    ours = engine_greedy(loaded, prompts, plan.exact_tokens)
+    theirs = hf_greedy(loaded, prompts, plan.exact_tokens)
     result = {
         "model": shape.name,
         "dtype": str(dtype).removeprefix("torch."),
-        "rows": len(rows),
-        "exact_rows": exact_rows,
-        "token_agreement": sum(r["agree"] for r in rows) / compared,
-        "leading_agreement": sum(r["leading_agree"] for r in rows) / compared,
-        "per_row": rows,
+        **agreement(prompts, ours, theirs),
     }
     if dtype == torch.float32:
-        result["passed"] = exact_rows == len(rows)
+        result["passed"] = result["exact_rows"] == result["rows"]
     _release(loaded, device)
     return result
-
-
-def _engine_greedy(
-    loaded: LoadedModel,
-    prompts: list[list[int]],
-    max_tokens: int,
-    config: EngineConfig | None = None,
-):
-    if config is None:
-        config = EngineConfig(max_num_seqs=len(prompts), kv_cache_memory=GIB // 4)
-    core = EngineCore(loaded, config)
-    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
-    for index, prompt in enumerate(prompts):
-        errors = core.add_request(GenerationRequest(index, prompt, params))
-        if errors:
-            raise RuntimeError(errors[0].error)
-    outputs: dict[int, list[int]] = {}
-    while core.num_unfinished:
-        for result in core.step():
-            outputs[result.request_id] = list(result.token_ids)
-    core.check_invariants()
-    return [outputs[i] for i in range(len(prompts))]
-
-
-def _hf_greedy(loaded: LoadedModel, prompts: list[list[int]], max_tokens: int):
-    from transformers import GenerationConfig
-
-    model = loaded.model
-    model.set_attn_implementation("sdpa")
-    config = GenerationConfig(
-        max_new_tokens=max_tokens,
-        do_sample=False,
-        pad_token_id=loaded.tokenizer.pad_token_id,
-        eos_token_id=-1,  # no id: end of sequence ends nothing, as ours ignores it
-    )
-    outputs = []
-    with torch.inference_mode():
-        for prompt in prompts:
-            ids = torch.tensor([prompt], device=model.device)
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config)
-            outputs.append(out[0, len(prompt) :].tolist())
-    return outputs
 
 
 def _bench(plan: CheckPlan, device: torch.device) -> dict:
@@ -308,7 +237,7 @@ def _kernels(plan: CheckPlan, device: torch.device) -> dict:
         exact_shape=shape,
         exact_prompts=_exact_prompts(shape, plan),
         exact_tokens=plan.exact_tokens,
-        greedy=_engine_greedy,
+        greedy=engine_greedy,
         bench_shape=plan.bench_shape,
         bench_prompts=_bench_prompts(plan, _bench_engine(device).page_size),
         bench_engine=_bench_engine(device),
