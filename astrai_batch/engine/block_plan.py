@@ -178,14 +178,21 @@ def _private_units(
     order = np.lexsort((owner, blocks))
     owner, blocks = owner[order], blocks[order]
     num_blocks = int(blocks.max()) + 1 if len(blocks) else 0
+    # [D, blocks, pages per block]: a unit's pages are one row of it
     tables = decodes.tables
-    width = num_blocks * per_block
+    width = max(num_blocks, -(-tables.shape[1] // per_block)) * per_block
     if tables.shape[1] < width:
         tables = np.pad(tables, ((0, 0), (0, width - tables.shape[1])))
-    columns = blocks[:, None] * per_block + np.arange(per_block)
-    pages = tables[owner[:, None], columns] if len(owner) else np.zeros((0, per_block), np.int64)
-    offsets = torch.from_numpy(decodes.positions[owner] - blocks * block)
-    valid = torch.arange(block).unsqueeze(0) <= offsets.unsqueeze(1)
+    if len(owner):
+        pages = tables.reshape(len(tables), -1, per_block)[owner, blocks]
+    else:
+        pages = np.zeros((0, per_block), dtype=np.int64)
+    # key j of a unit is valid when j <= the query's offset in the block: row `offset` of the
+    # lower triangle (every key of a block before the query's own)
+    offsets = np.minimum(decodes.positions[owner] - blocks * block, block - 1)
+    offsets = torch.from_numpy(offsets)
+    triangle = torch.ones(block, block, dtype=torch.bool).tril_()
+    valid = triangle.index_select(0, offsets)
     starts = [0, *np.cumsum(np.bincount(blocks, minlength=num_blocks)).tolist()]
     return PrivateUnits(
         rows=torch.from_numpy(decodes.rows[owner]).to(device),

@@ -206,6 +206,9 @@ def partition_rows(
     rest = np.flatnonzero(lengths <= page_size).tolist()
     if len(eligible) == 0:
         return DecodePartition(groups=[], rest=rest)
+    firsts = np.sort(tables[eligible, 0])
+    if (firsts[1:] != firsts[:-1]).all():  # no two rows share a first page: no group
+        return DecodePartition(groups=[], rest=list(range(len(lengths))))
     _, first_seen, inverse, sizes = np.unique(
         tables[eligible, 0], return_index=True, return_inverse=True, return_counts=True
     )
