@@ -69,9 +69,10 @@ class KVLayout(Protocol):
 
     def pages(self, request_id: Hashable) -> list[int]: ...
 
-    def pages_and_version(self, request_id: Hashable) -> tuple[list[int], int]:
-        """`pages`, and a stamp that changes whenever they do and never repeats (the runner
-        keeps a copy of the table and rewrites it only when the stamp differs)."""
+    def pages_and_version(self, request_id: Hashable) -> tuple[Sequence[int], int]:
+        """`pages` (immutable: a tuple or a range), and a stamp that changes whenever they do
+        and never repeats (the runner keeps a copy of the table and rewrites it only when the
+        stamp differs)."""
         ...
 
     def stats(self) -> CacheStats: ...

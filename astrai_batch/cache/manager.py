@@ -23,10 +23,12 @@ class _OpenRequest:
 
     `lookup` holds the (hit, missed) tokens of its `open` until its first successful
     `reserve`: only then is the request admitted and the lookup counted. `version` changes
-    whenever `pages` does (see `KVCacheManager.pages_version`).
+    whenever `pages` does (see `KVCacheManager.pages_version`); `snapshot` is an immutable
+    copy of `pages` taken at `snapshot[0] == version`, so a table that did not change is
+    handed out every step without copying it.
     """
 
-    __slots__ = ("lookup", "match", "pages", "version")
+    __slots__ = ("lookup", "match", "pages", "snapshot", "version")
 
     def __init__(
         self,
@@ -39,6 +41,7 @@ class _OpenRequest:
         self.pages = pages
         self.lookup = lookup
         self.version = version
+        self.snapshot: tuple[int, tuple[int, ...]] | None = None
 
     def num_published_pages(self) -> int:
         return 0 if self.match is None else len(self.match.pages)
@@ -221,10 +224,15 @@ class KVCacheManager:
         """A copy of the request's page table: page of position p is `pages[p // page_size]`."""
         return list(self._request(request_id).pages)
 
-    def pages_and_version(self, request_id: Hashable) -> tuple[list[int], int]:
-        """`pages` and `pages_version` in one lookup (asked for every sequence every step)."""
+    def pages_and_version(self, request_id: Hashable) -> tuple[tuple[int, ...], int]:
+        """The page table (immutable) and `pages_version`, in one lookup: asked for every
+        sequence every step, while a table changes once every `page_size` tokens, so the
+        copy is taken once per version."""
         request = self._request(request_id)
-        return list(request.pages), request.version
+        snapshot = request.snapshot
+        if snapshot is None or snapshot[0] != request.version:
+            snapshot = request.snapshot = (request.version, tuple(request.pages))
+        return snapshot[1], request.version
 
     def pages_version(self, request_id: Hashable) -> int:
         """A stamp that changes whenever the request's page table changes, and that no other
@@ -277,6 +285,12 @@ class KVCacheManager:
                 if page == scratch:
                     raise CacheUsageError(f"request {request_id!r} holds the scratch page {page}")
                 holders[page] += 1
+            snapshot = request.snapshot
+            current = snapshot is not None and snapshot[0] == request.version
+            if current and list(snapshot[1]) != request.pages:
+                raise CacheUsageError(
+                    f"request {request_id!r} changed its pages without a new version"
+                )
             match = request.match
             if match is not None:
                 if not match.active:

@@ -138,10 +138,12 @@ class SeatTable:
         first = self._seat(request_id) * self.seat_pages
         return list(range(first, first + self.seat_pages))
 
-    def pages_and_version(self, request_id: Hashable) -> tuple[list[int], int]:
-        """`pages` and a stamp that changes when they do: a seat's pages are fixed while the
-        request holds it, so the stamp changes only at `open` (and never repeats)."""
-        return self.pages(request_id), self._version_of[request_id]
+    def pages_and_version(self, request_id: Hashable) -> tuple[range, int]:
+        """`pages` (as a range: no list of a whole seat's pages every step) and a stamp that
+        changes when they do: a seat's pages are fixed while the request holds it, so the
+        stamp changes only at `open` (and never repeats)."""
+        first = self._seat(request_id) * self.seat_pages
+        return range(first, first + self.seat_pages), self._version_of[request_id]
 
     def __contains__(self, request_id: Hashable) -> bool:
         return request_id in self._seat_of

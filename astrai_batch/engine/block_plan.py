@@ -169,35 +169,40 @@ def _private_units(
     decodes: DecodeRows, first_private: np.ndarray, block: int, per_block: int, device
 ) -> PrivateUnits:
     """One unit per (decode, block) from its first private block to the block of its
-    position, sorted by block, decodes in step order within a block; vectorized."""
-    last = decodes.positions // block
-    counts = np.maximum(last - first_private + 1, 0)
-    owner = np.repeat(np.arange(len(counts)), counts)
-    offsets_in_run = np.arange(len(owner)) - np.repeat(np.cumsum(counts) - counts, counts)
-    blocks = first_private[owner] + offsets_in_run
-    order = np.lexsort((owner, blocks))
-    owner, blocks = owner[order], blocks[order]
-    num_blocks = int(blocks.max()) + 1 if len(blocks) else 0
+    position, sorted by block, decodes in step order within a block.
+
+    Vectorized, in few numpy calls (each costs more than its arithmetic on a cache the
+    forward has just swept): the units are the true cells of a [block, decode] coverage
+    matrix, whose row-major `nonzero` is already that order.
+    """
+    positions = decodes.positions
+    last = positions // block
+    num_blocks = int(last.max()) + 1 if len(last) else 0
+    ladder = np.arange(num_blocks)[:, None]
+    covered = (ladder >= first_private) & (ladder <= last)
+    blocks, owner = np.nonzero(covered)
     # [D, blocks, pages per block]: a unit's pages are one row of it
     tables = decodes.tables
-    width = max(num_blocks, -(-tables.shape[1] // per_block)) * per_block
+    width = num_blocks * per_block
     if tables.shape[1] < width:
-        tables = np.pad(tables, ((0, 0), (0, width - tables.shape[1])))
+        padded = np.zeros((len(tables), width), dtype=np.int64)
+        padded[:, : tables.shape[1]] = tables
+        tables = padded
+    elif tables.shape[1] % per_block:
+        tables = tables[:, :width]
     if len(owner):
         pages = tables.reshape(len(tables), -1, per_block)[owner, blocks]
     else:
         pages = np.zeros((0, per_block), dtype=np.int64)
-    # key j of a unit is valid when j <= the query's offset in the block: row `offset` of the
-    # lower triangle (every key of a block before the query's own)
-    offsets = np.minimum(decodes.positions[owner] - blocks * block, block - 1)
-    offsets = torch.from_numpy(offsets)
-    triangle = torch.ones(block, block, dtype=torch.bool).tril_()
-    valid = triangle.index_select(0, offsets)
-    starts = [0, *np.cumsum(np.bincount(blocks, minlength=num_blocks)).tolist()]
+    # key j of a unit is valid when the query's position is at least the key's (every key of
+    # a block before the query's own)
+    offsets = positions[owner] - blocks * block
+    valid = offsets[:, None] >= np.arange(block)
+    starts = [0, *np.cumsum(covered.sum(axis=1)).tolist()]
     return PrivateUnits(
         rows=torch.from_numpy(decodes.rows[owner]).to(device),
-        page_tables=torch.from_numpy(np.ascontiguousarray(pages, dtype=np.int64)).to(device),
-        key_valid=valid.view(len(owner), 1, 1, block).to(device),
+        page_tables=torch.from_numpy(pages).to(device),
+        key_valid=torch.from_numpy(valid).view(len(owner), 1, 1, block).to(device),
         block_starts=starts,
     )
 

@@ -23,9 +23,10 @@ from astrai_batch.engine.kernel_attention import make_kernel
 from astrai_batch.engine.loader import LoadedModel
 from astrai_batch.engine.memory_budget import capped, default_kv_budget, profile_activation_peak
 from astrai_batch.engine.model_runner import ModelRunner, ScheduledChunk
-from astrai_batch.engine.sampling import SequenceSampler, sample_next_tokens
+from astrai_batch.engine.sampling import sample_token_ids
 from astrai_batch.engine.scheduler import ScheduledWork, Scheduler
 from astrai_batch.engine.sequence import Sequence
+from astrai_batch.engine.sequence_sampler import SequenceSampler
 from astrai_batch.engine.stop import StopStringTracker
 from astrai_batch.engine.types import (
     EngineStats,
@@ -181,6 +182,7 @@ class EngineCore:
                 sampler=sampler,
                 arrival=self._arrivals,
                 page_size=self.config.page_size,
+                max_model_len=self.max_model_len,
             )
             if params.stop:
                 self._outputs[seq_id] = StopStringTracker(
@@ -236,7 +238,8 @@ class EngineCore:
             if item.num_tokens > 1 or chunk.start < len(item.seq.prompt_token_ids):
                 self._prefill_tokens += item.num_tokens
         # Grammar masks are filled in a worker thread while the forward runs.
-        self.constraints.start_step([item.seq.seq_id for item in sampling])
+        if self.constraints.active:
+            self.constraints.start_step([item.seq.seq_id for item in sampling])
         try:
             output = self.runner.forward(chunks)
         finally:
@@ -261,22 +264,31 @@ class EngineCore:
         if self.logits_observer is not None:
             for seq, row in zip(seqs, logits, strict=True):
                 self.logits_observer(seq.request_id, seq.sample_index, row)
-        tokens = sample_next_tokens(logits, [seq.sampler for seq in seqs], masks)
-        self.constraints.accept([seq.seq_id for seq in seqs], [t.token_id for t in tokens])
+        token_ids, logprobs = sample_token_ids(logits, [seq.sampler for seq in seqs], masks)
+        if self.constraints.active:
+            self.constraints.accept([seq.seq_id for seq in seqs], token_ids)
         now = time.perf_counter()
         results = []
         self._decode_tokens += len(seqs)
-        for seq, sampled in zip(seqs, tokens, strict=True):
-            token = sampled.token_id
-            seq.tokens.append(token)
-            seq.sampler.append(token)
-            if sampled.logprob is not None:
-                seq.logprobs.append(sampled.logprob)
+        for i, seq in enumerate(seqs):
+            token = token_ids[i]
+            tokens = seq.tokens
+            tokens.append(token)
+            sampler = seq.sampler
+            sampler.append(token)
+            if logprobs is not None and logprobs[i] is not None:
+                seq.logprobs.append(logprobs[i])
             if seq.first_token_at is None:
                 seq.first_token_at = now
-            reason = self._finish_reason(seq, token)
-            if reason is not None:
-                results.append(self._finish(seq, reason))
+            # the full check only where the token can end the sequence (see Sequence)
+            if (
+                seq.ends_by_text_or_grammar
+                or token in sampler.early_stop_ids
+                or len(tokens) >= seq.length_limit
+            ):
+                reason = self._finish_reason(seq, token)
+                if reason is not None:
+                    results.append(self._finish(seq, reason))
         return results
 
     def _finish_reason(self, seq: Sequence, token: int) -> FinishReason | None:

@@ -183,7 +183,10 @@ class ModelRunner:
             for i in np.flatnonzero(step.num_tokens > 1).tolist()
         ]
         d = step.decodes
-        decodes = DecodeRows(step.token_start[d], step.context_start[d], step.page_tables[d])
+        if len(d) == len(step.num_tokens):  # decode-only: every chunk's row, as they are
+            decodes = DecodeRows(step.token_start, step.context_start, step.page_tables)
+        else:
+            decodes = DecodeRows(step.token_start[d], step.context_start[d], step.page_tables[d])
         runs, units = plan_blocks(spans, self.page_size, self.use_cascade, self.device, decodes)
         return BlockBatch(
             key_cache=self.pool.key_cache,

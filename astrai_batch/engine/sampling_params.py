@@ -32,7 +32,7 @@ _FLOAT_FIELDS = (
 _BOOL_FIELDS = ("ignore_eos", "logprobs")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class SamplingParams:
     """Decoding settings of one request; every sample of the request shares them.
 

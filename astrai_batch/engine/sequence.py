@@ -7,8 +7,8 @@ import time
 from collections.abc import Hashable
 
 from astrai_batch.cache.page_keys import prefix_page_hashes
-from astrai_batch.engine.sampling import SequenceSampler
 from astrai_batch.engine.sampling_params import SamplingParams
+from astrai_batch.engine.sequence_sampler import SequenceSampler
 
 
 class SequenceStatus(enum.Enum):
@@ -26,6 +26,31 @@ class Sequence:
     recompute continues with exactly the tokens it would have produced.
     """
 
+    # slots: every step reads a few attributes of every running sequence, right after a
+    # forward has swept the caches; slots keep them in the object itself, not in a dict
+    __slots__ = (
+        "_page_hashes",
+        "admissions_waited",
+        "admitted_at",
+        "arrival",
+        "cached_tokens",
+        "ends_by_text_or_grammar",
+        "first_token_at",
+        "length_limit",
+        "logprobs",
+        "num_computed",
+        "params",
+        "prompt_token_ids",
+        "request_id",
+        "sample_index",
+        "sampler",
+        "seq_id",
+        "status",
+        "submitted_at",
+        "tokens",
+        "was_preempted",
+    )
+
     def __init__(
         self,
         *,
@@ -37,6 +62,7 @@ class Sequence:
         sampler: SequenceSampler,
         arrival: int,
         page_size: int,
+        max_model_len: int | None = None,
     ) -> None:
         self.seq_id = seq_id
         self.request_id = request_id
@@ -56,6 +82,13 @@ class Sequence:
         self.admissions_waited = 0
         self.was_preempted = False
         self._page_hashes = prefix_page_hashes(prompt_token_ids, page_size)
+        # What the engine checks after each token, decided once: the length at which the
+        # sequence ends, and whether anything besides a token id (a stop string, a grammar)
+        # can end it. A token that is neither an early stop id nor at the limit, in a
+        # sequence without either, cannot end it.
+        limit = len(prompt_token_ids) + params.max_tokens
+        self.length_limit = limit if max_model_len is None else min(limit, max_model_len)
+        self.ends_by_text_or_grammar = bool(params.stop) or params.constraint is not None
 
     @property
     def prompt_len(self) -> int:

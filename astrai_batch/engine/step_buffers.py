@@ -71,45 +71,46 @@ class StepBuffers:
     def build(self, chunks: Sequence) -> StepArrays:
         page = self.page_size
         n = len(chunks)
-        rows = np.empty(n, dtype=np.int64)
-        starts = np.empty(n, dtype=np.int64)
-        counts = np.empty(n, dtype=np.int64)
-        wants = np.empty(n, dtype=bool)
+        rows: list[int] = []
         previous = self._rows
         current: dict[Hashable, tuple[int, int]] = {}
         transient: list[int] = []
-        for i, chunk in enumerate(chunks):
+        for chunk in chunks:
             key = chunk.seq_key
             if key is None:
                 row = self._take_row()
                 transient.append(row)
                 self._write(row, chunk.pages)
             else:
-                if key in current:
-                    raise ValueError(f"sequence {key!r} has two chunks in one step")
                 held = previous.pop(key, None)
                 version = chunk.pages_version
                 if held is None:
+                    if key in current:
+                        raise ValueError(f"sequence {key!r} has two chunks in one step")
                     row = self._take_row()
                     self._write(row, chunk.pages)
+                    held = (row, version)
                 elif held[1] != version or version is None:
                     row = held[0]
                     self._write(row, chunk.pages)
+                    held = (row, version)
                 else:
                     row = held[0]
-                current[key] = (row, version)
-            rows[i] = row
-            starts[i] = chunk.start
-            counts[i] = len(chunk.token_ids)
-            wants[i] = chunk.wants_logits
+                current[key] = held
+            rows.append(row)
         for row, _ in previous.values():
             self._release(row)
         self._rows = current
+        # one pass per field: a generator over named tuples beats filling arrays item by item
+        rows = np.array(rows, dtype=np.int64)
+        starts = np.fromiter([c.start for c in chunks], np.int64, n)
+        counts = np.fromiter([len(c.token_ids) for c in chunks], np.int64, n)
         if counts.min(initial=1) < 1:
             raise ValueError("a scheduled chunk has no tokens")
         ends = starts + counts
         held_pages = self._counts[rows]
-        short = np.flatnonzero(held_pages * page < ends)
+        needed = -(-ends // page)
+        short = np.flatnonzero(held_pages < needed)
         if len(short):
             i = int(short[0])
             raise ValueError(
@@ -130,15 +131,17 @@ class StepBuffers:
             positions = np.arange(total) - token_start[owner] + starts[owner]
             token_rows = rows[owner]
         write_slots = self._tables[token_rows, positions // page] * page + positions % page
-        needed = -(-ends // page)
         width = int(needed.max())
         tables = self._tables[rows, :width]
-        tables[np.arange(width) >= needed[:, None]] = 0  # pages held beyond what is needed
+        if (held_pages > needed).any():
+            tables[np.arange(width) >= needed[:, None]] = 0  # pages held beyond what is needed
+        wants = [c.wants_logits for c in chunks]
+        last_rows = token_start + counts - 1
         arrays = StepArrays(
             token_ids=token_ids,
             positions=positions,
             write_slots=write_slots,
-            logit_rows=(token_start + counts - 1)[wants],
+            logit_rows=last_rows if all(wants) else last_rows[np.array(wants, dtype=bool)],
             token_start=token_start,
             num_tokens=counts,
             context_start=starts,

@@ -15,12 +15,12 @@ from transformers.generation.logits_process import (
 
 from astrai_batch.engine.sampling import (
     SampledToken,
-    SequenceSampler,
     adjusted_scores,
     filter_scores,
     sample_next_tokens,
 )
 from astrai_batch.engine.sampling_params import SamplingParams
+from astrai_batch.engine.sequence_sampler import SequenceSampler
 
 VOCAB = 512
 
@@ -496,7 +496,7 @@ def splitmix64_reference(seed: int, counter: int) -> float:
 
 
 def test_uniform_draws_are_splitmix64_of_seed_and_draw_count() -> None:
-    from astrai_batch.engine.sampling import draw_uniforms
+    from astrai_batch.engine.sequence_sampler import draw_uniforms
 
     samplers = [
         SequenceSampler(SamplingParams(temperature=1.0), [], fallback_seed=seed)

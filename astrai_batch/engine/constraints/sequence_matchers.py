@@ -54,6 +54,11 @@ class SequenceMatchers:
         self._matchers.pop(seq_id, None)
         self._accepted.pop(seq_id, None)
 
+    @property
+    def active(self) -> bool:
+        """True while some sequence is constrained (otherwise a step has nothing to do here)."""
+        return bool(self._matchers)
+
     def terminated(self, seq_id: int) -> bool:
         matcher = self._matchers.get(seq_id)
         return matcher is not None and matcher.terminated
