@@ -41,7 +41,7 @@ def block_attention(
     row_max = q.new_full((num_tokens, kv_heads, group), float("-inf"), dtype=torch.float32)
     run_scores = []
     for run in batch.runs:
-        scores = _run_scores(qg, k_cache, run, batch, scale).masked_fill_(~run.key_valid, NEG)
+        scores = _run_scores(qg, k_cache, run, batch, scale).masked_fill_(run.key_masked, NEG)
         row_max.index_copy_(0, run.rows, scores.amax(dim=(1, 4)))
         run_scores.append(scores)
     if units.rows.numel():
@@ -49,7 +49,7 @@ def block_attention(
         a = rows_at_least_two(qg.index_select(0, units.rows))  # [U, Hkv, G', D]
         unit_scores = torch.matmul(a, keys.permute(0, 2, 3, 1).to(a.dtype))
         unit_scores = unit_scores.float()[:, :, :group].mul_(scale)
-        unit_scores.masked_fill_(~units.key_valid, NEG)
+        unit_scores.masked_fill_(units.masked_keys(batch.block_tokens), NEG)
         unit_max = unit_scores.amax(dim=-1)
         index = units.rows[:, None, None].expand_as(unit_max)
         row_max.scatter_reduce_(0, index, unit_max, "amax")

@@ -16,7 +16,7 @@ buffers, so the reduction that follows never knows which form computed it.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -41,7 +41,7 @@ class BlockRun:
     rows: torch.Tensor  # [n] rows of the packed batch
     page_table: torch.Tensor  # [1, num_blocks * pages_per_block], padded with page 0
     num_blocks: int
-    key_valid: torch.Tensor  # [n, num_blocks, 1, 1, block] bool: key position <= the row's
+    key_masked: torch.Tensor  # [n, num_blocks, 1, 1, block] bool: key position > the row's
 
 
 @dataclass(frozen=True)
@@ -50,8 +50,20 @@ class PrivateUnits:
 
     rows: torch.Tensor  # [U] query row of each unit
     page_tables: torch.Tensor  # [U, pages_per_block] the unit's pages, padded with page 0
-    key_valid: torch.Tensor  # [U, 1, 1, block] bool
+    # [U] the query's offset from the start of the unit's block: keys past it are masked
+    # (block - 1 or more: none is). The mask itself is built on the device (`masked_keys`):
+    # a number per unit travels instead of a block of booleans.
+    key_limit: torch.Tensor
     block_starts: list[int]  # units of block b are [block_starts[b], block_starts[b + 1])
+    _masked: list[torch.Tensor] = field(default_factory=list, repr=False, compare=False)
+
+    def masked_keys(self, block: int) -> torch.Tensor:
+        """[U, 1, 1, block] bool, True for keys after the query; built once per step, at
+        the first layer that asks."""
+        if not self._masked:
+            keys = torch.arange(block, device=self.key_limit.device)
+            self._masked.append((keys > self.key_limit[:, None]).view(-1, 1, 1, block))
+        return self._masked[0]
 
 
 @dataclass(frozen=True)
@@ -156,12 +168,12 @@ def _prefill_runs(span: QuerySpan, block: int, per_block: int, device: torch.dev
 def _run(rows, positions, table: torch.Tensor, blocks: int, block: int, device) -> BlockRun:
     keys = torch.arange(blocks * block)
     positions = torch.from_numpy(np.asarray(positions, dtype=np.int64))
-    valid = keys.unsqueeze(0) <= positions.unsqueeze(1)
+    masked = keys.unsqueeze(0) > positions.unsqueeze(1)
     return BlockRun(
         rows=torch.from_numpy(np.asarray(rows, dtype=np.int64)).to(device),
         page_table=table,
         num_blocks=blocks,
-        key_valid=valid.view(-1, blocks, 1, 1, block).to(device),
+        key_masked=masked.view(-1, blocks, 1, 1, block).to(device),
     )
 
 
@@ -194,15 +206,11 @@ def _private_units(
         pages = tables.reshape(len(tables), -1, per_block)[owner, blocks]
     else:
         pages = np.zeros((0, per_block), dtype=np.int64)
-    # key j of a unit is valid when the query's position is at least the key's (every key of
-    # a block before the query's own)
-    offsets = positions[owner] - blocks * block
-    valid = offsets[:, None] >= np.arange(block)
     starts = [0, *np.cumsum(covered.sum(axis=1)).tolist()]
     return PrivateUnits(
         rows=torch.from_numpy(decodes.rows[owner]).to(device),
         page_tables=torch.from_numpy(pages).to(device),
-        key_valid=torch.from_numpy(valid).view(len(owner), 1, 1, block).to(device),
+        key_limit=torch.from_numpy(positions[owner] - blocks * block).to(device),
         block_starts=starts,
     )
 

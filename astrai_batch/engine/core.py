@@ -128,7 +128,6 @@ class EngineCore:
         self._next_seq_id = 0
         self._arrivals = 0
         self._steps = 0
-        self._prefill_tokens = 0
         self._decode_tokens = 0
         self._finished = 0
         self._failed = 0
@@ -227,16 +226,10 @@ class EngineCore:
                     f"running={len(self.scheduler.running)})"
                 )
             return []
-        chunks: list[ScheduledChunk] = []
-        sampling: list[ScheduledWork] = []
         cache = self.cache
-        for item in plan.work:
-            chunk = chunk_for(item, cache)
-            chunks.append(chunk)
-            if chunk.wants_logits:
-                sampling.append(item)
-            if item.num_tokens > 1 or chunk.start < len(item.seq.prompt_token_ids):
-                self._prefill_tokens += item.num_tokens
+        chunks = [chunk_for(item, cache) for item in plan.work]
+        work = zip(plan.work, chunks, strict=True)
+        sampling = [item for item, chunk in work if chunk.wants_logits]
         # Grammar masks are filled in a worker thread while the forward runs.
         if self.constraints.active:
             self.constraints.start_step([item.seq.seq_id for item in sampling])
@@ -352,7 +345,7 @@ class EngineCore:
         self._read_timers()
         return EngineStats(
             steps=self._steps,
-            prefill_tokens=self._prefill_tokens,
+            prefill_tokens=self.scheduler.prefill_tokens,
             decode_tokens=self._decode_tokens,
             preemptions=self.scheduler.preemptions,
             requests_finished=self._finished,

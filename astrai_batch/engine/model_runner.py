@@ -167,7 +167,7 @@ class ModelRunner:
             value_cache=self.pool.value_cache,
             page_size=page,
             write_slots=to_device(step.write_slots, device),
-            longest_context=int(step.lengths.max()),
+            longest_context=step.longest_context,
             decode=decode,
             cascade=cascade,
             prefills=prefills,
@@ -194,7 +194,7 @@ class ModelRunner:
             page_size=self.page_size,
             block_tokens=block_tokens_for(self.page_size),
             write_slots=to_device(step.write_slots, self.device),
-            longest_context=int(step.lengths.max()),
+            longest_context=step.longest_context,
             runs=runs,
             units=units,
             gatherer=self.gatherer,
@@ -208,7 +208,7 @@ class ModelRunner:
             value_cache=self.pool.value_cache,
             page_size=self.page_size,
             write_slots=to_device(step.write_slots, self.device),
-            longest_context=int(step.lengths.max()),
+            longest_context=step.longest_context,
             kernel=kernel,
         )
 

@@ -58,6 +58,9 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.preemptions = 0
         self.peak_running = 0
+        # tokens computed by chunks of more than one token or inside the prompt: prompts, and
+        # what preempted sequences recompute
+        self.prefill_tokens = 0
         self._inflight_pages: Counter[int] = Counter()
 
     # -- queue ---------------------------------------------------------------------------
@@ -94,6 +97,8 @@ class Scheduler:
         for seq, num_tokens in work:
             before = seq.num_computed
             prefilling = before < len(seq.prompt_token_ids)
+            if prefilling or num_tokens > 1:
+                self.prefill_tokens += num_tokens
             if prefilling:
                 self._untrack_inflight(seq)
             seq.num_computed = after = before + num_tokens

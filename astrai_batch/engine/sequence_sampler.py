@@ -10,6 +10,7 @@ device round trip per row, and the same numbers on every device.
 from __future__ import annotations
 
 import hashlib
+import math
 import secrets
 from collections.abc import Collection, Sequence
 
@@ -27,7 +28,7 @@ class SequenceSampler:
         "_draws",
         "_generated",
         "_num_generated",
-        "_plain_greedy",
+        "_plain_greedy_from",
         "_prompt_ids",
         "early_stop_ids",
         "eos_token_ids",
@@ -62,8 +63,12 @@ class SequenceSampler:
             or params.presence_penalty != 0.0
             or params.frequency_penalty != 0.0
         )
-        # what never changes of `is_plain_greedy`, decided once (it is asked every step)
-        self._plain_greedy = params.greedy and not self.has_penalties and not params.logprobs
+        # `is_plain_greedy` (asked every step) as one comparison: from which generated token
+        # on the next one is the raw logits' argmax (never with penalties, logprobs or
+        # sampling; after min_tokens while that masks the tokens that would end the row)
+        plain = params.greedy and not self.has_penalties and not params.logprobs
+        masked_until = params.min_tokens if self.early_stop_ids else 0
+        self._plain_greedy_from = masked_until if plain else math.inf
         self._num_generated = 0
         # A preallocated tensor, so a step gathers all rows' history with one `torch.cat`.
         self._generated = (
@@ -88,9 +93,7 @@ class SequenceSampler:
     @property
     def is_plain_greedy(self) -> bool:
         """True when the next token is exactly the argmax of the raw logits."""
-        return self._plain_greedy and not (
-            self._num_generated < self.params.min_tokens and self.early_stop_ids
-        )
+        return self._num_generated >= self._plain_greedy_from
 
     def append(self, token_id: int) -> None:
         """Records a generated token (penalty counts, min_tokens progress)."""

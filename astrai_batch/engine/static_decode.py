@@ -67,7 +67,7 @@ def _blocked(q, k_cache, v_cache, batch: StaticDecodeBatch, scale: float) -> tor
     a = rows_at_least_two(qg.repeat(blocks, 1, 1, 1))  # [U, Hkv, G', D], as block_attention
     scores = torch.matmul(a, keys.permute(0, 2, 3, 1).to(a.dtype))
     scores = scores.float()[:, :, :group].mul_(scale)
-    scores.masked_fill_(~_key_valid(batch.positions, blocks, block), NEG)
+    scores.masked_fill_(_key_masked(batch.positions, blocks, block), NEG)
     row_max = scores.amax(dim=-1).unflatten(0, (blocks, rows)).amax(dim=0)  # exact, any order
     probs = scores.sub_(row_max.repeat(blocks, 1, 1).unsqueeze(-1)).exp_()
     sums = probs.sum(dim=-1)  # [U, Hkv, G]
@@ -116,10 +116,10 @@ def _gather(cache: torch.Tensor, tables: torch.Tensor, page_size: int) -> torch.
     return by_page.index_select(0, tables.reshape(-1)).view(rows, pages * page_size, heads, dim)
 
 
-def _key_valid(positions: torch.Tensor, blocks: int, block: int) -> torch.Tensor:
-    """[W * B, 1, 1, block] bool: key offset k of block w exists for row i when
-    w * block + k <= positions[i] (the units' `key_valid` of `block_plan`)."""
+def _key_masked(positions: torch.Tensor, blocks: int, block: int) -> torch.Tensor:
+    """[W * B, 1, 1, block] bool: key offset k of block w is masked for row i when
+    w * block + k > positions[i] (the units' `masked_keys` of `block_plan`)."""
     starts = torch.arange(blocks, device=positions.device).mul_(block)
     offsets = positions.unsqueeze(0) - starts.unsqueeze(1)  # [W, B]
     keys = torch.arange(block, device=positions.device)
-    return (keys <= offsets.unsqueeze(-1)).view(-1, 1, 1, block)
+    return (keys > offsets.unsqueeze(-1)).view(-1, 1, 1, block)

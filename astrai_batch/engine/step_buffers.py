@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -28,9 +28,11 @@ from astrai_batch.engine.cascade import DecodePartition
 ROW_GROWTH = 2
 
 
-@dataclass(frozen=True)
-class StepArrays:
-    """One step's batch on the host (numpy, int64). Token rows index the packed batch."""
+class StepArrays(NamedTuple):
+    """One step's batch on the host (numpy, int64). Token rows index the packed batch.
+
+    A named tuple, not a frozen dataclass: built every step, after a forward has swept the
+    caches, where a dataclass's field-by-field `__init__` costs tens of microseconds."""
 
     token_ids: np.ndarray  # [T]
     positions: np.ndarray  # [T]
@@ -41,6 +43,7 @@ class StepArrays:
     context_start: np.ndarray  # [C] position of each chunk's first token
     page_tables: np.ndarray  # [C, P] each chunk's pages, as far as it needs, zero-padded
     decodes: np.ndarray  # [D] chunks of one token, in chunk order
+    longest_context: int  # the most tokens any chunk's sequence has once they are written
 
     @property
     def lengths(self) -> np.ndarray:
@@ -69,13 +72,22 @@ class StepBuffers:
         self.rows_written = 0  # rows rewritten since creation (tests and benchmarks read it)
 
     def build(self, chunks: Sequence) -> StepArrays:
+        """The step's arrays. Few numpy calls, Python lists where a pass over the chunks is
+        needed anyway: each numpy call costs far more than its arithmetic here, on caches the
+        forward has just swept."""
         page = self.page_size
         n = len(chunks)
         rows: list[int] = []
+        starts: list[int] = []
+        counts: list[int] = []
+        wants: list[bool] = []
         previous = self._rows
         current: dict[Hashable, tuple[int, int]] = {}
         transient: list[int] = []
         for chunk in chunks:
+            starts.append(chunk.start)
+            counts.append(len(chunk.token_ids))
+            wants.append(chunk.wants_logits)
             key = chunk.seq_key
             if key is None:
                 row = self._take_row()
@@ -101,25 +113,24 @@ class StepBuffers:
         for row, _ in previous.values():
             self._release(row)
         self._rows = current
-        # one pass per field: a generator over named tuples beats filling arrays item by item
-        rows = np.array(rows, dtype=np.int64)
-        starts = np.fromiter([c.start for c in chunks], np.int64, n)
-        counts = np.fromiter([len(c.token_ids) for c in chunks], np.int64, n)
-        if counts.min(initial=1) < 1:
+        if 0 in counts:
             raise ValueError("a scheduled chunk has no tokens")
+        total = sum(counts)
+        rows = np.array(rows, dtype=np.int64)
+        starts = np.array(starts, dtype=np.int64)
+        counts = np.array(counts, dtype=np.int64)
+        decode_only = total == n  # one token per chunk: the common step
+        token_start = np.arange(n) if decode_only else counts.cumsum() - counts
         ends = starts + counts
         held_pages = self._counts[rows]
-        needed = -(-ends // page)
-        short = np.flatnonzero(held_pages < needed)
-        if len(short):
-            i = int(short[0])
+        needed = (ends + (page - 1)) // page
+        if (held_pages < needed).any():
+            i = int(np.argmax(held_pages < needed))
             raise ValueError(
                 f"chunk ends at token {int(ends[i])} but its {int(held_pages[i])} pages "
                 f"hold {int(held_pages[i]) * page}"
             )
-        total = int(counts.sum())
-        token_start = np.cumsum(counts) - counts
-        if total == n:  # decode-only: one token per chunk
+        if decode_only:
             token_ids = np.fromiter((c.token_ids[0] for c in chunks), np.int64, n)
             positions = starts
             token_rows = rows
@@ -131,13 +142,15 @@ class StepBuffers:
             positions = np.arange(total) - token_start[owner] + starts[owner]
             token_rows = rows[owner]
         write_slots = self._tables[token_rows, positions // page] * page + positions % page
-        width = int(needed.max())
+        longest = int(ends.max())
+        width = (longest + page - 1) // page
         tables = self._tables[rows, :width]
         if (held_pages > needed).any():
             tables[np.arange(width) >= needed[:, None]] = 0  # pages held beyond what is needed
-        wants = [c.wants_logits for c in chunks]
-        last_rows = token_start + counts - 1
-        arrays = StepArrays(
+        last_rows = token_start + (counts - 1)
+        for row in transient:
+            self._release(row)
+        return StepArrays(
             token_ids=token_ids,
             positions=positions,
             write_slots=write_slots,
@@ -146,11 +159,9 @@ class StepBuffers:
             num_tokens=counts,
             context_start=starts,
             page_tables=tables,
-            decodes=np.flatnonzero(counts == 1),
+            decodes=token_start if decode_only else np.flatnonzero(counts == 1),
+            longest_context=longest,
         )
-        for row in transient:
-            self._release(row)
-        return arrays
 
     def check_invariants(self) -> None:
         rows = [row for row, _ in self._rows.values()]
