@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -34,8 +35,7 @@ def block_tokens_for(page_size: int) -> int:
     return page_size * max(1, -(-BLOCK_TARGET_TOKENS // page_size))
 
 
-@dataclass(frozen=True)
-class BlockRun:
+class BlockRun(NamedTuple):
     """Query rows that all read blocks [0, num_blocks) of the same pages."""
 
     rows: torch.Tensor  # [n] rows of the packed batch
@@ -66,9 +66,9 @@ class PrivateUnits:
         return self._masked[0]
 
 
-@dataclass(frozen=True)
-class BlockBatch:
-    """What every layer needs for batch-invariant attention; built once per step."""
+class BlockBatch(NamedTuple):
+    """What every layer needs for batch-invariant attention; built once per step (named
+    tuples here: a frozen dataclass's field-by-field `__init__` is slow on the step's path)."""
 
     key_cache: list[torch.Tensor]  # per layer [num_slots, kv_heads, head_dim]
     value_cache: list[torch.Tensor]
