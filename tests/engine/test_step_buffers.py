@@ -18,9 +18,8 @@ from engine_reference import make_sequence
 from astrai_batch.cache import make_layout
 from astrai_batch.engine.cascade import partition_decodes
 from astrai_batch.engine.config import EngineConfig
-from astrai_batch.engine.core import chunk_for
 from astrai_batch.engine.model_runner import ScheduledChunk
-from astrai_batch.engine.scheduler import Scheduler
+from astrai_batch.engine.scheduler import Scheduler, chunk_for
 from astrai_batch.engine.sequence import Sequence
 from astrai_batch.engine.step_buffers import StepArrays, StepBuffers, partition_rows, to_device
 
