@@ -222,11 +222,12 @@ def partition_rows(
         return DecodePartition(groups=[], rest=list(range(n)))
     firsts = tables[eligible, 0]
     order = np.argsort(firsts, kind="stable")  # by first page; ascending rows within one
-    grouped = eligible[order]
     first_sorted = firsts[order]
-    opens = np.flatnonzero(np.concatenate(([True], first_sorted[1:] != first_sorted[:-1])))
-    if len(opens) == len(grouped):  # no two rows share a first page: no group
+    repeats = first_sorted[1:] == first_sorted[:-1]
+    if not repeats.any():  # no two rows share a first page: no group
         return DecodePartition(groups=[], rest=list(range(n)))
+    grouped = eligible[order]
+    opens = np.flatnonzero(np.concatenate(([True], ~repeats)))
     sizes = np.diff(np.append(opens, len(grouped)))
     leaders = grouped[np.repeat(opens, sizes)]
     # a member's run can reach its first page unlike its leader's, or its last full page
