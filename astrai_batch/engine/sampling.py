@@ -41,6 +41,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
+import numpy as np
 import torch
 
 from astrai_batch.engine.sequence_sampler import SequenceSampler, draw_uniforms
@@ -204,11 +205,7 @@ def filter_scores(scaled: torch.Tensor, samplers: Sequence[SequenceSampler]) -> 
             dtype=torch.float32,
             device=device,
         )[:, None]
-        ascending, order = torch.sort(scaled, descending=False)
-        drop_sorted = ascending.softmax(dim=-1).cumsum(dim=-1) <= cutoffs
-        drop_sorted[:, -1] = False
-        drop = drop_sorted.scatter(1, order, drop_sorted)
-        scaled = scaled.masked_fill(drop, float("-inf"))
+        scaled = scaled.masked_fill(_top_p_drop(scaled, cutoffs), float("-inf"))
     if any(sampler.params.min_p > 0.0 for sampler in samplers):
         probs = scaled.softmax(dim=-1)
         floor = _column(samplers, "min_p", device) * probs.amax(dim=-1, keepdim=True)
@@ -216,6 +213,38 @@ def filter_scores(scaled: torch.Tensor, samplers: Sequence[SequenceSampler]) -> 
         drop.scatter_(1, probs.argmax(dim=-1, keepdim=True), False)
         scaled = scaled.masked_fill(drop, float("-inf"))
     return scaled
+
+
+def _top_p_drop(scaled: torch.Tensor, cutoffs: torch.Tensor) -> torch.Tensor:
+    """True for the tokens top-p drops: those whose ascending cumulative probability is <=
+    the row's cutoff (the top token always stays), computed over the ascending values exactly
+    as transformers does.
+
+    On the GPU, one sort with its permutation, as transformers. On the CPU torch's sort of a
+    [256, 49,152] float32 matrix takes 0.8 s (the step's largest cost with any sampling row)
+    while numpy's vectorized sort of the values alone takes 0.05 s. The dropped tokens are an
+    ascending prefix, so the values alone say how many (k) and the value at which they stop;
+    only where that value ties with kept tokens does it matter which are dropped: the lowest
+    token ids first (torch's own sort leaves the order of ties unspecified).
+    """
+    if scaled.device.type != "cpu" or scaled.dtype != torch.float32:
+        ascending, order = torch.sort(scaled, descending=False)
+        drop_sorted = ascending.softmax(dim=-1).cumsum(dim=-1) <= cutoffs
+        drop_sorted[:, -1] = False
+        return drop_sorted.scatter(1, order, drop_sorted)
+    ascending = torch.from_numpy(np.sort(scaled.numpy(), axis=-1))
+    cumulative = ascending.softmax(dim=-1).cumsum(dim=-1)
+    # the dropped prefix (the cumulative sum only grows), by bisection rather than by
+    # counting a [rows, vocab] mask; the top token always stays
+    dropped = torch.searchsorted(cumulative, cutoffs, right=True).clamp_(max=scaled.shape[1] - 1)
+    first_kept = ascending.gather(1, dropped)
+    drop = scaled < first_kept
+    below = torch.searchsorted(ascending, first_kept)  # how many values lie below it
+    ties = (dropped - below)[:, 0]  # tokens equal to it that are dropped too
+    for row in torch.nonzero(ties).flatten().tolist():
+        tied = torch.nonzero(scaled[row] == first_kept[row]).flatten()
+        drop[row, tied[: int(ties[row])]] = True
+    return drop
 
 
 def _draw(filtered: torch.Tensor, samplers: Sequence[SequenceSampler]) -> torch.Tensor:

@@ -288,6 +288,28 @@ def test_top_p_keeps_the_smallest_set_reaching_top_p(top_p: float, expected: lis
     assert kept.tolist() == (TopPLogitsWarper(top_p)(None, logits) != float("-inf")).tolist()
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_top_p_drops_tied_tokens_lowest_id_first(seed: int) -> None:
+    """Where the cut falls inside a run of equal logits (common with bfloat16 models), the
+    tied tokens are dropped in token-id order: a brute force over the (value, id) order."""
+    generator = torch.Generator().manual_seed(seed)
+    logits = torch.randint(0, 6, (16, 64), generator=generator).float() * 0.5
+    top_p = 0.3 + 0.1 * seed
+    sampler = SequenceSampler(SamplingParams(temperature=1.0, top_p=top_p), [], fallback_seed=0)
+    kept = filter_scores(logits, [sampler] * 16) != float("-inf")
+    cut_inside_a_tie = 0
+    for row in range(16):
+        values = logits[row].tolist()
+        order = sorted(range(64), key=lambda i: (values[i], i))
+        ascending = torch.tensor([values[i] for i in order])
+        cumulative = ascending.softmax(dim=-1).cumsum(dim=-1)
+        dropped = {order[j] for j in range(63) if cumulative[j] <= 1 - top_p}
+        assert kept[row].tolist() == [i not in dropped for i in range(64)]
+        smallest_kept = min(values[i] for i in range(64) if i not in dropped)
+        cut_inside_a_tie += any(values[i] == smallest_kept for i in dropped)
+    assert cut_inside_a_tie > 0  # the case the rule decides did occur
+
+
 def test_draws_stay_inside_the_kept_set() -> None:
     logits = random_logits(1, seed=30, scale=0.5)
     top3 = set(torch.topk(logits[0], 3).indices.tolist())
