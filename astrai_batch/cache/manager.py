@@ -123,7 +123,7 @@ class KVCacheManager:
         All-or-nothing: returns False, with no page taken and nothing evicted, when free plus
         evictable pages cannot cover the shortfall.
         """
-        request = self._request(request_id)
+        request = self._requests.get(request_id) or self._request(request_id)
         if num_tokens < 0:
             raise CacheUsageError(f"num_tokens must be >= 0, got {num_tokens}")
         missing = -(-num_tokens // self.page_size) - len(request.pages)
@@ -173,7 +173,7 @@ class KVCacheManager:
         Where another request already cached an identical page, this request switches to that
         canonical page and its duplicate is freed: `pages(request_id)` can change.
         """
-        request = self._request(request_id)
+        request = self._requests.get(request_id) or self._request(request_id)
         if self.index is None or request.match is None:
             return
         num_full = len(tokens) // self.page_size
@@ -197,8 +197,8 @@ class KVCacheManager:
                 own[position] = canonical
         if switch_to:
             request.version = self._next_version()
-        self.allocator.incref(switch_to)
-        self.allocator.decref(switch_from)
+            self.allocator.incref(switch_to)
+            self.allocator.decref(switch_from)
         self._inserted_pages += num_full - first - len(switch_to)
         self._note_usage()
 
@@ -228,7 +228,7 @@ class KVCacheManager:
         """The page table (immutable) and `pages_version`, in one lookup: asked for every
         sequence every step, while a table changes once every `page_size` tokens, so the
         copy is taken once per version."""
-        request = self._request(request_id)
+        request = self._requests.get(request_id) or self._request(request_id)
         snapshot = request.snapshot
         if snapshot is None or snapshot[0] != request.version:
             snapshot = request.snapshot = (request.version, tuple(request.pages))
@@ -331,6 +331,8 @@ class KVCacheManager:
         return self._page_table_stamp
 
     def _request(self, request_id: Hashable) -> _OpenRequest:
+        # The calls made for every sequence every step (reserve, publish, pages_and_version)
+        # try `self._requests.get(request_id)` first and come here only for the error.
         return lookup_open(self._requests, request_id)
 
     def _pages_in_use(self) -> int:

@@ -41,7 +41,9 @@ def block_attention(
     row_max = q.new_full((num_tokens, kv_heads, group), float("-inf"), dtype=torch.float32)
     run_scores = []
     for run in batch.runs:
-        scores = _run_scores(qg, k_cache, run, batch, scale).masked_fill_(run.key_masked, NEG)
+        scores = _run_scores(qg, k_cache, run, batch, scale)
+        if run.key_masked is not None:
+            scores.masked_fill_(run.key_masked, NEG)
         row_max.index_copy_(0, run.rows, scores.amax(dim=(1, 4)))
         run_scores.append(scores)
     if units.rows.numel():

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -34,14 +35,15 @@ def block_tokens_for(page_size: int) -> int:
     return page_size * max(1, -(-BLOCK_TARGET_TOKENS // page_size))
 
 
-@dataclass(frozen=True)
-class BlockRun:
+class BlockRun(NamedTuple):
     """Query rows that all read blocks [0, num_blocks) of the same pages."""
 
     rows: torch.Tensor  # [n] rows of the packed batch
     page_table: torch.Tensor  # [1, num_blocks * pages_per_block], padded with page 0
     num_blocks: int
-    key_masked: torch.Tensor  # [n, num_blocks, 1, 1, block] bool: key position > the row's
+    # [n, num_blocks, 1, 1, block] bool: key position > the row's; None when no key is (the
+    # cascade's shared blocks all end before each member's own token)
+    key_masked: torch.Tensor | None
 
 
 @dataclass(frozen=True)
@@ -66,9 +68,9 @@ class PrivateUnits:
         return self._masked[0]
 
 
-@dataclass(frozen=True)
-class BlockBatch:
-    """What every layer needs for batch-invariant attention; built once per step."""
+class BlockBatch(NamedTuple):
+    """What every layer needs for batch-invariant attention; built once per step (named
+    tuples here: a frozen dataclass's field-by-field `__init__` is slow on the step's path)."""
 
     key_cache: list[torch.Tensor]  # per layer [num_slots, kv_heads, head_dim]
     value_cache: list[torch.Tensor]
@@ -143,10 +145,11 @@ def plan_blocks(
             shared = shared_pages // per_block
             if shared == 0:
                 continue
-            table = _table(decodes.tables[members[0]], shared * per_block, device)
-            rows = decodes.rows[members]
-            positions = decodes.positions[members]
-            runs.append(_run(rows, positions, table, shared, block, device))
+            members = np.asarray(members)
+            # the shared blocks end before every member's own token: nothing to mask
+            table = decodes.tables[members[0], None, : shared * per_block]
+            rows = torch.from_numpy(decodes.rows[members]).to(device)
+            runs.append(BlockRun(rows, torch.from_numpy(table).to(device), shared, None))
             first_private[members] = shared
     return runs, _private_units(decodes, first_private, block, per_block, device)
 

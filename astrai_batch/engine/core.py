@@ -11,20 +11,16 @@ from collections.abc import Callable, Hashable
 
 import torch
 
-from astrai_batch.cache import KVLayout, KVPool, make_layout
-from astrai_batch.engine.attention_backends import resolve_attention_backend
 from astrai_batch.engine.config import EngineConfig
 from astrai_batch.engine.constraints.backend import ConstraintBackend, ConstraintCompileError
 from astrai_batch.engine.constraints.mask_filler import StepMasks
 from astrai_batch.engine.constraints.sequence_matchers import SequenceMatchers
-from astrai_batch.engine.decode_graphs import GraphSpec, resolve_cuda_graphs
+from astrai_batch.engine.engine_setup import assemble_engine
 from astrai_batch.engine.forward_timer import ForwardTimer
-from astrai_batch.engine.kernel_attention import make_kernel
 from astrai_batch.engine.loader import LoadedModel
-from astrai_batch.engine.memory_budget import capped, default_kv_budget, profile_activation_peak
-from astrai_batch.engine.model_runner import ModelRunner, ScheduledChunk
+from astrai_batch.engine.request_checks import fallback_seed, why_never_fits
 from astrai_batch.engine.sampling import sample_token_ids
-from astrai_batch.engine.scheduler import ScheduledWork, Scheduler
+from astrai_batch.engine.scheduler import ScheduledWork, Scheduler, chunk_for
 from astrai_batch.engine.sequence import Sequence
 from astrai_batch.engine.sequence_sampler import SequenceSampler
 from astrai_batch.engine.stop import StopStringTracker
@@ -50,75 +46,13 @@ class EngineCore:
         self.loaded = loaded
         self.config = config
         self.tokenizer = loaded.tokenizer
-        self.max_model_len = min(loaded.max_model_len, config.max_model_len or loaded.max_model_len)
-        param = next(loaded.model.parameters())
-        # with the model's real device and dtype (jobs checked the options before loading),
-        # before anything is allocated
-        self.attention_backend = resolve_attention_backend(
-            config.attention_backend,
-            device=param.device,
-            numerics=config.numerics,
-            page_size=config.page_size,
-            dtype=param.dtype,
-        )
-        capture = resolve_cuda_graphs(
-            config.cuda_graphs, param.device, backend=self.attention_backend
-        )
-        pool_args = dict(
-            num_layers=loaded.num_layers,
-            num_kv_heads=loaded.num_kv_heads,
-            head_dim=loaded.head_dim,
-            page_size=config.page_size,
-            dtype=param.dtype,
-            device=param.device,
-        )
-        if config.num_pages is not None:
-            self.pool = KVPool(num_pages=config.num_pages, **pool_args)
-        else:
-            budget = config.kv_cache_memory
-            if budget is None:
-                page_args = {k: v for k, v in pool_args.items() if k != "device"}
-                budget = capped(
-                    default_kv_budget(
-                        param.device,
-                        gpu_memory_utilization=config.gpu_memory_utilization,
-                        profile_activation_peak=lambda: profile_activation_peak(
-                            loaded.model,
-                            pool_args,
-                            max_num_batched_tokens=config.max_num_batched_tokens,
-                            max_num_seqs=config.max_num_seqs,
-                            max_model_len=self.max_model_len,
-                        ),
-                    ),
-                    bytes_per_page=KVPool.bytes_per_page(**page_args),
-                    max_num_seqs=config.max_num_seqs,
-                    pages_per_seq=-(-self.max_model_len // config.page_size),
-                )
-            self.pool = KVPool.from_memory_budget(budget, **pool_args)
-        self.cache = make_layout(
-            config.kv_layout,
-            num_pages=self.pool.num_pages,
-            page_size=config.page_size,
-            max_model_len=self.max_model_len,
-            max_num_seqs=config.max_num_seqs,
-            enable_prefix_cache=config.enable_prefix_cache,
-        )
-        graphs = None
-        if capture or static_decode:
-            graphs = GraphSpec(
-                scratch_page=self.cache.reserve_scratch_page(),
-                max_num_seqs=config.max_num_seqs,
-                max_context=self.max_model_len,
-                capture=capture,
-            )
-        self.runner = ModelRunner(
-            loaded.model,
-            self.pool,
-            numerics=config.numerics,
-            attention_kernel=make_kernel(self.attention_backend, param.device),
-            graphs=graphs,
-        )
-        self._usable_pages = self.pool.num_pages - (graphs is not None)
+        parts = assemble_engine(loaded, config, static_decode=static_decode)
+        self.max_model_len = parts.max_model_len
+        self.attention_backend = parts.attention_backend
+        self.pool = parts.pool
+        self.cache = parts.cache
+        self.runner = parts.runner
+        self._usable_pages = parts.usable_pages
         # (request id, sample index, logits row) of every sampled position; tests of the
         # batch-invariance promise compare these bitwise
         self.logits_observer: Callable[[Hashable, int, torch.Tensor], None] | None = None
@@ -149,7 +83,14 @@ class EngineCore:
         """Queues a request; returns error results at once when it can never run."""
         params = request.params
         prompt = as_token_tuple(request.prompt_token_ids)
-        problem = self._why_never_fits(prompt, params.max_tokens)
+        problem = why_never_fits(
+            prompt,
+            params.max_tokens,
+            vocab_size=self.loaded.model.config.vocab_size,
+            max_model_len=self.max_model_len,
+            page_size=self.config.page_size,
+            usable_pages=self._usable_pages,
+        )
         if problem is not None:
             self._failed += params.n
             return [error_result(request, problem, i) for i in range(params.n)]
@@ -170,7 +111,7 @@ class EngineCore:
                 prompt,
                 sample_index=sample_index,
                 eos_token_ids=self.loaded.eos_token_ids,
-                fallback_seed=_fallback_seed(self.config.seed, seed_key, sample_index),
+                fallback_seed=fallback_seed(self.config.seed, seed_key, sample_index),
             )
             seq = Sequence(
                 seq_id=seq_id,
@@ -191,27 +132,6 @@ class EngineCore:
                 self.constraints.attach(seq_id, compiled)
             self.scheduler.add(seq)
         return []
-
-    def _why_never_fits(self, prompt: tuple[int, ...], max_tokens: int) -> str | None:
-        if not prompt:
-            return "prompt is empty"
-        vocab = self.loaded.model.config.vocab_size
-        bad = next((t for t in prompt if t < 0 or t >= vocab), None)
-        if bad is not None:
-            return f"prompt token id {bad} is outside the vocabulary (size {vocab})"
-        total = len(prompt) + max_tokens
-        if total > self.max_model_len:
-            return (
-                f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) = {total} exceeds "
-                f"the model context of {self.max_model_len} tokens"
-            )
-        pages = -(-total // self.config.page_size)
-        if pages > self._usable_pages:
-            return (
-                f"prompt + max_tokens needs {pages} KV pages but the cache holds only "
-                f"{self._usable_pages}; raise --kv-cache-memory or lower max_tokens"
-            )
-        return None
 
     # -- one step ------------------------------------------------------------------------
 
@@ -380,24 +300,3 @@ class EngineCore:
             vocab_size=self.loaded.model.config.vocab_size,
             eos_token_ids=self.loaded.eos_token_ids,
         )
-
-
-def chunk_for(item: ScheduledWork, cache: KVLayout) -> ScheduledChunk:
-    """What the runner computes for a scheduled sequence: its next tokens and page table."""
-    seq, num_tokens = item
-    start = seq.num_computed
-    end = start + num_tokens
-    pages, version = cache.pages_and_version(seq.seq_id)
-    # positional: token_ids, start, pages, wants_logits, seq_key, pages_version
-    return ScheduledChunk(
-        seq.tokens[start:end], start, pages, end == len(seq.tokens), seq.seq_id, version
-    )
-
-
-def _fallback_seed(engine_seed: int, seed_key: Hashable, sample_index: int) -> int:
-    """A per-sample seed for unseeded sampling that depends on neither arrival order nor
-    batch: only the engine seed, the request's seed key and the sample index."""
-    import hashlib
-
-    digest = hashlib.sha256(f"{engine_seed}:{seed_key!r}:{sample_index}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") >> 1

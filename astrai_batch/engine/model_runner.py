@@ -176,16 +176,20 @@ class ModelRunner:
         return batch, input_ids, position_ids, rows
 
     def _block_batch(self, chunks: Sequence[ScheduledChunk], step: StepArrays) -> BlockBatch:
-        spans = [
-            QuerySpan(
-                int(step.token_start[i]), chunks[i].start, int(step.num_tokens[i]), chunks[i].pages
-            )
-            for i in np.flatnonzero(step.num_tokens > 1).tolist()
-        ]
         d = step.decodes
         if len(d) == len(step.num_tokens):  # decode-only: every chunk's row, as they are
+            spans = []
             decodes = DecodeRows(step.token_start, step.context_start, step.page_tables)
         else:
+            spans = [
+                QuerySpan(
+                    int(step.token_start[i]),
+                    chunks[i].start,
+                    int(step.num_tokens[i]),
+                    chunks[i].pages,
+                )
+                for i in np.flatnonzero(step.num_tokens > 1).tolist()
+            ]
             decodes = DecodeRows(step.token_start[d], step.context_start[d], step.page_tables[d])
         runs, units = plan_blocks(spans, self.page_size, self.use_cascade, self.device, decodes)
         return BlockBatch(

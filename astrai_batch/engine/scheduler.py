@@ -30,6 +30,7 @@ from typing import NamedTuple
 
 from astrai_batch.cache import KVLayout
 from astrai_batch.engine.config import EngineConfig
+from astrai_batch.engine.model_runner import ScheduledChunk
 from astrai_batch.engine.sequence import Sequence, SequenceStatus
 
 
@@ -248,3 +249,15 @@ class Scheduler:
                 self._inflight_pages[value] = left
             else:
                 del self._inflight_pages[value]
+
+
+def chunk_for(item: ScheduledWork, cache: KVLayout) -> ScheduledChunk:
+    """What the runner computes for a scheduled sequence: its next tokens and page table."""
+    seq, num_tokens = item
+    start = seq.num_computed
+    end = start + num_tokens
+    pages, version = cache.pages_and_version(seq.seq_id)
+    # positional: token_ids, start, pages, wants_logits, seq_key, pages_version
+    return ScheduledChunk(
+        seq.tokens[start:end], start, pages, end == len(seq.tokens), seq.seq_id, version
+    )

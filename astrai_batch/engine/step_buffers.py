@@ -209,35 +209,42 @@ class StepBuffers:
 def partition_rows(
     tables: np.ndarray, lengths: np.ndarray, page_size: int, min_group: int = 2
 ) -> DecodePartition:
-    """`cascade.partition_decodes` over zero-padded table rows, vectorized.
+    """`cascade.partition_decodes` over zero-padded table rows, vectorized over the groups.
 
     Same groups in the same order (by first member), members ascending, the same shared
     page runs; `rest` sorted. Rows are grouped by their first page; a group's shared run is
     the leading pages all members hold alike, full for every member and leaving each at
     least one own token.
     """
+    n = len(lengths)
     eligible = np.flatnonzero(lengths > page_size)
-    rest = np.flatnonzero(lengths <= page_size).tolist()
-    if len(eligible) == 0:
-        return DecodePartition(groups=[], rest=rest)
-    firsts = np.sort(tables[eligible, 0])
-    if (firsts[1:] != firsts[:-1]).all():  # no two rows share a first page: no group
-        return DecodePartition(groups=[], rest=list(range(len(lengths))))
-    _, first_seen, inverse, sizes = np.unique(
-        tables[eligible, 0], return_index=True, return_inverse=True, return_counts=True
-    )
-    small = sizes[inverse] < min_group
-    rest.extend(eligible[small].tolist())
-    groups = []
+    if len(eligible) < min_group:
+        return DecodePartition(groups=[], rest=list(range(n)))
+    firsts = tables[eligible, 0]
+    order = np.argsort(firsts, kind="stable")  # by first page; ascending rows within one
+    first_sorted = firsts[order]
+    repeats = first_sorted[1:] == first_sorted[:-1]
+    if not repeats.any():  # no two rows share a first page: no group
+        return DecodePartition(groups=[], rest=list(range(n)))
+    grouped = eligible[order]
+    opens = np.flatnonzero(np.concatenate(([True], ~repeats)))
+    sizes = np.diff(np.append(opens, len(grouped)))
+    leaders = grouped[np.repeat(opens, sizes)]
+    # a member's run can reach its first page unlike its leader's, or its last full page
+    # before its own token, whichever comes first; the group's run is its members' least
+    differs = tables[grouped] != tables[leaders]
+    width = tables.shape[1]
+    first_unlike = np.where(differs.any(axis=1), differs.argmax(axis=1), width)
+    reach = np.minimum(first_unlike, (lengths[grouped] - 1) // page_size)
+    shared = np.minimum.reduceat(reach, opens)
     big = np.flatnonzero(sizes >= min_group)
-    for g in big[np.argsort(first_seen[big], kind="stable")].tolist():
-        members = eligible[inverse == g]
-        limit = int(((lengths[members] - 1) // page_size).min())
-        alike = (tables[members, :limit] == tables[members[0], :limit]).all(axis=0)
-        shared = limit if alike.all() else int(np.argmin(alike))
-        groups.append((members.tolist(), shared))
-    rest.sort()
-    return DecodePartition(groups=groups, rest=rest)
+    groups = []
+    in_group = np.zeros(n, dtype=bool)
+    for g in big[np.argsort(grouped[opens[big]], kind="stable")].tolist():
+        members = grouped[opens[g] : opens[g] + sizes[g]]
+        in_group[members] = True
+        groups.append((members.tolist(), int(shared[g])))
+    return DecodePartition(groups=groups, rest=np.flatnonzero(~in_group).tolist())
 
 
 def to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:

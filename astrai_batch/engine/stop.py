@@ -8,7 +8,7 @@ cost a small window per token, not the whole output.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from astrai_batch.errors import ConfigError
@@ -58,6 +58,44 @@ class TokenDecoder(Protocol):
     ) -> str: ...
 
 
+# Where Hugging Face's stock fast tokenizers define `decode` and `_decode` (transformers 5,
+# and 4): with both stock, `decode(ids, skip_special_tokens=True,
+# clean_up_tokenization_spaces=False)` is exactly the Rust tokenizer's own `decode`.
+STOCK_DECODE_MODULES = frozenset({"transformers.tokenization_utils_base"})
+STOCK_FAST_DECODE_MODULES = frozenset(
+    {"transformers.tokenization_utils_tokenizers", "transformers.tokenization_utils_fast"}
+)
+
+
+def window_decoder(tokenizer: TokenDecoder) -> Callable[[list[int]], str]:
+    """`ids -> text` as the detokenizer decodes a window: special tokens skipped, no clean-up.
+
+    For a stock fast tokenizer, the Rust tokenizer is called directly: its Python wrapper is
+    about three quarters of the call at a window of a few tokens (1.0 vs 3.4 microseconds
+    measured), and a sequence with stop strings decodes up to two windows per token.
+    Anything else (a slow tokenizer, remote code, a subclass with its own decoding) goes
+    through `decode`.
+    """
+    kind = type(tokenizer)
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    decode = getattr(kind, "decode", None)
+    inner = getattr(kind, "_decode", None)
+    if (
+        backend is not None
+        and getattr(decode, "__module__", None) in STOCK_DECODE_MODULES
+        and getattr(inner, "__module__", None) in STOCK_FAST_DECODE_MODULES
+    ):
+        fast = backend.decode
+        return lambda ids: fast(ids, skip_special_tokens=True)
+
+    def through_decode(ids: list[int]) -> str:
+        # No clean-up: it rewrites spaces next to punctuation across the whole string, which
+        # window-by-window decoding cannot reproduce.
+        return tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+    return through_decode
+
+
 class IncrementalDetokenizer:
     """Decodes a sequence's output token by token, decoding only a few recent tokens each time.
 
@@ -78,7 +116,7 @@ class IncrementalDetokenizer:
     """
 
     def __init__(self, tokenizer: TokenDecoder, prompt_token_ids: Sequence[int] = ()) -> None:
-        self._tokenizer = tokenizer
+        self._decode = window_decoder(tokenizer)
         # Only the decoding window is kept: `_window[:_read]` is the prefix (already emitted,
         # decoded as `_prefix_text`), `_window[_read:]` the tokens not yet emitted.
         self._window: list[int] = list(prompt_token_ids[-PROMPT_CONTEXT_TOKENS:])
@@ -125,13 +163,6 @@ class IncrementalDetokenizer:
             raise ValueError(f"read offset {self._read} outside window of {len(self._window)}")
         if self.text.endswith(REPLACEMENT_CHAR):
             raise ValueError("stable text ends in U+FFFD")
-
-    def _decode(self, token_ids: list[int]) -> str:
-        # No clean-up: it rewrites spaces next to punctuation across the whole string, which
-        # window-by-window decoding cannot reproduce.
-        return self._tokenizer.decode(
-            token_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False
-        )
 
 
 class StopStringTracker:

@@ -259,3 +259,36 @@ def test_a_lookup_counts_once_at_admission_and_refused_admissions_count_nothing(
     assert manager.reserve("again", 24)
     assert manager.stats().lookups == 3
     manager.check_invariants()
+
+
+def test_the_page_table_is_handed_out_once_per_version_as_an_immutable_copy() -> None:
+    manager = KVCacheManager(num_pages=8, page_size=2)
+    tokens = [1, 2, 3, 4, 5]
+    manager.open("a", tokens, max_cached_tokens=4)
+    manager.open("b", tokens, max_cached_tokens=4)
+    manager.reserve("a", 5)
+    manager.reserve("b", 5)
+    table, version = manager.pages_and_version("b")
+    assert (table, version) == ((3, 4, 5), manager.pages_version("b"))
+    again, same = manager.pages_and_version("b")
+    assert again is table and same == version  # unchanged: no copy taken
+    manager.reserve("b", 6)  # covered already: nothing changes
+    assert manager.pages_and_version("b") == (table, version)
+    manager.publish("a", tokens)
+    manager.publish("b", tokens)  # b switches to a's pages: a new version, a new copy
+    switched, newer = manager.pages_and_version("b")
+    assert (switched, newer != version) == ((0, 1, 5), True)
+    assert table == (3, 4, 5)  # the copy handed out earlier never changes
+    manager.reserve("b", 7)
+    assert manager.pages_and_version("b")[0] == (0, 1, 5, 4)
+    manager.check_invariants()
+
+
+def test_check_invariants_catches_a_page_table_changed_without_a_new_version() -> None:
+    manager = KVCacheManager(num_pages=8, page_size=2)
+    manager.open("a", [1, 2, 3], max_cached_tokens=2)
+    manager.reserve("a", 3)
+    manager.pages_and_version("a")
+    manager._requests["a"].pages[1] = 7  # a bug: the table changed, its version did not
+    with pytest.raises(CacheUsageError, match="request 'a' changed its pages without a new"):
+        manager.check_invariants()

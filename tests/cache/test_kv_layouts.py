@@ -25,6 +25,8 @@ def test_seats_are_runs_of_consecutive_pages_taken_in_order():
     assert table.open("b", [4, 5], max_cached_tokens=1) == 0
     assert table.pages("a") == [0, 1, 2, 3, 4, 5]
     assert table.pages("b") == [6, 7, 8, 9, 10, 11]
+    pages, version = table.pages_and_version("b")
+    assert (pages, table.pages_and_version("a")[1] != version) == (range(6, 12), True)
     assert table.reserve("a", 24) is True
     table.publish("a", [1, 2, 3, 4])
     table.check_invariants()

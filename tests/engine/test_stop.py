@@ -10,6 +10,7 @@ from astrai_batch.engine.stop import (
     IncrementalDetokenizer,
     StopStringMatcher,
     StopStringTracker,
+    window_decoder,
 )
 from astrai_batch.errors import ConfigError
 
@@ -237,6 +238,45 @@ def test_prompt_context_continues_the_prompt(tiny_tokenizer) -> None:
     assert detokenizer.text == " there was 你好"
     whole = tiny_tokenizer.decode(prompt + completion, skip_special_tokens=True)
     assert detokenizer.text == whole[len(tiny_tokenizer.decode(prompt)) :]
+
+
+def assert_windows_decode_like_the_tokenizer(tokenizer, seed: int) -> None:
+    decode = window_decoder(tokenizer)
+    rng = random.Random(seed)
+    vocab = len(tokenizer)
+    for _ in range(300):
+        ids = [rng.randrange(vocab) for _ in range(rng.randint(0, 8))]
+        expected = tokenizer.decode(
+            ids, skip_special_tokens=True, clean_up_tokenization_spaces=False
+        )
+        assert decode(ids) == expected, ids
+
+
+def test_window_decoder_equals_decode_on_stock_fast_tokenizers(tiny_tokenizer) -> None:
+    for seed, tokenizer in enumerate([tiny_tokenizer, metaspace_tokenizer()]):
+        assert_windows_decode_like_the_tokenizer(tokenizer, seed)
+
+
+def test_window_decoder_keeps_a_tokenizers_own_decoding(tiny_tokenizer) -> None:
+    from transformers import PreTrainedTokenizerFast
+
+    class Shouting(PreTrainedTokenizerFast):
+        def _decode(self, token_ids, skip_special_tokens=False, **kwargs):
+            return super()._decode(token_ids, skip_special_tokens, **kwargs).upper()
+
+    shouting = Shouting(tokenizer_object=tiny_tokenizer.backend_tokenizer)
+    ids = tiny_tokenizer.encode("hello there")
+    assert window_decoder(shouting)(ids) == "HELLO THERE"
+    recording = RecordingTokenizer(tiny_tokenizer)  # no Rust tokenizer of its own
+    assert window_decoder(recording)(ids) == "hello there"
+    assert recording.window_sizes == [len(ids)]
+
+
+@pytest.mark.slow
+def test_window_decoder_equals_decode_on_smollm2() -> None:
+    from astrai_batch.engine.loader import load_model
+
+    assert_windows_decode_like_the_tokenizer(load_model("smollm2-135m").tokenizer, 7)
 
 
 def metaspace_tokenizer():

@@ -1,0 +1,109 @@
+"""Sizing and wiring an engine's parts: the attention backend, the KV pool, its layout and
+the model runner, from the loaded model and the engine configuration.
+
+The order matters: the backend and CUDA graphs are resolved with the model's real device and
+dtype (the job checked the options before loading) before anything is allocated; the pool is
+sized (an explicit page count, a memory budget, or the device's free memory after the
+weights and a profiled activation peak, `memory_budget`) before the layout that hands out
+its pages; a decode-graph scratch page is reserved from the layout before any request.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from astrai_batch.cache import KVLayout, KVPool, make_layout
+from astrai_batch.engine.attention_backends import resolve_attention_backend
+from astrai_batch.engine.config import EngineConfig
+from astrai_batch.engine.decode_graphs import GraphSpec, resolve_cuda_graphs
+from astrai_batch.engine.kernel_attention import make_kernel
+from astrai_batch.engine.loader import LoadedModel
+from astrai_batch.engine.memory_budget import capped, default_kv_budget, profile_activation_peak
+from astrai_batch.engine.model_runner import ModelRunner
+
+
+@dataclass(frozen=True)
+class EngineParts:
+    max_model_len: int  # the model's context, capped by the configuration
+    attention_backend: str  # the resolved one (never "auto")
+    pool: KVPool
+    cache: KVLayout
+    runner: ModelRunner
+    usable_pages: int  # pages requests can hold: the pool less the scratch page, if any
+
+
+def assemble_engine(
+    loaded: LoadedModel, config: EngineConfig, *, static_decode: bool = False
+) -> EngineParts:
+    max_model_len = min(loaded.max_model_len, config.max_model_len or loaded.max_model_len)
+    param = next(loaded.model.parameters())
+    backend = resolve_attention_backend(
+        config.attention_backend,
+        device=param.device,
+        numerics=config.numerics,
+        page_size=config.page_size,
+        dtype=param.dtype,
+    )
+    capture = resolve_cuda_graphs(config.cuda_graphs, param.device, backend=backend)
+    pool_args = dict(
+        num_layers=loaded.num_layers,
+        num_kv_heads=loaded.num_kv_heads,
+        head_dim=loaded.head_dim,
+        page_size=config.page_size,
+        dtype=param.dtype,
+        device=param.device,
+    )
+    if config.num_pages is not None:
+        pool = KVPool(num_pages=config.num_pages, **pool_args)
+    else:
+        budget = config.kv_cache_memory
+        if budget is None:
+            page_args = {k: v for k, v in pool_args.items() if k != "device"}
+            budget = capped(
+                default_kv_budget(
+                    param.device,
+                    gpu_memory_utilization=config.gpu_memory_utilization,
+                    profile_activation_peak=lambda: profile_activation_peak(
+                        loaded.model,
+                        pool_args,
+                        max_num_batched_tokens=config.max_num_batched_tokens,
+                        max_num_seqs=config.max_num_seqs,
+                        max_model_len=max_model_len,
+                    ),
+                ),
+                bytes_per_page=KVPool.bytes_per_page(**page_args),
+                max_num_seqs=config.max_num_seqs,
+                pages_per_seq=-(-max_model_len // config.page_size),
+            )
+        pool = KVPool.from_memory_budget(budget, **pool_args)
+    cache = make_layout(
+        config.kv_layout,
+        num_pages=pool.num_pages,
+        page_size=config.page_size,
+        max_model_len=max_model_len,
+        max_num_seqs=config.max_num_seqs,
+        enable_prefix_cache=config.enable_prefix_cache,
+    )
+    graphs = None
+    if capture or static_decode:
+        graphs = GraphSpec(
+            scratch_page=cache.reserve_scratch_page(),
+            max_num_seqs=config.max_num_seqs,
+            max_context=max_model_len,
+            capture=capture,
+        )
+    runner = ModelRunner(
+        loaded.model,
+        pool,
+        numerics=config.numerics,
+        attention_kernel=make_kernel(backend, param.device),
+        graphs=graphs,
+    )
+    return EngineParts(
+        max_model_len=max_model_len,
+        attention_backend=backend,
+        pool=pool,
+        cache=cache,
+        runner=runner,
+        usable_pages=pool.num_pages - (graphs is not None),
+    )
