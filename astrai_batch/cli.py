@@ -18,7 +18,8 @@ from astrai_batch import __version__
 from astrai_batch.engine.attention_backends import ATTENTION_BACKENDS
 from astrai_batch.engine.config import KV_LAYOUTS
 from astrai_batch.errors import AstraiBatchError, ConfigError
-from astrai_batch.jobs.config import DEFAULT_MODEL, OUTPUT_FORMATS, JobConfig, load_toml_options
+from astrai_batch.jobs.config import DEFAULT_MODEL, OUTPUT_FORMATS, JobConfig
+from astrai_batch.jobs.config_file import load_toml_options
 
 EXIT_INTERRUPTED_SIGINT = 130
 

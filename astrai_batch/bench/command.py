@@ -27,7 +27,8 @@ from astrai_batch.bench.workloads import WORKLOAD_NAMES
 from astrai_batch.engine.attention_backends import ATTENTION_BACKENDS, resolve_from_options
 from astrai_batch.engine.config import EngineConfig
 from astrai_batch.errors import AstraiBatchError, ConfigError
-from astrai_batch.jobs.config import DEFAULT_MODEL, parse_size
+from astrai_batch.jobs.config import DEFAULT_MODEL
+from astrai_batch.jobs.option_values import parse_size
 
 _ENGINE = EngineConfig()
 

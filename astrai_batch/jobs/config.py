@@ -1,17 +1,16 @@
 """The configuration of one `astrai-batch run`: every option, validated, from flags or TOML.
 
 Options are flat names (the long flag without its dashes: ``max_num_seqs``, ``max_tokens``);
-a TOML file given with ``--config`` may spell them with dashes or underscores. Sampling
-options become the job's default `SamplingParams`, which per-row overrides then replace.
+a TOML file given with ``--config`` (read by `config_file`) may spell them with dashes or
+underscores. Sampling options become the job's default `SamplingParams`, which per-row
+overrides then replace.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from astrai_batch.checks import require_positive_int
@@ -20,6 +19,12 @@ from astrai_batch.engine.config import KV_LAYOUTS, check_utilization
 from astrai_batch.engine.sampling_params import SamplingParams
 from astrai_batch.errors import ConfigError
 from astrai_batch.jobs.constraint_options import CONSTRAINT_OPTIONS, job_constraint
+from astrai_batch.jobs.option_groups import (
+    OBJECT_OPTIONS,
+    PLANNING_OPTIONS,
+    RESULT_OPTIONS,
+    SAMPLING_OPTIONS,
+)
 from astrai_batch.jobs.option_values import (
     ErrorLimit,
     parse_columns,
@@ -29,98 +34,13 @@ from astrai_batch.jobs.option_values import (
 from astrai_batch.jobs.planning import PlanningOptions
 from astrai_batch.json_types import json_type
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised only on Python 3.10
-    import tomli as tomllib
-
 DEFAULT_MODEL = "smollm2-135m"
 OUTPUT_FORMATS = ("parquet", "openai-jsonl", "parquet-dir")
 EXECUTORS = ("local", "ray")
 INPUT_FORMAT_NAMES = ("parquet", "jsonl")
 
-# Options that become fields of the job's default SamplingParams.
-SAMPLING_OPTIONS = (
-    "n",
-    "max_tokens",
-    "min_tokens",
-    "temperature",
-    "top_k",
-    "top_p",
-    "min_p",
-    "repetition_penalty",
-    "presence_penalty",
-    "frequency_penalty",
-    "stop",
-    "stop_token_ids",
-    "ignore_eos",
-    "logprobs",
-)
-# Options whose value is a JSON object (a TOML table).
-OBJECT_OPTIONS = ("chat_template_kwargs",)
 # The CLI default for max_tokens; SamplingParams' own default happens to agree.
 DEFAULT_MAX_TOKENS = 256
-
-# What a checkpoint shares with the run that resumes it; every option is in exactly one of
-# the three lists (a test checks it), so a new option must be placed deliberately.
-# RESULT_OPTIONS define a row's result: a resume under other values is refused, naming them.
-# The model is compared by its files (`jobs/fingerprint.py`), not by its name, so it is
-# absent here; `device` is compared by its kind (cpu, cuda), not its index.
-# `attention_backend` is a result option as `dtype` is: another kernel sums in another order,
-# so a row's bits (and a greedy near-tie) may change. Like `dtype`, it is compared as given:
-# `auto` is `sdpa` whenever numerics are invariant, whatever is installed; only under
-# `fast_numerics`, whose rows already move with their batch, may it pick another kernel on
-# another machine.
-RESULT_OPTIONS = (
-    "device",
-    "dtype",
-    "attention_backend",
-    "fast_numerics",
-    "revision",
-    "max_model_len",
-    "seed",
-    "input_format",
-    "prompt_column",
-    "id_column",
-    "keep_columns",
-    "chat_template_kwargs",
-    *SAMPLING_OPTIONS,
-)
-# PLANNING_OPTIONS decide the windows and the prefix groups (the `prefix_group` column), not
-# any row's completion. A job is planned once: a resumed run keeps the checkpoint's values
-# (the engine still uses the page size given now for its KV pages).
-PLANNING_OPTIONS = ("page_size", "grouping", "group_window")
-# RUN_OPTIONS may change between runs: memory, sequence and token budgets, the prefix cache
-# and the KV layout change which rows run together and where their KV lives, never a row's
-# result; the rest is operation.
-RUN_OPTIONS = (
-    "model",
-    "trust_remote_code",
-    "threads",
-    "max_num_seqs",
-    "max_num_batched_tokens",
-    "kv_cache_memory",
-    "gpu_memory_utilization",
-    "cuda_graphs",
-    "prefix_cache",
-    "kv_layout",
-    "output_format",
-    "save_tokens",
-    "overwrite",
-    "restart",
-    "max_errors",
-    "fail_on_row_errors",
-    "checkpoint_rows",
-    "checkpoint_seconds",
-    "progress_seconds",
-    "quiet",
-    "summary_json",
-    "executor",
-    "ray_address",
-    "workers",
-    "worker_threads",
-    "worker_gpus",
-)
 
 
 @dataclass(frozen=True)
@@ -366,31 +286,6 @@ class JobConfig:
     def planning_options(self) -> PlanningOptions:
         """The values of `PLANNING_OPTIONS`, as a new checkpoint records them."""
         return PlanningOptions.from_dict({name: getattr(self, name) for name in PLANNING_OPTIONS})
-
-
-def load_toml_options(path: str | Path) -> dict[str, Any]:
-    """The options table of a job TOML file (top-level keys; no nested tables)."""
-    config_path = Path(path)
-    try:
-        with config_path.open("rb") as handle:
-            data = tomllib.load(handle)
-    except FileNotFoundError:
-        raise ConfigError(f"config file not found: {config_path}") from None
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {config_path}: {exc.strerror or exc}") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"config file {config_path} is not valid TOML: {exc}") from exc
-    tables = sorted(
-        key
-        for key, value in data.items()
-        if isinstance(value, dict) and key.replace("-", "_") not in OBJECT_OPTIONS
-    )
-    if tables:
-        raise ConfigError(
-            f"config file {config_path} must hold top-level options only, "
-            f"found table(s): {', '.join(tables)}"
-        )
-    return data
 
 
 def _check_type(name: str, value: Any, expected: type[str] | type[bool]) -> None:

@@ -3,7 +3,7 @@
 The identity holds the input's content (`io.fingerprint`: not its path or mtime), the
 model's files (a digest of the directory it was loaded from; for a hub model, the cached
 snapshot of its revision; not its name or path) and the result options
-(`config.RESULT_OPTIONS`). A checkpoint is resumed only by a job with an equal identity;
+(`option_groups.RESULT_OPTIONS`). A checkpoint is resumed only by a job with an equal identity;
 otherwise every difference is named, one short phrase in the user's terms each, in the
 refusal message. Paths and names are stored beside the digests only to write those phrases.
 """

@@ -21,7 +21,8 @@ from astrai_batch.engine.config import EngineConfig
 from astrai_batch.engine.core import EngineCore
 from astrai_batch.engine.loader import load_model
 from astrai_batch.errors import ConfigError
-from astrai_batch.jobs.config import RESULT_OPTIONS, JobConfig
+from astrai_batch.jobs.config import JobConfig
+from astrai_batch.jobs.option_groups import RESULT_OPTIONS
 
 
 def installed(*names: str):

@@ -8,14 +8,9 @@ import pytest
 
 from astrai_batch.engine.sampling_params import SamplingParams
 from astrai_batch.errors import ConfigError
-from astrai_batch.jobs.config import (
-    DEFAULT_MODEL,
-    PLANNING_OPTIONS,
-    RESULT_OPTIONS,
-    RUN_OPTIONS,
-    JobConfig,
-    load_toml_options,
-)
+from astrai_batch.jobs.config import DEFAULT_MODEL, JobConfig
+from astrai_batch.jobs.config_file import load_toml_options
+from astrai_batch.jobs.option_groups import PLANNING_OPTIONS, RESULT_OPTIONS, RUN_OPTIONS
 from astrai_batch.jobs.option_values import ErrorLimit, parse_columns, parse_size
 from astrai_batch.jobs.planning import PlanningOptions
 
