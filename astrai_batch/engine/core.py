@@ -205,7 +205,6 @@ class EngineCore:
         return results
 
     def _finish_reason(self, seq: Sequence, token: int) -> FinishReason | None:
-        params = seq.params
         num_tokens = len(seq.tokens)
         generated = num_tokens - len(seq.prompt_token_ids)
         output = self._outputs.get(seq.seq_id)
@@ -213,14 +212,12 @@ class EngineCore:
             return "stop"
         if self.constraints.terminated(seq.seq_id):
             return "stop"  # the grammar is complete and accepted an end token
-        # min_tokens holds off every stop: stop strings in the tracker, stop ids and EOS here
-        # (the sampler masks them too, so the first that can end a row is token min_tokens + 1).
-        if generated > params.min_tokens:
-            if token in params.stop_token_ids:
-                return "stop"
-            if not params.ignore_eos and token in self.loaded.eos_token_ids:
-                return "stop"
-        if generated >= params.max_tokens or num_tokens >= self.max_model_len:
+        # min_tokens holds off every stop: stop strings in the tracker, stop ids and EOS (unless
+        # ignored: the sampler's early-stop ids) here; the sampler masks them too, so the first
+        # that can end a row is token min_tokens + 1.
+        if generated > seq.params.min_tokens and token in seq.sampler.early_stop_ids:
+            return "stop"
+        if num_tokens >= seq.length_limit:  # max_tokens, or the model's context
             return "length"
         return None
 
