@@ -81,12 +81,15 @@ class ParquetSource(InputSource):
             if part_first_index + part.num_rows <= start:
                 part_first_index += part.num_rows
                 continue
-            groups, index = [], part_first_index
-            for group, rows in enumerate(part.row_group_rows):
+            # Skip only the leading groups that end before `start`; every group from the one
+            # holding `start` on is read, whatever its size.
+            first_group, index = 0, part_first_index
+            for rows in part.row_group_rows:
                 if index + rows > start:
-                    groups.append(group)
-                else:
-                    index += rows
+                    break
+                first_group += 1
+                index += rows
+            groups = list(range(first_group, len(part.row_group_rows)))
             yield from self._part_rows(part, groups, index, skip=max(0, start - index))
             part_first_index += part.num_rows
 
