@@ -15,11 +15,11 @@ import click
 from click.core import ParameterSource
 
 from astrai_batch import __version__
-from astrai_batch.engine.attention_backends import ATTENTION_BACKENDS
+from astrai_batch.engine.attention.backends import ATTENTION_BACKENDS
 from astrai_batch.engine.config import KV_LAYOUTS
 from astrai_batch.errors import AstraiBatchError, ConfigError
-from astrai_batch.jobs.config import DEFAULT_MODEL, OUTPUT_FORMATS, JobConfig
-from astrai_batch.jobs.config_file import load_toml_options
+from astrai_batch.jobs.options.config import DEFAULT_MODEL, OUTPUT_FORMATS, JobConfig
+from astrai_batch.jobs.options.config_file import load_toml_options
 
 EXIT_INTERRUPTED_SIGINT = 130
 
@@ -205,7 +205,7 @@ def run(ctx: click.Context, input_path: str, output_path: str, **params: Any) ->
     paths or URIs (s3://, gs://, hdfs://, file://). Progress goes to stderr, a JSON
     summary to stdout. Rerunning an interrupted job resumes it.
     """
-    from astrai_batch.jobs.executors import run_with_executor
+    from astrai_batch.jobs.run import run_with_executor
     from astrai_batch.jobs.summary import write_summary
 
     try:
@@ -302,7 +302,7 @@ def plan(
 ) -> None:
     """Predict the prefix-cache saving on INPUT (a path or a URI) without running the
     model."""
-    from astrai_batch.jobs.option_values import parse_json_object
+    from astrai_batch.jobs.options.option_values import parse_json_object
     from astrai_batch.jobs.plan_report import plan_input
 
     try:

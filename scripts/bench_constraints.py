@@ -22,8 +22,8 @@ import statistics
 import time
 
 from astrai_batch.engine import EngineConfig, GenerationRequest, SamplingParams, generate_sync
-from astrai_batch.engine.constraints import Constraint
-from astrai_batch.engine.loader import load_model
+from astrai_batch.engine.model.loader import load_model
+from astrai_batch.engine.sampling.constraints import Constraint
 from astrai_batch.engine.threads import set_cpu_threads
 
 SYSTEM = (

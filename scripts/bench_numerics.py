@@ -19,7 +19,7 @@ from astrai_batch.bench.config import BenchConfig
 from astrai_batch.bench.ours import run_ours
 from astrai_batch.bench.prompts import load_prompts
 from astrai_batch.engine import EngineConfig
-from astrai_batch.engine.loader import load_model
+from astrai_batch.engine.model.loader import load_model
 from astrai_batch.engine.threads import set_cpu_threads
 
 

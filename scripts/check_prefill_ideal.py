@@ -16,7 +16,7 @@ from astrai_batch.engine import (
     generate_sync,
     load_model,
 )
-from astrai_batch.jobs.prefix_stats import ideal_prefix_stats
+from astrai_batch.jobs.planning.prefix_stats import ideal_prefix_stats
 
 
 def main() -> None:

@@ -79,9 +79,9 @@ def make_sequence(
     arrival: int | None = None,
 ):
     """A greedy engine `Sequence` over `tokens` (request id = seq_id), for scheduler tests."""
-    from astrai_batch.engine.sampling_params import SamplingParams
+    from astrai_batch.engine.sampling.params import SamplingParams
+    from astrai_batch.engine.sampling.sequence_sampler import SequenceSampler
     from astrai_batch.engine.sequence import Sequence
-    from astrai_batch.engine.sequence_sampler import SequenceSampler
 
     params = SamplingParams(max_tokens=max_tokens)
     return Sequence(

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from astrai_batch.engine.kernel_attention import paged_view
-from astrai_batch.engine.paged_kv_metadata import PagedKVMetadata
+from astrai_batch.engine.attention.kernels.interface import paged_view
+from astrai_batch.engine.attention.kernels.paged_kv_metadata import PagedKVMetadata
 
 
 class _Reference:

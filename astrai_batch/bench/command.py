@@ -24,11 +24,11 @@ from astrai_batch.bench.config import (
     parse_tolerance,
 )
 from astrai_batch.bench.workloads import WORKLOAD_NAMES
-from astrai_batch.engine.attention_backends import ATTENTION_BACKENDS, resolve_from_options
+from astrai_batch.engine.attention.backends import ATTENTION_BACKENDS, resolve_from_options
 from astrai_batch.engine.config import EngineConfig
 from astrai_batch.errors import AstraiBatchError, ConfigError
-from astrai_batch.jobs.config import DEFAULT_MODEL
-from astrai_batch.jobs.option_values import parse_size
+from astrai_batch.jobs.options.config import DEFAULT_MODEL
+from astrai_batch.jobs.options.option_values import parse_size
 
 _ENGINE = EngineConfig()
 

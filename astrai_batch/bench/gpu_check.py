@@ -30,8 +30,8 @@ from astrai_batch.bench.peers import BatchSizeChoice, run_hf_generate, run_hf_ge
 from astrai_batch.bench.prompts import BenchPrompts, random_shared_prefix_ids
 from astrai_batch.bench.random_models import LLAMA_1B, SMOLLM2_135M, TINY, ModelShape, build_model
 from astrai_batch.engine.config import EngineConfig
-from astrai_batch.engine.loader import LoadedModel
-from astrai_batch.jobs.prefix_stats import ideal_prefix_stats
+from astrai_batch.engine.model.loaded import LoadedModel
+from astrai_batch.jobs.planning.prefix_stats import ideal_prefix_stats
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,9 @@ import torch
 from astrai_batch.bench.ours import run_ours
 from astrai_batch.bench.prompts import BenchPrompts
 from astrai_batch.bench.random_models import ModelShape, build_model
-from astrai_batch.engine.attention_backends import AUTO_ORDER, BACKEND_SPECS, module_importable
+from astrai_batch.engine.attention.backends import AUTO_ORDER, BACKEND_SPECS, module_importable
 from astrai_batch.engine.config import EngineConfig
-from astrai_batch.engine.loader import LoadedModel
+from astrai_batch.engine.model.loaded import LoadedModel
 
 # The share of greedy tokens that must agree with the SDPA path. bfloat16 sums in another
 # order can flip a near-tie, after which a row's continuation differs; random-weight models

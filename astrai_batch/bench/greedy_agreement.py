@@ -12,8 +12,8 @@ import torch
 
 from astrai_batch.engine.config import EngineConfig
 from astrai_batch.engine.core import EngineCore
-from astrai_batch.engine.loader import LoadedModel
-from astrai_batch.engine.sampling_params import SamplingParams
+from astrai_batch.engine.model.loaded import LoadedModel
+from astrai_batch.engine.sampling.params import SamplingParams
 from astrai_batch.engine.types import GenerationRequest
 
 GIB = 1024**3

@@ -17,8 +17,8 @@ from astrai_batch.bench.config import BenchConfig
 from astrai_batch.bench.workloads import WORKLOAD_NAMES, WorkloadRow, WorkloadSpec, build_workload
 from astrai_batch.errors import InputError
 from astrai_batch.io import InputRow, open_input
-from astrai_batch.jobs.prefix_stats import PrefixStats, ideal_prefix_stats
-from astrai_batch.jobs.tokenize import PromptEncoder
+from astrai_batch.jobs.planning.prefix_stats import PrefixStats, ideal_prefix_stats
+from astrai_batch.jobs.planning.tokenize import PromptEncoder
 
 FILE_MAX_TOKENS = 64
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from astrai_batch.engine.loader import LoadedModel, describe_model
+from astrai_batch.engine.model.loader import LoadedModel, describe_model
 
 CORPUS = (
     "You are a helpful assistant. Answer the question briefly and precisely.",

@@ -18,7 +18,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from astrai_batch.engine.config import EngineConfig
 from astrai_batch.engine.core import EngineCore
-from astrai_batch.engine.loader import LoadedModel
+from astrai_batch.engine.model.loaded import LoadedModel
 from astrai_batch.engine.types import EngineStats, GenerationRequest, GenerationResult
 
 

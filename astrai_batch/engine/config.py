@@ -8,7 +8,7 @@ from typing import Any
 
 from astrai_batch.cache.layout import KV_LAYOUTS
 from astrai_batch.checks import require_positive_int
-from astrai_batch.engine.attention_backends import check_backend_name
+from astrai_batch.engine.attention.backends import check_backend_name
 from astrai_batch.errors import ConfigError
 
 

@@ -12,18 +12,21 @@ from collections.abc import Callable, Hashable
 import torch
 
 from astrai_batch.engine.config import EngineConfig
-from astrai_batch.engine.constraints.backend import ConstraintBackend, ConstraintCompileError
-from astrai_batch.engine.constraints.mask_filler import StepMasks
-from astrai_batch.engine.constraints.sequence_matchers import SequenceMatchers
 from astrai_batch.engine.engine_setup import assemble_engine
-from astrai_batch.engine.forward_timer import ForwardTimer
-from astrai_batch.engine.loader import LoadedModel
+from astrai_batch.engine.model.loaded import LoadedModel
 from astrai_batch.engine.request_checks import fallback_seed, why_never_fits
-from astrai_batch.engine.sampling import sample_token_ids
+from astrai_batch.engine.runner.forward_timer import ForwardTimer
+from astrai_batch.engine.sampling.constraints.backend import (
+    ConstraintBackend,
+    ConstraintCompileError,
+)
+from astrai_batch.engine.sampling.constraints.mask_filler import StepMasks
+from astrai_batch.engine.sampling.constraints.sequence_matchers import SequenceMatchers
+from astrai_batch.engine.sampling.sequence_sampler import SequenceSampler
+from astrai_batch.engine.sampling.stop_strings import StopStringTracker
+from astrai_batch.engine.sampling.token_sampling import sample_token_ids
 from astrai_batch.engine.scheduler import ScheduledWork, Scheduler, chunk_for
 from astrai_batch.engine.sequence import Sequence
-from astrai_batch.engine.sequence_sampler import SequenceSampler
-from astrai_batch.engine.stop import StopStringTracker
 from astrai_batch.engine.types import (
     EngineStats,
     FinishReason,
@@ -290,7 +293,7 @@ class EngineCore:
         self.constraints.check_invariants(lambda seq_id: live[seq_id].sampler.num_generated)
 
     def _constraint_backend(self) -> ConstraintBackend:
-        from astrai_batch.engine.constraints.xgrammar_backend import XGrammarBackend
+        from astrai_batch.engine.sampling.constraints.xgrammar_backend import XGrammarBackend
 
         return XGrammarBackend(
             self.tokenizer,

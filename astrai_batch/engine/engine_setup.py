@@ -13,13 +13,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from astrai_batch.cache import KVLayout, KVPool, make_layout
-from astrai_batch.engine.attention_backends import resolve_attention_backend
+from astrai_batch.engine.attention.backends import resolve_attention_backend
+from astrai_batch.engine.attention.kernels.factory import make_kernel
 from astrai_batch.engine.config import EngineConfig
-from astrai_batch.engine.decode_graphs import GraphSpec, resolve_cuda_graphs
-from astrai_batch.engine.kernel_attention import make_kernel
-from astrai_batch.engine.loader import LoadedModel
-from astrai_batch.engine.memory_budget import capped, default_kv_budget, profile_activation_peak
-from astrai_batch.engine.model_runner import ModelRunner
+from astrai_batch.engine.model.loaded import LoadedModel
+from astrai_batch.engine.runner.decode_graphs import GraphSpec, resolve_cuda_graphs
+from astrai_batch.engine.runner.memory_budget import (
+    capped,
+    default_kv_budget,
+    profile_activation_peak,
+)
+from astrai_batch.engine.runner.model_runner import ModelRunner
 
 
 @dataclass(frozen=True)

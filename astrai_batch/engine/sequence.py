@@ -7,8 +7,8 @@ import time
 from collections.abc import Hashable
 
 from astrai_batch.cache.page_keys import prefix_page_hashes
-from astrai_batch.engine.sampling_params import SamplingParams
-from astrai_batch.engine.sequence_sampler import SequenceSampler
+from astrai_batch.engine.sampling.params import SamplingParams
+from astrai_batch.engine.sampling.sequence_sampler import SequenceSampler
 
 
 class SequenceStatus(enum.Enum):

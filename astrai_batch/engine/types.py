@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from astrai_batch.cache import CacheStats
-from astrai_batch.engine.sampling_params import SamplingParams
+from astrai_batch.engine.sampling.params import SamplingParams
 
 FinishReason = Literal["stop", "length", "error"]
 

@@ -22,17 +22,15 @@ import anyio
 import pyarrow as pa
 
 from astrai_batch.engine import keep_freed_memory, load_model, set_cpu_threads
-from astrai_batch.engine.loader import LoadedModel
-from astrai_batch.engine.model_support import require_chat_template
+from astrai_batch.engine.model.loaded import LoadedModel
+from astrai_batch.engine.model.support import require_chat_template
 from astrai_batch.engine.threads import describe_threads
 from astrai_batch.errors import AstraiBatchError, ConfigError, JobAbortedError, OutputError
 from astrai_batch.io import open_input
 from astrai_batch.io.filesystems import Location, resolve
-from astrai_batch.jobs.checkpoint import Checkpoint, checkpoint_dir_for, peek_run_id
-from astrai_batch.jobs.config import JobConfig
-from astrai_batch.jobs.execution import ExecutionResult, JobExecution
-from astrai_batch.jobs.fingerprint import job_identity
-from astrai_batch.jobs.output import (
+from astrai_batch.jobs.executors.local_execution import ExecutionResult, JobExecution
+from astrai_batch.jobs.options.config import JobConfig
+from astrai_batch.jobs.output.assembly import (
     output_metadata,
     output_run_id,
     remove_stale_temp_files,
@@ -42,10 +40,12 @@ from astrai_batch.jobs.output import (
     write_parquet_output,
     write_stats,
 )
-from astrai_batch.jobs.output_lock import OutputLock, lock_for
-from astrai_batch.jobs.parquet_dir import check_output_location, write_parquet_dir
+from astrai_batch.jobs.output.checkpoint import Checkpoint, checkpoint_dir_for, peek_run_id
+from astrai_batch.jobs.output.identity import job_identity
+from astrai_batch.jobs.output.output_lock import OutputLock, lock_for
+from astrai_batch.jobs.output.parquet_dir import check_output_location, write_parquet_dir
+from astrai_batch.jobs.output.records import output_schema, part_schema
 from astrai_batch.jobs.progress import Progress, make_progress
-from astrai_batch.jobs.records import output_schema, part_schema
 from astrai_batch.jobs.signals import interrupt_exit_code
 from astrai_batch.jobs.summary import JobSummary
 

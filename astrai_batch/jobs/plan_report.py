@@ -14,16 +14,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from astrai_batch.engine import load_tokenizer
-from astrai_batch.engine.constraints import Constraint
-from astrai_batch.engine.model_support import no_chat_template_message
+from astrai_batch.engine.model.support import no_chat_template_message
+from astrai_batch.engine.sampling.constraints import Constraint
 from astrai_batch.errors import ConfigError, UnsupportedModelError
 from astrai_batch.io import InputRow, open_input
-from astrai_batch.jobs.config import DEFAULT_MAX_TOKENS
-from astrai_batch.jobs.prefix_stats import PrefixStats, PrefixStatsBuilder
-from astrai_batch.jobs.shard_prediction import ShardPrediction, predict_shards
-from astrai_batch.jobs.sharding import KeyedRow
-from astrai_batch.jobs.tokenize import ENCODE_BATCH_ROWS, PromptEncoder
-from astrai_batch.jobs.window import read_window
+from astrai_batch.jobs.options.config import DEFAULT_MAX_TOKENS
+from astrai_batch.jobs.planning.prefix_stats import PrefixStats, PrefixStatsBuilder
+from astrai_batch.jobs.planning.shard_prediction import ShardPrediction, predict_shards
+from astrai_batch.jobs.planning.sharding import KeyedRow
+from astrai_batch.jobs.planning.tokenize import ENCODE_BATCH_ROWS, PromptEncoder
+from astrai_batch.jobs.planning.window import read_window
 
 PREVIEW_CHARS = 60
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from astrai_batch.io import AtomicFile
-from astrai_batch.jobs.stats import WorkStats
+from astrai_batch.jobs.output.stats import WorkStats
 
 STATUSES = ("completed", "completed_with_errors", "failed", "interrupted", "aborted")
 

@@ -19,7 +19,7 @@ from astrai_batch.bench.results import read_results, write_results
 from astrai_batch.bench.workloads import WorkloadSpec, build_workload, write_workload_jsonl
 from astrai_batch.cli import main
 from astrai_batch.engine import load_tokenizer
-from astrai_batch.jobs.prefix_stats import ideal_prefix_stats
+from astrai_batch.jobs.planning.prefix_stats import ideal_prefix_stats
 
 # The columns README documents for the results file, in order.
 DOCUMENTED_COLUMNS = (

@@ -20,8 +20,8 @@ from astrai_batch.bench.workloads import (
     write_workload_jsonl,
 )
 from astrai_batch.errors import ConfigError, OutputError
-from astrai_batch.jobs.planning import plan_window
-from astrai_batch.jobs.prefix_stats import ideal_prefix_stats
+from astrai_batch.jobs.planning.prefix_order import plan_window
+from astrai_batch.jobs.planning.prefix_stats import ideal_prefix_stats
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast

@@ -17,8 +17,8 @@ from engine_reference import hf_greedy, mixed_prompts
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from astrai_batch.engine import EngineConfig, GenerationRequest, SamplingParams, generate_sync
-from astrai_batch.engine.loader import load_model
-from astrai_batch.engine.model_support import SUPPORTED_MODEL_TYPES
+from astrai_batch.engine.model.loader import load_model
+from astrai_batch.engine.model.support import SUPPORTED_MODEL_TYPES
 
 MAX_NEW = 10
 HEAD_DIM = 16

@@ -19,7 +19,7 @@ from invariance_kit import (
 )
 
 from astrai_batch.engine import EngineConfig
-from astrai_batch.engine.loader import load_model
+from astrai_batch.engine.model.loader import load_model
 
 WATCHED = range(32)
 CROWD = range(64)

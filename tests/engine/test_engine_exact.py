@@ -6,7 +6,7 @@ import pytest
 from engine_reference import hf_greedy, mixed_prompts
 
 from astrai_batch.engine import EngineConfig, GenerationRequest, SamplingParams, generate_sync
-from astrai_batch.engine.loader import load_model
+from astrai_batch.engine.model.loader import load_model
 
 MAX_NEW = 24
 

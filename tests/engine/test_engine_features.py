@@ -13,7 +13,7 @@ from astrai_batch.engine import (
     SamplingParams,
     generate_sync,
 )
-from astrai_batch.engine.loader import load_model
+from astrai_batch.engine.model.loader import load_model
 from astrai_batch.errors import ConfigError
 
 CONFIG = EngineConfig(page_size=8, num_pages=128, max_num_seqs=8)

@@ -8,7 +8,7 @@ from engine_reference import hf_greedy, mixed_prompts
 from astrai_batch.cache import SeatTable
 from astrai_batch.engine import EngineConfig, GenerationRequest, SamplingParams, generate_sync
 from astrai_batch.engine.core import EngineCore
-from astrai_batch.engine.loader import load_model
+from astrai_batch.engine.model.loader import load_model
 
 MAX_NEW = 16
 

@@ -7,7 +7,7 @@ import torch
 from engine_reference import hf_greedy
 
 from astrai_batch.engine import EngineConfig, GenerationRequest, SamplingParams, generate_sync
-from astrai_batch.engine.loader import load_model
+from astrai_batch.engine.model.loader import load_model
 
 pytestmark = pytest.mark.slow
 

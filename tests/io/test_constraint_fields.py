@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from astrai_batch.engine.constraints import Constraint
+from astrai_batch.engine.sampling.constraints import Constraint
 from astrai_batch.io import open_input
 
 SCHEMA = {"type": "object", "properties": {"b": {"type": "string"}, "a": {"type": "integer"}}}

@@ -14,9 +14,9 @@ from transformers import AutoTokenizer
 
 from astrai_batch.errors import ConfigError
 from astrai_batch.io import InputRow
-from astrai_batch.jobs.config import JobConfig
-from astrai_batch.jobs.config_file import load_toml_options
-from astrai_batch.jobs.tokenize import Encoding, PromptEncoder
+from astrai_batch.jobs.options.config import JobConfig
+from astrai_batch.jobs.options.config_file import load_toml_options
+from astrai_batch.jobs.planning.tokenize import Encoding, PromptEncoder
 
 # Prints a variable, so what reached the template shows in the prompt.
 STYLE_TEMPLATE = (

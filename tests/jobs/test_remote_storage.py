@@ -21,7 +21,7 @@ from jobs.jobkit import (
     write_jsonl,
 )
 
-from astrai_batch.jobs.run_lock import LOCK_NAME
+from astrai_batch.jobs.output.run_lock import LOCK_NAME
 
 
 def remote_manifest(s3_bucket, directory: str) -> dict:

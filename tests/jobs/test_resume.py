@@ -25,7 +25,7 @@ from jobs.jobkit import (
     summary_of,
 )
 
-from astrai_batch.jobs.checkpoint import Checkpoint
+from astrai_batch.jobs.output.checkpoint import Checkpoint
 
 
 def test_kill_9_at_several_points_then_rerun_equals_an_uninterrupted_run(

@@ -26,7 +26,7 @@ from jobs.jobkit import (
 from transformers import AutoTokenizer
 
 from astrai_batch import __version__
-from astrai_batch.jobs.prefix_stats import ideal_prefix_stats
+from astrai_batch.jobs.planning.prefix_stats import ideal_prefix_stats
 
 
 def first_page_ranks(model_dir: Path) -> dict[int, int]:

@@ -1,23 +1,6 @@
-"""Where a job runs: `local` (this process, windows over one engine: `jobs.job`) or `ray`
-(prefix-aware shards on Ray workers, through Ray Data: `ray_job`). Both take INPUT and
-OUTPUT as local paths or URIs of any filesystem pyarrow supports (`io.filesystems`)."""
+"""Executors: where a job's planned rows become finished results.
 
-from __future__ import annotations
-
-from typing import TextIO
-
-from astrai_batch.jobs.config import JobConfig
-from astrai_batch.jobs.summary import JobSummary
-
-
-def run_with_executor(
-    config: JobConfig, input_path: str, output_path: str, *, stderr: TextIO | None = None
-) -> JobSummary:
-    """Run the job with the executor its configuration names."""
-    if config.executor == "ray":
-        from astrai_batch.jobs.executors.ray_job import run_ray_job
-
-        return run_ray_job(config, input_path, output_path, stderr=stderr)
-    from astrai_batch.jobs.job import run_job
-
-    return run_job(config, input_path, output_path, stderr=stderr)
+`local` runs windows over one engine in this process (`local_execution`); `ray` runs
+prefix-aware shards on Ray workers through Ray Data (`ray_job`, `ray_stages`, `ray_worker`,
+`shard_*`). Imports `output`, `planning`, `options` and the engine; never the job flow above.
+"""

@@ -28,8 +28,6 @@ from typing import Any, TextIO
 from astrai_batch.errors import AstraiBatchError, ConfigError, OutputError
 from astrai_batch.io import open_input
 from astrai_batch.io.filesystems import Location, resolve
-from astrai_batch.jobs.checkpoint import checkpoint_dir_for
-from astrai_batch.jobs.config import JobConfig
 from astrai_batch.jobs.executors.ray_stages import (
     ChunkReader,
     Router,
@@ -39,18 +37,20 @@ from astrai_batch.jobs.executors.ray_stages import (
 from astrai_batch.jobs.executors.ray_worker import ShardWorker
 from astrai_batch.jobs.executors.shard_store import ShardInfo, ShardStore, job_hash
 from astrai_batch.jobs.executors.sharded_output import write_sharded_outputs
-from astrai_batch.jobs.output import (
+from astrai_batch.jobs.options.config import JobConfig
+from astrai_batch.jobs.output.assembly import (
     RUN_ID_KEY,
     output_metadata,
     remove_stale_temp_files,
     stats_location,
 )
-from astrai_batch.jobs.output_lock import OutputLock, lock_for
-from astrai_batch.jobs.parquet_dir import check_output_location
+from astrai_batch.jobs.output.checkpoint import checkpoint_dir_for
+from astrai_batch.jobs.output.output_lock import OutputLock, lock_for
+from astrai_batch.jobs.output.parquet_dir import check_output_location
+from astrai_batch.jobs.output.records import output_schema, part_schema
+from astrai_batch.jobs.output.stats import total
+from astrai_batch.jobs.planning.sharding import SHARDING_VERSION, assign_shards
 from astrai_batch.jobs.progress import make_progress
-from astrai_batch.jobs.records import output_schema, part_schema
-from astrai_batch.jobs.sharding import SHARDING_VERSION, assign_shards
-from astrai_batch.jobs.stats import total
 from astrai_batch.jobs.summary import JobSummary
 
 RAY_MISSING = "--executor ray needs Ray, which is not installed: pip install 'astrai-batch[ray]'"
@@ -107,8 +107,8 @@ def _run_locked(
     total_rows = source.count_rows()
     progress.message(f"{total_rows} rows ({source.shape}) in {input_path.shown}")
     from astrai_batch.engine import load_tokenizer
-    from astrai_batch.engine.model_support import no_chat_template_message
-    from astrai_batch.jobs.tokenize import PromptEncoder
+    from astrai_batch.engine.model.support import no_chat_template_message
+    from astrai_batch.jobs.planning.tokenize import PromptEncoder
 
     tokenizer, tokenizer_source = load_tokenizer(
         config.model, revision=config.revision, trust_remote_code=config.trust_remote_code

@@ -22,8 +22,8 @@ import pyarrow as pa
 from astrai_batch.errors import AstraiBatchError
 from astrai_batch.io import open_input
 from astrai_batch.io.filesystems import Location
-from astrai_batch.jobs.config import JobConfig
-from astrai_batch.jobs.sharding import (
+from astrai_batch.jobs.options.config import JobConfig
+from astrai_batch.jobs.planning.sharding import (
     GroupSummary,
     KeyedRow,
     Piece,
@@ -31,7 +31,7 @@ from astrai_batch.jobs.sharding import (
     group_key,
     summarize_group,
 )
-from astrai_batch.jobs.window import PreparedRow, prepare_window, read_window
+from astrai_batch.jobs.planning.window import PreparedRow, prepare_window, read_window
 
 KEYED_SCHEMA = pa.schema(
     [
@@ -72,7 +72,7 @@ class ChunkReader:
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         from astrai_batch.engine import load_tokenizer
-        from astrai_batch.jobs.tokenize import PromptEncoder
+        from astrai_batch.jobs.planning.tokenize import PromptEncoder
 
         config = self.config
         source = open_input(self.input_path, **config.input_options())

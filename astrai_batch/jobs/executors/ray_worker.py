@@ -13,11 +13,11 @@ from typing import Any
 
 import pyarrow as pa
 
-from astrai_batch.jobs.config import JobConfig
 from astrai_batch.jobs.executors.ray_stages import shard_rows
 from astrai_batch.jobs.executors.shard_run import run_shard
 from astrai_batch.jobs.executors.shard_store import ShardInfo, ShardStore
-from astrai_batch.jobs.records import records_table
+from astrai_batch.jobs.options.config import JobConfig
+from astrai_batch.jobs.output.records import records_table
 
 RESULT_SCHEMA = pa.schema([pa.field("shard", pa.int64()), pa.field("info", pa.string())])
 

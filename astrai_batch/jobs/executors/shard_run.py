@@ -17,15 +17,15 @@ from typing import Any
 import anyio
 
 from astrai_batch.engine import Engine, EngineConfig
-from astrai_batch.engine.loader import LoadedModel
+from astrai_batch.engine.model.loaded import LoadedModel
 from astrai_batch.engine.types import GenerationRequest
 from astrai_batch.errors import AstraiBatchError
-from astrai_batch.jobs.config import JobConfig
-from astrai_batch.jobs.ordering import SampleCollector
-from astrai_batch.jobs.planning import plan_window
-from astrai_batch.jobs.records import error_record, row_records
-from astrai_batch.jobs.stats import WorkStats, engine_stats, records_stats
-from astrai_batch.jobs.window import PreparedRow
+from astrai_batch.jobs.executors.ordering import SampleCollector
+from astrai_batch.jobs.options.config import JobConfig
+from astrai_batch.jobs.output.records import error_record, row_records
+from astrai_batch.jobs.output.stats import WorkStats, engine_stats, records_stats
+from astrai_batch.jobs.planning.prefix_order import plan_window
+from astrai_batch.jobs.planning.window import PreparedRow
 
 
 @dataclass(frozen=True)

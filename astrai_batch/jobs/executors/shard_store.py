@@ -24,9 +24,9 @@ import pyarrow.parquet as pq
 
 from astrai_batch.errors import CheckpointError
 from astrai_batch.io.filesystems import Location, write_table_at
-from astrai_batch.jobs.checkpoint import RESTART_HINT
-from astrai_batch.jobs.run_lock import LOCK_NAME
-from astrai_batch.jobs.stats import WorkStats
+from astrai_batch.jobs.output.checkpoint import RESTART_HINT
+from astrai_batch.jobs.output.run_lock import LOCK_NAME
+from astrai_batch.jobs.output.stats import WorkStats
 
 PART_ROW_GROUP = 4096
 SHARD_KEY = "astrai_batch.shard"
@@ -124,7 +124,7 @@ class ShardStore:
     def read_range(self, shard: int, columns: list[str], first: int, end: int) -> pa.Table:
         """Records of `shard` whose input index is in [first, end) (row groups skipped by
         their statistics, so reading a range costs about that range)."""
-        from astrai_batch.jobs.records import INDEX_COLUMN
+        from astrai_batch.jobs.output.records import INDEX_COLUMN
 
         part = self.part(shard)
         with part.open_input_file() as handle:

@@ -22,15 +22,15 @@ import pyarrow as pa
 from astrai_batch.errors import OutputError
 from astrai_batch.io.filesystems import AtomicObject, Location, write_table_at
 from astrai_batch.jobs.executors.shard_store import ShardInfo, ShardStore
-from astrai_batch.jobs.output import (
+from astrai_batch.jobs.output.assembly import (
     OPENAI_COLUMNS,
     stats_location,
     write_openai_tables,
     write_parquet_stream,
 )
-from astrai_batch.jobs.parquet_dir import write_parquet_dir
-from astrai_batch.jobs.records import INDEX_COLUMN
-from astrai_batch.jobs.stats import stats_table
+from astrai_batch.jobs.output.parquet_dir import write_parquet_dir
+from astrai_batch.jobs.output.records import INDEX_COLUMN
+from astrai_batch.jobs.output.stats import stats_table
 
 RANGE_ROWS = 10_000
 SHARDS_KEY = "astrai_batch.shards"

@@ -1,0 +1,123 @@
+"""Batch-invariant attention: every query reduces its keys block by block, in block order.
+
+A query's result must not depend on the step it runs in: alone or beside 255 decodes, in a
+cascade group or not, as a decode or inside a prefill chunk (a preempted sequence recomputes
+its generated tokens as a prefill), wherever its chunk starts. So for every query:
+
+1. scores against each key block (`block_plan`) come from GEMMs whose reduction is over the
+   head dimension only; keys after the query are masked to -inf;
+2. the row max over all its blocks is exact in any order; the exponentials are elementwise;
+3. each block's probability sum (over `block` keys, a fixed length) and its probabilities times
+   values (a GEMM over `block` keys) are computed per block;
+4. blocks are added in block order 0, 1, 2, ...: a run's blocks by a loop over its block
+   axis, then the private units block by block, one addition per block and row, so a
+   query's sum is the same sequence of float additions however its blocks were computed.
+
+GEMM rows never interact, and the BLAS's result for a row does not depend on the row count
+for a fixed reduction length of one head dimension or one block (`tests/engine/
+test_invariant_kernels.py` checks this on the machine it runs on); one-row GEMMs are avoided
+because they take the BLAS's matrix-vector path, which sums in another order.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from astrai_batch.engine.attention.block_plan import BlockBatch, BlockRun
+
+NEG = float("-inf")
+
+
+def block_attention(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: BlockBatch, scale: float
+) -> torch.Tensor:
+    """q [T, Hq, D] (every query of the step) -> [T, Hq, Dv], float32 accumulation."""
+    num_tokens, q_heads, head_dim = q.shape
+    kv_heads = k_cache.shape[1]
+    group = q_heads // kv_heads
+    qg = q.view(num_tokens, kv_heads, group, head_dim)
+    units = batch.units
+    # pass 1: every (query, block) score, keys after the query masked; the exact row max
+    row_max = q.new_full((num_tokens, kv_heads, group), float("-inf"), dtype=torch.float32)
+    run_scores = []
+    for run in batch.runs:
+        scores = _run_scores(qg, k_cache, run, batch, scale)
+        if run.key_masked is not None:
+            scores.masked_fill_(run.key_masked, NEG)
+        row_max.index_copy_(0, run.rows, scores.amax(dim=(1, 4)))
+        run_scores.append(scores)
+    if units.rows.numel():
+        keys = batch.gatherer.gather("key", k_cache, units.page_tables, batch.page_size)
+        a = rows_at_least_two(qg.index_select(0, units.rows))  # [U, Hkv, G', D]
+        unit_scores = torch.matmul(a, keys.permute(0, 2, 3, 1).to(a.dtype))
+        unit_scores = unit_scores.float()[:, :, :group].mul_(scale)
+        unit_scores.masked_fill_(units.masked_keys(batch.block_tokens), NEG)
+        unit_max = unit_scores.amax(dim=-1)
+        index = units.rows[:, None, None].expand_as(unit_max)
+        row_max.scatter_reduce_(0, index, unit_max, "amax")
+    # pass 2: per block, probability sums and probabilities x values, added in block order
+    values = v_cache.shape[-1]
+    total = q.new_zeros(num_tokens, kv_heads, group, values, dtype=torch.float32)
+    norm = q.new_zeros(num_tokens, kv_heads, group, dtype=torch.float32)
+    for run, scores in zip(batch.runs, run_scores, strict=True):
+        probs = scores.sub_(row_max.index_select(0, run.rows)[:, None, :, :, None]).exp_()
+        sums = probs.sum(dim=-1)  # [n, blocks, Hkv, G]
+        out = _run_values(probs, v_cache, run, batch)  # [n, blocks, Hkv, G, Dv]
+        run_total, run_norm = out[:, 0].clone(), sums[:, 0].clone()
+        for b in range(1, run.num_blocks):
+            run_total += out[:, b]
+            run_norm += sums[:, b]
+        # a row's run blocks are its first blocks: its sum starts here
+        total.index_copy_(0, run.rows, run_total)
+        norm.index_copy_(0, run.rows, run_norm)
+    if units.rows.numel():
+        vals = batch.gatherer.gather("value", v_cache, units.page_tables, batch.page_size)
+        probs = unit_scores.sub_(row_max.index_select(0, units.rows).unsqueeze(-1)).exp_()
+        sums = probs.sum(dim=-1)  # [U, Hkv, G]
+        p = rows_at_least_two(probs)
+        out = torch.matmul(p.to(vals.dtype), vals.permute(0, 2, 1, 3)).float()[:, :, :group]
+        starts = units.block_starts
+        for b in range(len(starts) - 1):  # block order: one addition per block and row
+            lo, hi = starts[b], starts[b + 1]
+            if hi > lo:
+                total.index_add_(0, units.rows[lo:hi], out[lo:hi])
+                norm.index_add_(0, units.rows[lo:hi], sums[lo:hi])
+    return total.div_(norm.unsqueeze(-1)).view(num_tokens, q_heads, values)
+
+
+def _run_scores(
+    qg: torch.Tensor, k_cache: torch.Tensor, run: BlockRun, batch: BlockBatch, scale: float
+) -> torch.Tensor:
+    """[n, run blocks, Hkv, G, block] scores of the run's rows against its blocks."""
+    n = run.rows.shape[0]
+    _, kv_heads, group, dim = qg.shape
+    keys = batch.gatherer.gather("run_key", k_cache, run.page_table, batch.page_size)[0]
+    a = rows_at_least_two(
+        qg.index_select(0, run.rows).permute(1, 0, 2, 3).reshape(kv_heads, 1, n * group, dim)
+    )
+    b = keys.view(run.num_blocks, batch.block_tokens, kv_heads, dim).permute(2, 0, 3, 1)
+    s = torch.matmul(a, b.to(a.dtype)).float()[:, :, : n * group].mul_(scale)
+    # [Hkv, blocks, n * G, block] -> [n, blocks, Hkv, G, block]
+    s = s.view(kv_heads, run.num_blocks, n, group, batch.block_tokens)
+    return s.permute(2, 1, 0, 3, 4)
+
+
+def _run_values(probs: torch.Tensor, v_cache: torch.Tensor, run: BlockRun, batch: BlockBatch):
+    """probs [n, run blocks, Hkv, G, block] -> [n, run blocks, Hkv, G, Dv], per block."""
+    n = run.rows.shape[0]
+    _, _, kv_heads, group, block = probs.shape
+    vals = batch.gatherer.gather("run_value", v_cache, run.page_table, batch.page_size)[0]
+    width = vals.shape[-1]
+    p = rows_at_least_two(
+        probs.permute(1, 2, 0, 3, 4).reshape(run.num_blocks, kv_heads, n * group, block)
+    )
+    v = vals.view(run.num_blocks, block, kv_heads, width).permute(0, 2, 1, 3)
+    o = torch.matmul(p.to(v.dtype), v).float()[:, :, : n * group]  # [blocks, Hkv, n * G, Dv]
+    return o.view(run.num_blocks, kv_heads, n, group, width).permute(2, 0, 1, 3, 4)
+
+
+def rows_at_least_two(x: torch.Tensor) -> torch.Tensor:
+    """Pads the GEMM row axis (-2) to two rows with zeros when it has one."""
+    if x.shape[-2] >= 2:
+        return x
+    return torch.cat([x, torch.zeros_like(x)], dim=-2)

@@ -1,0 +1,125 @@
+"""Decode attention at a fixed shape: what a captured CUDA graph replays.
+
+A graph replays the kernels it recorded, with the shapes it recorded, reading whatever its
+input tensors hold at replay time. So this attention has no host synchronization, no Python
+lists built from the step, and no shape that depends on the data: B query rows (the batch
+bucket, padding rows included) each attend W key blocks of `block_tokens` positions (the
+width bucket) through a [B, W * pages_per_block] page table, and which keys exist is a mask
+computed on the device from the rows' positions.
+
+Invariant numerics: a row's result must be bitwise what `block_attention` gives the same
+decode in any step, graphed or not, in whichever bucket. So every (row, block) pair is a
+*private unit* exactly as `block_attention` computes one (same GEMM shapes per unit, same
+layouts, same masked fill, the exact row max, block sums of a fixed length), and a row's
+blocks are added in block order, one addition per block: blocks past a row's last one are
+fully masked, their probabilities are exact zeros, and they add exact zeros. Fast numerics:
+one masked SDPA over the gathered, padded context.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from astrai_batch.engine.attention.block_attention import NEG, rows_at_least_two
+
+
+@dataclass(frozen=True)
+class StaticDecodeBatch:
+    """Views of the graph's static inputs for one bucket; every layer reads the same ones."""
+
+    key_cache: list[torch.Tensor]  # per layer [num_slots, kv_heads, head_dim]
+    value_cache: list[torch.Tensor]
+    page_size: int
+    block_tokens: int
+    num_blocks: int  # W: key blocks every row attends (the width bucket)
+    write_slots: torch.Tensor  # [B] padding rows write into the scratch page
+    positions: torch.Tensor  # [B] each row's query position (keys 0..position exist)
+    page_tables: torch.Tensor  # [B, W * pages_per_block], zero past a row's pages
+    longest_context: int  # the bucket's width in tokens (the sliding-window guard reads it)
+    invariant: bool
+
+
+def static_decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    batch: StaticDecodeBatch,
+    scale: float,
+) -> torch.Tensor:
+    """q [B, Hq, D] (one query per row) -> [B, Hq, Dv]."""
+    if batch.invariant:
+        return _blocked(q, k_cache, v_cache, batch, scale)
+    return _padded_sdpa(q, k_cache, v_cache, batch, scale)
+
+
+def _blocked(q, k_cache, v_cache, batch: StaticDecodeBatch, scale: float) -> torch.Tensor:
+    rows, q_heads, head_dim = q.shape
+    kv_heads = k_cache.shape[1]
+    group = q_heads // kv_heads
+    blocks, block = batch.num_blocks, batch.block_tokens
+    # units in block-major order: unit w * rows + i is row i's block w
+    tables = _block_major(batch.page_tables, blocks)
+    qg = q.reshape(rows, kv_heads, group, head_dim)
+    keys = _gather(k_cache, tables, batch.page_size)
+    a = rows_at_least_two(qg.repeat(blocks, 1, 1, 1))  # [U, Hkv, G', D], as block_attention
+    scores = torch.matmul(a, keys.permute(0, 2, 3, 1).to(a.dtype))
+    scores = scores.float()[:, :, :group].mul_(scale)
+    scores.masked_fill_(_key_masked(batch.positions, blocks, block), NEG)
+    row_max = scores.amax(dim=-1).unflatten(0, (blocks, rows)).amax(dim=0)  # exact, any order
+    probs = scores.sub_(row_max.repeat(blocks, 1, 1).unsqueeze(-1)).exp_()
+    sums = probs.sum(dim=-1)  # [U, Hkv, G]
+    p = rows_at_least_two(probs)
+    vals = _gather(v_cache, tables, batch.page_size)
+    out = torch.matmul(p.to(vals.dtype), vals.permute(0, 2, 1, 3)).float()[:, :, :group]
+    out = out.unflatten(0, (blocks, rows))
+    sums = sums.unflatten(0, (blocks, rows))
+    values = v_cache.shape[-1]
+    total = q.new_zeros(rows, kv_heads, group, values, dtype=torch.float32)
+    norm = q.new_zeros(rows, kv_heads, group, dtype=torch.float32)
+    for b in range(blocks):  # block order, one addition per block and row
+        total += out[b]
+        norm += sums[b]
+    return total.div_(norm.unsqueeze(-1)).view(rows, q_heads, values)
+
+
+def _padded_sdpa(q, k_cache, v_cache, batch: StaticDecodeBatch, scale: float) -> torch.Tensor:
+    rows, q_heads, head_dim = q.shape
+    kv_heads = k_cache.shape[1]
+    width = batch.num_blocks * batch.block_tokens
+    qd = q.reshape(rows, kv_heads, q_heads // kv_heads, head_dim)
+    kd = _gather(k_cache, batch.page_tables, batch.page_size).transpose(1, 2)
+    vd = _gather(v_cache, batch.page_tables, batch.page_size).transpose(1, 2)
+    positions = torch.arange(width, device=q.device)
+    mask = (positions <= batch.positions.unsqueeze(1)).view(rows, 1, 1, width)
+    out = F.scaled_dot_product_attention(
+        qd, kd.to(qd.dtype), vd.to(qd.dtype), attn_mask=mask, scale=scale
+    )
+    return out.reshape(rows, q_heads, -1)
+
+
+def _block_major(page_tables: torch.Tensor, blocks: int) -> torch.Tensor:
+    """[B, W * per_block] -> [W * B, per_block]: row i's block w at w * B + i."""
+    rows = page_tables.shape[0]
+    per_block = page_tables.shape[1] // blocks
+    return page_tables.view(rows, blocks, per_block).transpose(0, 1).reshape(-1, per_block)
+
+
+def _gather(cache: torch.Tensor, tables: torch.Tensor, page_size: int) -> torch.Tensor:
+    """[N, pages] -> [N, pages * page_size, kv_heads, head_dim]: `PageGatherer.gather`'s layout,
+    into a fresh tensor (inside a graph it comes from the graph's memory pool)."""
+    slots, heads, dim = cache.shape
+    by_page = cache.view(slots // page_size, page_size * heads * dim)
+    rows, pages = tables.shape
+    return by_page.index_select(0, tables.reshape(-1)).view(rows, pages * page_size, heads, dim)
+
+
+def _key_masked(positions: torch.Tensor, blocks: int, block: int) -> torch.Tensor:
+    """[W * B, 1, 1, block] bool: key offset k of block w is masked for row i when
+    w * block + k > positions[i] (the units' `masked_keys` of `block_plan`)."""
+    starts = torch.arange(blocks, device=positions.device).mul_(block)
+    offsets = positions.unsqueeze(0) - starts.unsqueeze(1)  # [W, B]
+    keys = torch.arange(block, device=positions.device)
+    return (keys > offsets.unsqueeze(-1)).view(-1, 1, 1, block)

@@ -1,0 +1,271 @@
+"""Loading a model and its tokenizer from a directory, a GGUF file, an alias or a hub id.
+
+Every load reads the config first and checks the architecture before touching weights, and
+every failure surfaces as one `ModelLoadError` (or `UnsupportedModelError`) that says what was
+looked for, with the library's own error chained underneath.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+from astrai_batch.checks import require_positive_int
+from astrai_batch.engine.model.converted import is_complete
+from astrai_batch.engine.model.gguf import converted_dir_for, ensure_converted, error_summary
+from astrai_batch.engine.model.library_progress import library_progress_off
+from astrai_batch.engine.model.loaded import LoadedModel, resolve_dtype
+from astrai_batch.engine.model.spec import ModelSpec, alias_list, resolve_model_spec
+from astrai_batch.engine.model.support import check_supported, has_chat_template
+from astrai_batch.errors import ConfigError, ModelLoadError
+
+# Tokenizers without a real limit report about 1e30; anything this large is not a limit.
+_SANE_TOKENIZER_MAX_LEN = 1 << 24
+
+
+def _load_error(
+    spec: ModelSpec, what: str, err: Exception, *, first_contact: bool = False
+) -> ModelLoadError:
+    """The error for a failed step; the first read of a hub id may mean it does not exist."""
+    if "trust_remote_code" in str(err):
+        # transformers' own verdict: the model's classes exist only in its repository's code.
+        return ModelLoadError(
+            f"Model {spec.name!r} needs code from its own files to load ({what}); pass "
+            "--trust-remote-code to run it, if you trust its source"
+        )
+    if spec.kind == "hub" and first_contact:
+        return ModelLoadError(
+            f"Could not load model {spec.location!r}: it is not a local path or a known model "
+            f"alias ({alias_list()}), and as a Hugging Face hub id its {what} could not be "
+            f"loaded: {error_summary(err)}"
+        )
+    return ModelLoadError(
+        f"Could not load the {what} of model {spec.name!r} from {spec.location}: "
+        f"{error_summary(err)}"
+    )
+
+
+def _resolve_device(device: str) -> torch.device:
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise ConfigError(f"unknown device {device!r}") from err
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device {device!r} was requested but CUDA is not available")
+    return resolved
+
+
+@library_progress_off()
+def load_model(
+    spec: str | os.PathLike[str],
+    *,
+    device: str = "cpu",
+    dtype: str | torch.dtype = "float32",
+    revision: str | None = None,
+    trust_remote_code: bool = False,
+    cache_dir: str | os.PathLike[str] | None = None,
+    max_model_len: int | None = None,
+) -> LoadedModel:
+    """Load a causal LM and its fast tokenizer; see `resolve_model_spec` for what `spec` may be.
+
+    A GGUF file (or the `smollm2-135m` alias) is converted once into the cache under
+    `cache_dir` (default `$ASTRAI_BATCH_CACHE`, else ~/.cache/astrai-batch) and loaded from there.
+    `revision` (a branch, tag or commit of a hub model) is refused for local models, whose
+    files have no revisions. Code shipped with a model runs only with `trust_remote_code`.
+    `max_model_len` caps the context below the model's own; the model is checked at the
+    context it will run at (a sliding window or longrope threshold above it never binds).
+    """
+    if max_model_len is not None:
+        require_positive_int("max_model_len", max_model_len)
+    target_device = _resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, device=target_device)  # a bad name fails before slow work
+    model_spec = resolve_model_spec(spec)
+    hub = _hub_options(model_spec, revision, trust_remote_code)
+    if model_spec.kind == "gguf":
+        converted = ensure_converted(Path(model_spec.location), cache_dir)
+        model_spec = ModelSpec("directory", model_spec.name, str(converted))
+    try:
+        config = AutoConfig.from_pretrained(model_spec.location, **hub)
+    except Exception as err:
+        raise _load_error(model_spec, "config", err, first_contact=True) from err
+    check_supported(config)
+    tokenizer = _load_tokenizer_at(model_spec, hub, first_contact=False)
+    context = _max_model_len(config, tokenizer, model_spec)
+    if max_model_len is not None:
+        context = min(context, max_model_len)
+    check_supported(config, max_model_len=context)  # still before any weights are read
+    weights: dict[str, Any] = {"config": config, "dtype": torch_dtype}
+    if model_spec.kind == "directory" and any(Path(model_spec.location).glob("*.safetensors")):
+        weights["use_safetensors"] = True
+    if target_device.type != "cpu":
+        weights["device_map"] = {"": target_device}
+    try:
+        model = AutoModelForCausalLM.from_pretrained(model_spec.location, **hub, **weights)
+    except Exception as err:
+        raise _load_error(model_spec, "weights", err) from err
+    model.eval()
+    model.requires_grad_(False)
+    return _describe(model, tokenizer, model_spec, context)
+
+
+@library_progress_off()
+def load_tokenizer(
+    spec: str | os.PathLike[str],
+    *,
+    revision: str | None = None,
+    trust_remote_code: bool = False,
+    cache_dir: str | os.PathLike[str] | None = None,
+) -> tuple[PreTrainedTokenizerBase, str]:
+    """The fast tokenizer for `spec` and where it was read from, without loading any weights.
+
+    For a GGUF file the converted cache is used when present; otherwise only the tokenizer is
+    read from the GGUF itself (no conversion is started).
+    """
+    model_spec = resolve_model_spec(spec)
+    hub = _hub_options(model_spec, revision, trust_remote_code)
+    if model_spec.kind == "gguf":
+        gguf_path = Path(model_spec.location)
+        converted = converted_dir_for(gguf_path, cache_dir)
+        if is_complete(converted):
+            model_spec = ModelSpec("directory", model_spec.name, str(converted))
+        else:
+            try:
+                tokenizer = AutoTokenizer.from_pretrained(
+                    str(gguf_path.parent), gguf_file=gguf_path.name
+                )
+            except Exception as err:
+                raise _load_error(model_spec, "tokenizer", err) from err
+            _require_fast(tokenizer, model_spec)
+            return tokenizer, str(gguf_path)
+    tokenizer = _load_tokenizer_at(model_spec, hub, first_contact=True)
+    return tokenizer, model_spec.location
+
+
+def model_files_dir(loaded: LoadedModel, revision: str | None = None) -> Path | None:
+    """The local directory holding the files `loaded` was read from: its own directory, or
+    for a hub model the cached snapshot of `revision` (None when it is not in the cache)."""
+    source = Path(loaded.source)
+    if source.is_dir():
+        return source
+    from huggingface_hub import try_to_load_from_cache
+
+    config_file = try_to_load_from_cache(loaded.source, "config.json", revision=revision)
+    return Path(config_file).parent if isinstance(config_file, str) else None
+
+
+def _hub_options(
+    model_spec: ModelSpec, revision: str | None, trust_remote_code: bool
+) -> dict[str, Any]:
+    """`from_pretrained` keywords for the revision and remote code options."""
+    if revision is not None and model_spec.kind != "hub":
+        raise ConfigError(
+            f"--revision {revision} applies to hub models only; {model_spec.name!r} is a local "
+            f"{'GGUF file' if model_spec.kind == 'gguf' else 'directory'}"
+        )
+    options: dict[str, Any] = {"trust_remote_code": trust_remote_code}
+    if revision is not None:
+        options["revision"] = revision
+    return options
+
+
+def _load_tokenizer_at(
+    model_spec: ModelSpec, hub: dict[str, Any], *, first_contact: bool
+) -> PreTrainedTokenizerBase:
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model_spec.location, **hub)
+    except Exception as err:
+        raise _load_error(model_spec, "tokenizer", err, first_contact=first_contact) from err
+    _require_fast(tokenizer, model_spec)
+    return tokenizer
+
+
+def _require_fast(tokenizer: PreTrainedTokenizerBase, model_spec: ModelSpec) -> None:
+    if not getattr(tokenizer, "is_fast", False):
+        raise ModelLoadError(
+            f"The tokenizer of model {model_spec.name!r} is not a fast tokenizer "
+            "(no tokenizer.json); astrai-batch needs one"
+        )
+
+
+def describe_model(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, name: str, source: str
+) -> LoadedModel:
+    """A `LoadedModel` for a model built in memory (random weights for checks and benches),
+    checked like a loaded one."""
+    spec = ModelSpec("directory", name, source)
+    context = _max_model_len(model.config, tokenizer, spec)
+    check_supported(model.config, max_model_len=context)
+    return _describe(model, tokenizer, spec, context)
+
+
+def _describe(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    model_spec: ModelSpec,
+    max_model_len: int,
+) -> LoadedModel:
+    config = model.config
+    architectures = getattr(config, "architectures", None)
+    num_heads = int(config.num_attention_heads)
+    head_dim = getattr(config, "head_dim", None)
+    if head_dim is None:
+        if config.hidden_size % num_heads:
+            raise ModelLoadError(
+                f"Model {model_spec.name!r}: hidden_size {config.hidden_size} is not divisible "
+                f"by num_attention_heads {num_heads} and the config gives no head_dim"
+            )
+        head_dim = config.hidden_size // num_heads
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        name=model_spec.name,
+        source=model_spec.location,
+        architecture=str(architectures[0]) if architectures else type(model).__name__,
+        max_model_len=max_model_len,
+        eos_token_ids=_eos_token_ids(model, tokenizer),
+        num_layers=int(config.num_hidden_layers),
+        num_kv_heads=int(getattr(config, "num_key_value_heads", None) or num_heads),
+        head_dim=int(head_dim),
+        has_chat_template=has_chat_template(tokenizer),
+    )
+
+
+def _max_model_len(config: Any, tokenizer: PreTrainedTokenizerBase, model_spec: ModelSpec) -> int:
+    candidates = []
+    positions = getattr(config, "max_position_embeddings", None)
+    if isinstance(positions, int) and positions > 0:
+        candidates.append(positions)
+    tokenizer_limit = getattr(tokenizer, "model_max_length", None)
+    if isinstance(tokenizer_limit, int) and 0 < tokenizer_limit <= _SANE_TOKENIZER_MAX_LEN:
+        candidates.append(tokenizer_limit)
+    if not candidates:
+        raise ModelLoadError(
+            f"Model {model_spec.name!r} states no context length (neither "
+            "max_position_embeddings nor a tokenizer model_max_length)"
+        )
+    return min(candidates)
+
+
+def _eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
+    generation_config = getattr(model, "generation_config", None)
+    source = generation_config if generation_config is not None else model.config
+    declared = getattr(source, "eos_token_id", None)
+    if declared is None:
+        ids: set[int] = set()
+    elif isinstance(declared, int):
+        ids = {declared}
+    else:
+        ids = {int(token_id) for token_id in declared}
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return frozenset(ids)

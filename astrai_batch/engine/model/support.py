@@ -1,0 +1,231 @@
+"""Which model architectures the engine can run exactly, decided from the config alone.
+
+The engine plugs paged attention over a shared KV pool into transformers' attention interface
+and runs many sequences packed into one forward. That is only exact for plain causal
+self-attention whose every input is a function of the token and its own position, so:
+
+- refused outright: anything that changes which keys a query sees beyond causality
+  (bidirectional attention, recurrent state, cross-attention, attention kinds other than full
+  and sliding-window), how scores are formed (attention logit softcapping, which our
+  attention does not apply), rope scalings we do not know, and architectures off the list;
+- refused unless the context is short enough: features that are exact only while every
+  sequence stays within a limit. A sliding window of W tokens never binds while sequences
+  hold at most W tokens; longrope picks its short or long factors, and dynamic NTK rescales,
+  from the longest position in the forward (in a packed batch: the longest sequence beside
+  this one), and do neither while every position is below their threshold. Such a model runs
+  when its context (`max_model_len`) is within the limit and is refused otherwise, with the
+  limit in the message.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from astrai_batch.errors import UnsupportedModelError
+
+if TYPE_CHECKING:
+    from astrai_batch.engine.model.loaded import LoadedModel
+
+# Decoder-only model types whose attention goes through transformers' attention interface
+# with full causal attention, so the engine's paged attention can stand in for it.
+# Each has a tiny-model greedy test against transformers (tests/engine/test_architectures_exact.py).
+SUPPORTED_MODEL_TYPES: frozenset[str] = frozenset(
+    {
+        "apertus",
+        "arcee",
+        "cohere",
+        "ernie4_5",
+        "gemma",
+        "glm",
+        "granite",
+        "granitemoe",
+        "helium",
+        "hunyuan_v1_dense",
+        "llama",
+        "mistral",
+        "mixtral",
+        "olmo",
+        "olmo2",
+        "olmo3",
+        "olmoe",
+        "phi",
+        "phi3",
+        "qwen2",
+        "qwen2_moe",
+        "qwen3",
+        "qwen3_moe",
+        "seed_oss",
+        "smollm3",
+        "starcoder2",
+    }
+)
+
+# Model types that keep recurrent or state-space state instead of (or next to) a KV cache.
+RECURRENT_MODEL_TYPES: frozenset[str] = frozenset(
+    {
+        "bamba",
+        "falcon_h1",
+        "falcon_mamba",
+        "granitemoehybrid",
+        "jamba",
+        "lfm2",
+        "lfm2_moe",
+        "mamba",
+        "mamba2",
+        "minimax",
+        "nemotron_h",
+        "plamo2",
+        "qwen3_next",
+        "recurrent_gemma",
+        "rwkv",
+        "xlstm",
+        "zamba",
+        "zamba2",
+    }
+)
+
+_MULTIMODAL_SUBCONFIGS = ("vision_config", "text_config", "audio_config")
+
+_ATTENTION_KINDS = frozenset({"full_attention", "sliding_attention"})
+
+# Rope scalings computed once at load from the config alone (transformers'
+# `ROPE_INIT_FUNCTIONS`), so the same for every batch.
+_STATIC_ROPE_TYPES = frozenset({"default", "linear", "llama3", "yarn", "proportional"})
+# Rope scalings that `dynamic_rope_update` recomputes in the forward from the largest position
+# in it: exact only below a threshold (`exact_context_limit`).
+_LIMITED_ROPE_TYPES = frozenset({"dynamic", "longrope"})
+
+
+def describe_model(config: Any) -> str:
+    """How messages name a model: its first listed architecture, else its model type."""
+    architectures = getattr(config, "architectures", None)
+    if architectures:
+        return str(architectures[0])
+    return f"model type {getattr(config, 'model_type', None)!r}"
+
+
+def unsupported_reason(config: Any) -> str | None:
+    """Why the engine cannot run this config at any context length, or None when it can.
+
+    Specific reasons come before the allow-list so a refused model says what is wrong with it,
+    not only that it is missing from the list.
+    """
+    model_type = getattr(config, "model_type", None)
+    for name in _MULTIMODAL_SUBCONFIGS:
+        if getattr(config, name, None) is not None:
+            return f"it is multimodal (the config has a {name})"
+    if getattr(config, "is_encoder_decoder", False):
+        return "it is an encoder-decoder model"
+    if model_type in RECURRENT_MODEL_TYPES:
+        return "it is a hybrid, recurrent or state-space model"
+    if getattr(config, "num_attention_heads", None) is None:
+        return "it has no standard attention (no num_attention_heads)"
+    if getattr(config, "use_bidirectional_attention", False):
+        return "it uses bidirectional attention (use_bidirectional_attention=True)"
+    softcap = getattr(config, "attn_logit_softcapping", None)
+    if softcap is not None:
+        return f"it uses attention logit softcapping (attn_logit_softcapping={softcap})"
+    layer_types = getattr(config, "layer_types", None) or ()
+    others = sorted({kind for kind in layer_types if kind not in _ATTENTION_KINDS})
+    if others:
+        return f"it has layers without full or sliding-window attention ({', '.join(others)})"
+    for rope_type in _rope_types(config):
+        if rope_type not in _STATIC_ROPE_TYPES and rope_type not in _LIMITED_ROPE_TYPES:
+            return f"it uses rope_type {rope_type!r}, which the engine does not know to be exact"
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        supported = ", ".join(sorted(SUPPORTED_MODEL_TYPES))
+        return f"only these model types are supported: {supported}"
+    architectures = getattr(config, "architectures", None) or []
+    if architectures and not any(str(a).endswith("ForCausalLM") for a in architectures):
+        listed = ", ".join(str(a) for a in architectures)
+        return f"it has no causal-LM head (architectures: {listed})"
+    return None
+
+
+def exact_context_limit(config: Any) -> tuple[int, str] | None:
+    """The longest context (in tokens) the engine runs this config exactly at, and why; None
+    when no feature of the config limits it."""
+    limits: list[tuple[int, str]] = []
+    window = getattr(config, "sliding_window", None)
+    if window:  # None, or 0 where a config says "off" that way (Qwen2-MoE)
+        # Keys at positions > q - window are seen (transformers' sliding_window_overlay), so
+        # the window cuts nothing while every sequence holds at most `window` tokens. Some
+        # models apply it only on "sliding_attention" layers, others on every layer whatever
+        # `layer_types` says; counting it whenever it is set is right for both.
+        limits.append((int(window), f"sliding-window attention (sliding_window={window})"))
+    for params in _rope_parameter_sets(config):
+        rope_type = str(params.get("rope_type", params.get("type", "default")))
+        if rope_type == "longrope":
+            threshold = params.get("original_max_position_embeddings") or getattr(
+                config, "original_max_position_embeddings", None
+            )
+            if threshold is not None:
+                limits.append(
+                    (
+                        int(threshold),
+                        f"longrope scaling (original_max_position_embeddings={threshold}; "
+                        "its factors switch with the longest sequence in a batch)",
+                    )
+                )
+        elif "dynamic" in rope_type:
+            threshold = getattr(config, "max_position_embeddings", None)
+            if threshold is not None:
+                limits.append(
+                    (
+                        int(threshold),
+                        f"dynamic rope scaling (max_position_embeddings={threshold}; it "
+                        "rescales with the longest sequence in a batch)",
+                    )
+                )
+    return min(limits, default=None)
+
+
+def check_supported(config: Any, max_model_len: int | None = None) -> None:
+    """Raise `UnsupportedModelError` naming the architecture and the reason, if unsupported.
+
+    With `max_model_len` (the context the engine will run at) the features that are exact
+    only up to some length are checked against it too.
+    """
+    reason = unsupported_reason(config)
+    if reason is not None:
+        raise UnsupportedModelError(f"{describe_model(config)} is not supported: {reason}")
+    limit = exact_context_limit(config) if max_model_len is not None else None
+    if limit is not None and max_model_len > limit[0]:
+        tokens, what = limit
+        raise UnsupportedModelError(
+            f"{describe_model(config)} is not supported with a context of {max_model_len} "
+            f"tokens: it uses {what}, so it runs exactly only up to {tokens} tokens; "
+            f"set --max-model-len {tokens} or less to run it"
+        )
+
+
+def _rope_parameter_sets(config: Any) -> list[dict[str, Any]]:
+    """The config's rope parameters: one dict, or one per layer kind where they differ."""
+    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
+    if not isinstance(params, dict):
+        return []
+    nested = [value for value in params.values() if isinstance(value, dict)]
+    return nested if nested else [params]
+
+
+def _rope_types(config: Any) -> list[str]:
+    return [str(p.get("rope_type", p.get("type", "default"))) for p in _rope_parameter_sets(config)]
+
+
+def has_chat_template(tokenizer: Any) -> bool:
+    """Whether the tokenizer can turn chat messages into a prompt: the one place that decides."""
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
+def no_chat_template_message(model_name: str) -> str:
+    """Why chat messages cannot run on this model: a job's refusal and a row's error alike."""
+    return (
+        f"model {model_name!r} has no chat template, so chat messages cannot be turned into "
+        "a prompt; give plain-text prompts or use an instruct/chat model"
+    )
+
+
+def require_chat_template(loaded: LoadedModel) -> None:
+    """Refuse chat-style input for a model whose tokenizer cannot format messages."""
+    if not loaded.has_chat_template:
+        raise UnsupportedModelError(no_chat_template_message(loaded.name))

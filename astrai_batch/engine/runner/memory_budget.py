@@ -1,0 +1,141 @@
+"""How many bytes the KV pool gets when `--kv-cache-memory` does not say.
+
+On CUDA, vLLM's rule (and the meaning of its `--gpu-memory-utilization`): the pool takes what
+is left of `utilization x total GPU memory` once the weights and the activation peak of the
+largest step are paid for. The peak is profiled: one forward of a step as large as the
+scheduler can make (`max_num_batched_tokens` tokens over up to `max_num_seqs` sequences, every
+one wanting logits), over a scratch pool, measured with the allocator's peak counter.
+
+On CPU, a share of the RAM available when the engine starts (MemAvailable: free plus
+reclaimable page cache), so a 24 GiB machine does not preempt on a fixed 2 GiB pool and a
+small one is not pushed into swap.
+
+Either way the pool is never larger than `max_num_seqs` sequences of the full context can use.
+The arithmetic is pure functions of the measured numbers, so it is tested without a GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from astrai_batch.errors import ConfigError
+
+# Of MemAvailable at start. The CPU pool becomes resident as its pages are written (lazy
+# zeros), so a small job stays small; a long one may fill it, and the rest stays for a step's
+# activations (GBs for a 1B model at 1024 tokens in float32), I/O and whatever else runs.
+CPU_RAM_SHARE = 0.3
+_MEMINFO = Path("/proc/meminfo")
+GIB = 1024**3
+
+
+def gpu_kv_budget(
+    *, total_bytes: int, utilization: float, weights_bytes: int, activation_peak_bytes: int
+) -> int:
+    """Bytes for the KV pool: utilization x total, less the weights and the activation peak."""
+    if not 0 < utilization <= 1:
+        raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {utilization!r}")
+    allowed = int(total_bytes * utilization)
+    budget = allowed - weights_bytes - activation_peak_bytes
+    if budget <= 0:
+        raise ConfigError(
+            f"gpu_memory_utilization {utilization} leaves no room for the KV cache: "
+            f"{_gib(allowed)} of {_gib(total_bytes)} allowed, the weights take "
+            f"{_gib(weights_bytes)} and a step's activations {_gib(activation_peak_bytes)}; "
+            "raise --gpu-memory-utilization, lower --max-num-batched-tokens, "
+            "or set --kv-cache-memory"
+        )
+    return budget
+
+
+def cpu_kv_budget(available_bytes: int) -> int:
+    return int(available_bytes * CPU_RAM_SHARE)
+
+
+def capped(budget: int, *, bytes_per_page: int, max_num_seqs: int, pages_per_seq: int) -> int:
+    """Never more than `max_num_seqs` full-length sequences can use."""
+    return min(budget, bytes_per_page * max_num_seqs * pages_per_seq)
+
+
+def available_ram() -> int:
+    """Bytes of RAM available to new allocations now (psutil, else /proc/meminfo)."""
+    try:
+        import psutil
+    except ImportError:
+        psutil = None
+    if psutil is not None:
+        return int(psutil.virtual_memory().available)
+    try:
+        for line in _MEMINFO.read_text(encoding="ascii", errors="replace").splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    import os
+
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def default_kv_budget(
+    device: torch.device,
+    *,
+    gpu_memory_utilization: float,
+    profile_activation_peak: Callable[[], int],
+) -> int:
+    """The uncapped default budget for `device` (see the module docstring)."""
+    if device.type == "cuda":
+        _, total = torch.cuda.mem_get_info(device)
+        weights = torch.cuda.memory_allocated(device)
+        peak = profile_activation_peak()
+        return gpu_kv_budget(
+            total_bytes=total,
+            utilization=gpu_memory_utilization,
+            weights_bytes=weights,
+            activation_peak_bytes=peak,
+        )
+    return cpu_kv_budget(available_ram())
+
+
+def _gib(value: int) -> str:
+    return f"{value / GIB:.2f} GiB"
+
+
+def profile_activation_peak(
+    model: torch.nn.Module,
+    pool_args: dict,
+    *,
+    max_num_batched_tokens: int,
+    max_num_seqs: int,
+    max_model_len: int,
+) -> int:
+    """CUDA: the bytes a largest step allocates beyond what is allocated before it.
+
+    The step is `max_num_batched_tokens` tokens split over up to `max_num_seqs` sequences, all
+    wanting logits (so the LM head's output is as large as it gets), over a scratch pool that
+    is freed afterwards.
+    """
+    from astrai_batch.cache.kv_pool import KVPool
+    from astrai_batch.engine.runner.model_runner import ModelRunner, ScheduledChunk
+
+    device = torch.device(pool_args["device"])
+    page_size = pool_args["page_size"]
+    seqs = max(1, min(max_num_seqs, max_num_batched_tokens))
+    per_seq = min(-(-max_num_batched_tokens // seqs), max_model_len)
+    pages_per_seq = -(-per_seq // page_size)
+    scratch = KVPool(num_pages=seqs * pages_per_seq, **pool_args)
+    runner = ModelRunner(model, scratch)
+    chunks = [
+        ScheduledChunk([0] * per_seq, 0, range(i * pages_per_seq, (i + 1) * pages_per_seq), True)
+        for i in range(seqs)
+    ]
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    runner.forward(chunks)
+    torch.cuda.synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device) - before
+    del runner, scratch
+    torch.cuda.empty_cache()
+    return peak

@@ -1,0 +1,252 @@
+"""The model runner: one forward pass over a packed, ragged batch of scheduled work.
+
+It owns the model's forward and the paged KV pool's tensors, and nothing about scheduling:
+the scheduler hands it `ScheduledChunk`s (which tokens of which sequence to compute, at what
+positions, into which pages) and gets back the next-token logits of the chunks that end at
+their sequence's last known token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from astrai_batch.cache.kv_pool import KVPool
+from astrai_batch.engine.attention.block_plan import (
+    BlockBatch,
+    DecodeRows,
+    QuerySpan,
+    block_tokens_for,
+    plan_blocks,
+)
+from astrai_batch.engine.attention.cascade import DecodePartition, partition_rows
+from astrai_batch.engine.attention.cascade_plan import CascadeBatch, plan_cascade
+from astrai_batch.engine.attention.kernels.interface import KernelBatch, PagedKernel
+from astrai_batch.engine.attention.kernels.paged_kv_metadata import paged_kv_metadata
+from astrai_batch.engine.attention.page_gather import PageGatherer
+from astrai_batch.engine.attention.paged_attention import (
+    ATTENTION_NAME,
+    BATCH_KWARG,
+    AttentionBatch,
+    DecodeGroup,
+    PrefillSpan,
+    offset_causal_mask,
+    register_paged_attention,
+)
+from astrai_batch.engine.attention.step_arrays import StepArrays, to_device
+from astrai_batch.engine.runner.decode_graphs import DecodeGraphs, GraphSpec
+from astrai_batch.engine.runner.forward_timer import ForwardTimer
+from astrai_batch.engine.runner.invariant_linear import set_row_tiling
+from astrai_batch.engine.runner.step_buffers import StepBuffers
+
+
+class ScheduledChunk(NamedTuple):
+    """Compute `token_ids` at positions [start, start + len) of one sequence.
+
+    A named tuple, not a dataclass: a step makes one per scheduled sequence, and a frozen
+    dataclass's field-by-field `__init__` cost a few microseconds each at 256 sequences.
+    """
+
+    token_ids: Sequence[int]
+    start: int
+    pages: Sequence[int]  # the sequence's page table, covering at least start + len tokens
+    wants_logits: bool  # the chunk ends at the sequence's last known token
+    # The sequence and its page table's version (`KVCacheManager.pages_version`): the runner
+    # keeps the table between steps and rewrites it only when the version changes. None: the
+    # table is written for this step only.
+    seq_key: Hashable | None = None
+    pages_version: int | None = None
+
+
+@dataclass(frozen=True)
+class ForwardOutput:
+    logits: torch.Tensor  # [number of chunks with wants_logits, vocab], float32
+    timer: ForwardTimer
+
+    @property
+    def forward_seconds(self) -> float:
+        """The model's time (device time on CUDA: read after the step's sync, it costs none)."""
+        return self.timer.seconds()
+
+
+NUMERICS = ("invariant", "fast")
+
+
+class ModelRunner:
+    """numerics="invariant": a row's logits never depend on the rest of the step (row-tiled
+    linear layers, block-ordered attention); "fast": the step-shaped kernels, or a paged
+    CUDA kernel (`attention_kernel`, see `kernel_attention`) for the whole step's attention.
+    `graphs`: decode-only steps run at bucketed shapes (`decode_graphs`), captured or eagerly."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        pool: KVPool,
+        *,
+        use_cascade: bool = True,
+        numerics: str = "invariant",
+        attention_kernel: PagedKernel | None = None,
+        graphs: GraphSpec | None = None,
+    ) -> None:
+        if numerics not in NUMERICS:
+            raise ValueError(f"numerics must be one of {NUMERICS}, got {numerics!r}")
+        if attention_kernel is not None and numerics != "fast":
+            raise ValueError("an attention kernel does not keep invariant numerics: use 'fast'")
+        register_paged_attention()
+        model.set_attn_implementation(ATTENTION_NAME)
+        set_row_tiling(model, numerics == "invariant")
+        self.numerics = numerics
+        self.model = model
+        self.pool = pool
+        self.device = pool.key_cache[0].device
+        self.page_size = pool.page_size
+        self.use_cascade = use_cascade
+        self.attention_kernel = attention_kernel
+        self.gatherer = PageGatherer()
+        self.buffers = StepBuffers(self.page_size)
+        self.decode_graphs = (
+            None
+            if graphs is None
+            else DecodeGraphs(model, pool, graphs, invariant=numerics == "invariant")
+        )
+
+    @torch.inference_mode()
+    def forward(self, chunks: Sequence[ScheduledChunk]) -> ForwardOutput:
+        if not chunks:
+            raise ValueError("forward needs at least one chunk")
+        built = self._build_batch(chunks)
+        timer = ForwardTimer(self.device)
+        if callable(built):  # a decode-only step staged for its bucket's graph
+            return ForwardOutput(logits=built(timer), timer=timer)
+        batch, input_ids, positions, logit_rows = built
+        timer.start()
+        outputs = self.model(
+            input_ids=input_ids.unsqueeze(0),
+            position_ids=positions.unsqueeze(0),
+            use_cache=False,
+            logits_to_keep=logit_rows,
+            **{BATCH_KWARG: batch},
+        )
+        logits = outputs.logits[0].float()
+        timer.stop()
+        return ForwardOutput(logits=logits, timer=timer)
+
+    def _build_batch(self, chunks: Sequence[ScheduledChunk]):
+        step = self.buffers.build(chunks)
+        if self.decode_graphs is not None:
+            staged = self.decode_graphs.stage(step)
+            if staged is not None:
+                return staged
+        device = self.device
+        page = self.page_size
+        input_ids = to_device(step.token_ids, device)
+        position_ids = to_device(step.positions, device)
+        rows = to_device(step.logit_rows, device)
+        if self.numerics == "invariant":
+            batch = self._block_batch(chunks, step)
+            return batch, input_ids, position_ids, rows
+        if self.attention_kernel is not None:
+            return self._kernel_batch(step), input_ids, position_ids, rows
+        prefills: list[PrefillSpan] = []
+        for i in np.flatnonzero(step.num_tokens > 1).tolist():
+            row, n = int(step.token_start[i]), int(step.num_tokens[i])
+            start = int(step.context_start[i])
+            if start == 0:
+                prefills.append(PrefillSpan(row, row + n, 0, None, None))
+            else:
+                needed = -(-(start + n) // page)
+                table = to_device(step.page_tables[i, :needed], device)
+                mask = offset_causal_mask(n, start + n, device)
+                prefills.append(PrefillSpan(row, row + n, start, table, mask))
+        decode, cascade = self._decode_groups(step)
+        batch = AttentionBatch(
+            key_cache=self.pool.key_cache,
+            value_cache=self.pool.value_cache,
+            page_size=page,
+            write_slots=to_device(step.write_slots, device),
+            longest_context=step.longest_context,
+            decode=decode,
+            cascade=cascade,
+            prefills=prefills,
+            gatherer=self.gatherer,
+        )
+        return batch, input_ids, position_ids, rows
+
+    def _block_batch(self, chunks: Sequence[ScheduledChunk], step: StepArrays) -> BlockBatch:
+        d = step.decodes
+        if len(d) == len(step.num_tokens):  # decode-only: every chunk's row, as they are
+            spans = []
+            decodes = DecodeRows(step.token_start, step.context_start, step.page_tables)
+        else:
+            spans = [
+                QuerySpan(
+                    int(step.token_start[i]),
+                    chunks[i].start,
+                    int(step.num_tokens[i]),
+                    chunks[i].pages,
+                )
+                for i in np.flatnonzero(step.num_tokens > 1).tolist()
+            ]
+            decodes = DecodeRows(step.token_start[d], step.context_start[d], step.page_tables[d])
+        runs, units = plan_blocks(spans, self.page_size, self.use_cascade, self.device, decodes)
+        return BlockBatch(
+            key_cache=self.pool.key_cache,
+            value_cache=self.pool.value_cache,
+            page_size=self.page_size,
+            block_tokens=block_tokens_for(self.page_size),
+            write_slots=to_device(step.write_slots, self.device),
+            longest_context=step.longest_context,
+            runs=runs,
+            units=units,
+            gatherer=self.gatherer,
+        )
+
+    def _kernel_batch(self, step: StepArrays) -> KernelBatch:
+        kernel = self.attention_kernel
+        kernel.begin_step(paged_kv_metadata(step, self.page_size))
+        return KernelBatch(
+            key_cache=self.pool.key_cache,
+            value_cache=self.pool.value_cache,
+            page_size=self.page_size,
+            write_slots=to_device(step.write_slots, self.device),
+            longest_context=step.longest_context,
+            kernel=kernel,
+        )
+
+    def _decode_groups(self, step: StepArrays) -> tuple[DecodeGroup | None, CascadeBatch | None]:
+        """Decodes sharing prefix pages go to the cascade batch; the rest one padded group."""
+        decodes = step.decodes
+        if len(decodes) == 0:
+            return None, None
+        device = self.device
+        page = self.page_size
+        tables = step.page_tables[decodes]
+        lengths = step.lengths[decodes]
+        token_rows = step.token_start[decodes]
+        if self.use_cascade:
+            partition = partition_rows(tables, lengths, page)
+        else:
+            partition = DecodePartition(groups=[], rest=list(range(len(decodes))))
+        cascade = None
+        if partition.groups:
+            needed = step.pages_needed(page)[decodes]
+            exact = [tables[i, : needed[i]] for i in range(len(decodes))]
+            cascade = plan_cascade(
+                partition.groups, token_rows.tolist(), exact, lengths.tolist(), page, device
+            )
+        if not partition.rest:
+            return None, cascade
+        rest = np.asarray(partition.rest, dtype=np.int64)
+        rest_lengths = lengths[rest]
+        width = int(-(-rest_lengths.max() // page))
+        key_mask = np.arange(width * page) < rest_lengths[:, None]
+        decode = DecodeGroup(
+            token_index=to_device(token_rows[rest], device),
+            page_tables=to_device(tables[rest, :width], device),
+            key_mask=to_device(key_mask, device).view(len(rest), 1, 1, -1),
+        )
+        return decode, cascade

@@ -1,0 +1,294 @@
+"""The running part of a job: windows stream into the engine, finished rows into checkpoints.
+
+A feeder (an async generator the engine pulls from, so it applies backpressure) reads and
+prepares windows in a worker thread and yields each window's requests in planned order. It
+prepares the next window while the current one finishes, but submits it only once the
+current one is complete, so every engine counter between two flushes belongs to one window.
+Finished rows are saved to the checkpoint every `checkpoint_rows` rows, every
+`checkpoint_seconds` seconds and at the end of each window.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import pyarrow as pa
+
+from astrai_batch.engine import Engine, EngineConfig
+from astrai_batch.engine.model.loaded import LoadedModel
+from astrai_batch.engine.types import EngineStats, GenerationRequest, GenerationResult
+from astrai_batch.errors import AstraiBatchError, JobAbortedError
+from astrai_batch.io import InputRow, InputSource
+from astrai_batch.jobs.executors.ordering import SampleCollector
+from astrai_batch.jobs.options.config import JobConfig
+from astrai_batch.jobs.output.checkpoint import Checkpoint, WindowRecord
+from astrai_batch.jobs.output.records import INDEX_COLUMN, error_record, records_table, row_records
+from astrai_batch.jobs.output.stats import WorkStats, engine_stats, records_stats
+from astrai_batch.jobs.planning.tokenize import PromptEncoder
+from astrai_batch.jobs.planning.window import (
+    PreparedRow,
+    PreparedWindow,
+    prepare_window,
+    read_window,
+)
+from astrai_batch.jobs.progress import Progress, ProgressSnapshot
+from astrai_batch.jobs.signals import SignalWatcher
+
+
+@dataclass(frozen=True)
+class ExecutionResult:
+    """What this process did. `signum` is set when a signal stopped the job."""
+
+    run_stats: WorkStats
+    wall_seconds: float
+    signum: int | None
+
+
+class JobExecution:
+    """Runs the job's remaining windows once (`await execution.run()`)."""
+
+    def __init__(
+        self,
+        *,
+        config: JobConfig,
+        loaded: LoadedModel,
+        source: InputSource,
+        checkpoint: Checkpoint,
+        schema: pa.Schema,
+        total_rows: int,
+        progress: Progress,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.loaded = loaded
+        self.source = source
+        self.checkpoint = checkpoint
+        # Planned as the checkpoint's job was, whatever this run was given (see config).
+        self.planning = checkpoint.planning
+        self.schema = schema
+        self.total_rows = total_rows
+        self.progress = progress
+        self.clock = clock
+        self.encoder = PromptEncoder(
+            loaded.tokenizer, loaded.name, chat_template_kwargs=config.chat_template_kwargs
+        )
+        self.collector = SampleCollector()
+        saved = checkpoint.total_stats()
+        self.rows_before = saved.input_rows
+        self.failed_rows = saved.failed_rows
+        self.allowed_errors = (
+            None if config.max_errors is None else config.max_errors.allowed(total_rows)
+        )
+        self.run_stats = WorkStats()
+        self._engine: Engine | None = None
+        self._scope: anyio.CancelScope | None = None
+        self._failure: Exception | None = None
+        self._window: PreparedWindow | None = None
+        self._window_done = anyio.Event()
+        self._remaining = 0
+        self._pending: list[dict[str, Any]] = []
+        self._pending_rows = 0
+        self._started = clock()
+        self._last_flush = self._started
+        self._last_engine_stats: EngineStats | None = None
+        self._run_prompt_tokens = 0
+        self._run_cached_tokens = 0
+        self._run_decode_tokens = 0
+        self._run_rows = 0
+
+    async def run(self) -> ExecutionResult:
+        watcher = SignalWatcher()
+        engine_config = EngineConfig(**self.config.engine_options())
+        async with Engine(self.loaded, engine_config) as engine:
+            self._engine = engine
+            self._last_engine_stats = engine.stats()
+            try:
+                async with anyio.create_task_group() as tg:
+                    self._scope = tg.cancel_scope
+                    await tg.start(watcher.watch, tg.cancel_scope)
+                    await self._generate(engine)
+                    tg.cancel_scope.cancel()
+                if self._failure is not None:
+                    raise self._failure
+            except BaseException:
+                # Whatever failed, the finished rows are worth keeping for the rerun.
+                try:
+                    self._flush()
+                except Exception as flush_error:
+                    self.progress.message(
+                        f"saving finished rows to the checkpoint failed too: {flush_error}"
+                    )
+                raise
+            self._flush()
+        return ExecutionResult(self.run_stats, self.clock() - self._started, watcher.signum)
+
+    def check_invariants(self) -> None:
+        """Counters agree with the buffered rows; no row finished twice."""
+        self.collector.check_invariants()
+        if self._remaining < 0:
+            raise AstraiBatchError(f"window finished {-self._remaining} rows too many")
+        indices = [r[INDEX_COLUMN] for r in self._pending if r["sample_index"] == 0]
+        if len(indices) != self._pending_rows or len(set(indices)) != len(indices):
+            raise AstraiBatchError(
+                f"{self._pending_rows} rows pending but records hold {len(indices)} rows"
+            )
+
+    def _fail(self, error: Exception) -> None:
+        """Stop the job because of `error`, raised once the engine has wound down.
+
+        Errors come from both sides (the request iterator and the result handler); cancelling
+        the job's scope stops the engine at its next await whichever side failed, and the
+        first error is the one raised.
+        """
+        if self._failure is None:
+            self._failure = error
+        if self._scope is not None:
+            self._scope.cancel()
+
+    # -- the two sides of the engine -----------------------------------------------------------
+
+    async def _generate(self, engine: Engine) -> None:
+        results = engine.generate(self._requests())
+        async with contextlib.aclosing(results):  # type: ignore[type-var]
+            async for result in results:
+                if self._failure is not None:
+                    continue  # the cancellation lands at the engine's next await
+                try:
+                    self._on_result(result)
+                except Exception as error:
+                    self._fail(error)
+
+    async def _requests(self) -> AsyncIterator[GenerationRequest]:
+        try:
+            size = self.planning.group_window
+            number = self.checkpoint.first_incomplete_window()
+            rows = self.source.iter_rows(start=number * size)
+            prepared = await self._prepare(number, rows, self.checkpoint.group_offset(number))
+            while prepared is not None:
+                done = self._begin_window(prepared)
+                for request in prepared.requests(skip=done):
+                    yield request
+                # Tokenize the next window while this one finishes; submit it only after.
+                upcoming = await self._prepare(
+                    number + 1, rows, prepared.group_offset + prepared.num_groups
+                )
+                await self._window_done.wait()
+                prepared, number = upcoming, number + 1
+        except Exception as error:
+            self._fail(error)
+
+    async def _prepare(
+        self, number: int, rows: Iterator[InputRow], group_offset: int
+    ) -> PreparedWindow | None:
+        def work() -> PreparedWindow | None:
+            input_rows = read_window(rows, self.planning.group_window)
+            if not input_rows:
+                return None
+            return prepare_window(
+                number,
+                number * self.planning.group_window,
+                input_rows,
+                encoder=self.encoder,
+                base_params=self.config.sampling,
+                page_size=self.planning.page_size,
+                group_offset=group_offset,
+                grouping=self.planning.grouping,
+            )
+
+        return await anyio.to_thread.run_sync(work)
+
+    # -- bookkeeping (all on the event loop, between engine steps) -----------------------------
+
+    def _begin_window(self, window: PreparedWindow) -> set[int]:
+        """Make `window` current; returns the indices of its rows already checkpointed."""
+        self.checkpoint.record_window(
+            WindowRecord(
+                number=window.number,
+                start=window.start,
+                rows=len(window.rows),
+                group_offset=window.group_offset,
+                num_groups=window.num_groups,
+            )
+        )
+        done = self.checkpoint.done_indices(window.number)
+        self._window = window
+        self._window_done = anyio.Event()
+        self._remaining = len(window.rows) - len(done)
+        for row in window.rows:
+            if row.error is not None and row.index not in done:
+                self._complete_row(row, [error_record(row, row.error)])
+        self._after_rows()
+        return done
+
+    def _on_result(self, result: GenerationResult) -> None:
+        window = self._window
+        if window is None:
+            raise AstraiBatchError(f"result for request {result.request_id!r} outside any window")
+        row = window.row(int(result.request_id))  # type: ignore[call-overload]
+        samples = self.collector.add(result, row.num_samples)
+        if samples is not None:
+            self._complete_row(row, row_records(row, samples))
+            self._after_rows()
+
+    def _complete_row(self, row: PreparedRow, records: list[dict[str, Any]]) -> None:
+        self._pending.extend(records)
+        self._pending_rows += 1
+        self._remaining -= 1
+        self._run_rows += 1
+        for record in records:
+            self._run_prompt_tokens += record["prompt_tokens"] or 0
+            self._run_cached_tokens += record["cached_tokens"] or 0
+            self._run_decode_tokens += record["completion_tokens"] or 0
+        if records[0]["finish_reason"] == "error":
+            self.failed_rows += 1
+            if self.allowed_errors is not None and self.failed_rows > self.allowed_errors:
+                self._flush()
+                limit = self.config.max_errors.describe() if self.config.max_errors else ""
+                # A row whose id is missing or repeated has none: name it by its number.
+                named = repr(row.id) if row.id is not None else f"{row.index} (no id)"
+                raise JobAbortedError(
+                    f"{self.failed_rows} rows failed, more than --max-errors {limit} allows "
+                    f"({self.allowed_errors} of {self.total_rows} rows); the last: row "
+                    f"{named}: {records[0]['error']}"
+                )
+        self.progress.update(
+            ProgressSnapshot(
+                rows_done=self.rows_before + self._run_rows,
+                total_rows=self.total_rows,
+                rows_this_run=self._run_rows,
+                generated_tokens=self._run_decode_tokens,
+                prompt_tokens=self._run_prompt_tokens,
+                cached_tokens=self._run_cached_tokens,
+                elapsed_seconds=self.clock() - self._started,
+            )
+        )
+
+    def _after_rows(self) -> None:
+        if self._remaining == 0:
+            self._flush()
+            self._window_done.set()
+        elif self._pending_rows >= self.config.checkpoint_rows or (
+            self._pending and self.clock() - self._last_flush >= self.config.checkpoint_seconds
+        ):
+            self._flush()
+
+    def _flush(self) -> None:
+        """Save the finished rows of the current window as one checkpoint part."""
+        if not self._pending or self._window is None or self._engine is None:
+            return
+        now = self.clock()
+        after = self._engine.stats()
+        before = self._last_engine_stats or after
+        stats = records_stats(self._pending) + engine_stats(before, after, now - self._last_flush)
+        table = records_table(self._pending, self.schema)
+        self.checkpoint.write_part(self._window.number, table, stats)
+        self.run_stats = self.run_stats + stats
+        self._pending = []
+        self._pending_rows = 0
+        self._last_flush = now
+        self._last_engine_stats = after

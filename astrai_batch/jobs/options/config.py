@@ -1,0 +1,294 @@
+"""The configuration of one `astrai-batch run`: every option, validated, from flags or TOML.
+
+Options are flat names (the long flag without its dashes: ``max_num_seqs``, ``max_tokens``);
+a TOML file given with ``--config`` (read by `config_file`) may spell them with dashes or
+underscores. Sampling options become the job's default `SamplingParams`, which per-row
+overrides then replace.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from astrai_batch.checks import require_positive_int
+from astrai_batch.engine.attention.backends import check_backend_name, resolve_from_options
+from astrai_batch.engine.config import KV_LAYOUTS, check_utilization
+from astrai_batch.engine.sampling.params import SamplingParams
+from astrai_batch.errors import ConfigError
+from astrai_batch.jobs.options.constraint_options import CONSTRAINT_OPTIONS, job_constraint
+from astrai_batch.jobs.options.option_groups import (
+    OBJECT_OPTIONS,
+    PLANNING_OPTIONS,
+    RESULT_OPTIONS,
+    SAMPLING_OPTIONS,
+)
+from astrai_batch.jobs.options.option_values import (
+    ErrorLimit,
+    parse_columns,
+    parse_json_object,
+    parse_size,
+)
+from astrai_batch.jobs.planning.prefix_order import PlanningOptions
+from astrai_batch.json_types import json_type
+
+DEFAULT_MODEL = "smollm2-135m"
+OUTPUT_FORMATS = ("parquet", "openai-jsonl", "parquet-dir")
+EXECUTORS = ("local", "ray")
+INPUT_FORMAT_NAMES = ("parquet", "jsonl")
+
+# The CLI default for max_tokens; SamplingParams' own default happens to agree.
+DEFAULT_MAX_TOKENS = 256
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """Every option of a run. Construct with `from_options`, which parses and checks types."""
+
+    model: str = DEFAULT_MODEL
+    revision: str | None = None
+    trust_remote_code: bool = False
+    device: str = "cpu"
+    dtype: str = "float32"
+    threads: int | None = None
+    page_size: int = 16
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 1024
+    kv_cache_memory: int | None = None
+    gpu_memory_utilization: float = 0.9
+    prefix_cache: bool = True
+    fast_numerics: bool = False  # step-shaped kernels: a row's last bits move with the batch
+    attention_backend: str = "auto"  # auto, sdpa, flashinfer, flash-attn
+    cuda_graphs: bool | None = None  # decode-only steps as CUDA graphs; None: on with CUDA
+    kv_layout: str = "paged"
+    max_model_len: int | None = None
+    grouping: bool = True
+    group_window: int = 100_000
+    seed: int = 0
+    input_format: str | None = None
+    prompt_column: str | None = None
+    id_column: str | None = None
+    keep_columns: tuple[str, ...] = ()
+    # Variables for the chat template (e.g. enable_thinking); rows may add to them.
+    chat_template_kwargs: dict[str, Any] | None = None
+    sampling: SamplingParams = field(
+        default_factory=lambda: SamplingParams(max_tokens=DEFAULT_MAX_TOKENS)
+    )
+    output_format: str = "parquet"
+    save_tokens: bool = False
+    overwrite: bool = False
+    restart: bool = False
+    max_errors: ErrorLimit | None = None
+    fail_on_row_errors: bool = False
+    checkpoint_rows: int = 10_000
+    checkpoint_seconds: float = 60.0
+    progress_seconds: float = 30.0
+    quiet: bool = False
+    summary_json: str | None = None
+    # Where the job runs: this process, or Ray workers (see jobs/executors).
+    executor: str = "local"
+    ray_address: str | None = None
+    workers: int = 1
+    worker_threads: int = 1
+    worker_gpus: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("model", "device", "dtype"):
+            _check_type(name, getattr(self, name), str)
+            if not getattr(self, name).strip():
+                raise ConfigError(f"{name} must not be empty")
+        for name in (
+            "page_size",
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "group_window",
+            "workers",
+            "worker_threads",
+        ):
+            require_positive_int(name, getattr(self, name))
+        require_positive_int("checkpoint_rows", self.checkpoint_rows)
+        for name in ("kv_cache_memory", "threads", "max_model_len"):
+            if getattr(self, name) is not None:
+                require_positive_int(name, getattr(self, name))
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ConfigError(f"seed must be a non-negative integer, got {self.seed!r}")
+        check_utilization(self.gpu_memory_utilization)
+        for name in (
+            "trust_remote_code",
+            "prefix_cache",
+            "fast_numerics",
+            "grouping",
+            "save_tokens",
+            "overwrite",
+            "restart",
+            "fail_on_row_errors",
+            "quiet",
+        ):
+            _check_type(name, getattr(self, name), bool)
+        for name in ("checkpoint_seconds", "progress_seconds"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ConfigError(f"{name} must be a number of seconds > 0, got {value!r}")
+        for name in ("revision", "input_format", "prompt_column", "id_column", "summary_json"):
+            value = getattr(self, name)
+            if value is not None:
+                _check_type(name, value, str)
+        check_backend_name(self.attention_backend)
+        if self.kv_layout not in KV_LAYOUTS:
+            raise ConfigError(
+                f"kv_layout must be one of {', '.join(KV_LAYOUTS)}, got {self.kv_layout!r}"
+            )
+        if self.cuda_graphs is not None:
+            _check_type("cuda_graphs", self.cuda_graphs, bool)
+            kind = self.device.split(":", 1)[0].strip().lower()
+            if self.cuda_graphs and kind != "cuda":
+                raise ConfigError(f"cuda_graphs needs device cuda, got device {self.device}")
+            if self.cuda_graphs and self.attention_backend in ("flashinfer", "flash-attn"):
+                raise ConfigError(
+                    f"cuda_graphs cannot be used with attention_backend {self.attention_backend} "
+                    "(its step metadata is planned on the host every step); use sdpa or turn "
+                    "cuda_graphs off"
+                )
+        if self.input_format is not None and self.input_format not in INPUT_FORMAT_NAMES:
+            raise ConfigError(f"input_format must be parquet or jsonl, got {self.input_format!r}")
+        if self.output_format not in OUTPUT_FORMATS:
+            raise ConfigError(
+                "output_format must be parquet, openai-jsonl or parquet-dir, "
+                f"got {self.output_format!r}"
+            )
+        if self.executor not in EXECUTORS:
+            raise ConfigError(f"executor must be local or ray, got {self.executor!r}")
+        if self.ray_address is not None:
+            _check_type("ray_address", self.ray_address, str)
+        gpus = self.worker_gpus
+        if isinstance(gpus, bool) or not isinstance(gpus, (int, float)) or gpus < 0:
+            raise ConfigError(f"worker_gpus must be a number >= 0, got {gpus!r}")
+        if self.executor == "local" and (
+            self.ray_address is not None or self.workers != 1 or gpus or self.worker_threads != 1
+        ):
+            raise ConfigError(
+                "ray_address, workers, worker_threads and worker_gpus need --executor ray"
+            )
+        if not isinstance(self.keep_columns, tuple) or not all(
+            isinstance(name, str) and name for name in self.keep_columns
+        ):
+            raise ConfigError(f"keep_columns must be column names, got {self.keep_columns!r}")
+        kwargs = self.chat_template_kwargs
+        if kwargs is not None and not isinstance(kwargs, dict):
+            raise ConfigError(f"chat_template_kwargs must be an object, got {json_type(kwargs)}")
+        if not isinstance(self.sampling, SamplingParams):
+            raise ConfigError(
+                f"sampling must be SamplingParams, got {type(self.sampling).__name__}"
+            )
+        if self.max_errors is not None and not isinstance(self.max_errors, ErrorLimit):
+            raise ConfigError(f"max_errors must be an ErrorLimit, got {self.max_errors!r}")
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any], source: str = "options") -> JobConfig:
+        """A config from flat option names (dashes or underscores); unknown names are refused.
+
+        Sampling options go into `sampling`; `kv_cache_memory` may be a size string,
+        `max_errors` a count / fraction / percentage, `keep_columns` a comma-separated string.
+        """
+        values = {str(key).replace("-", "_"): value for key, value in options.items()}
+        known = {f.name for f in dataclasses.fields(cls)} - {"sampling"}
+        known |= {*SAMPLING_OPTIONS, *CONSTRAINT_OPTIONS}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigError(f"unknown option(s) in {source}: {', '.join(unknown)}")
+        sampling = {name: values.pop(name) for name in SAMPLING_OPTIONS if name in values}
+        sampling.setdefault("max_tokens", DEFAULT_MAX_TOKENS)
+        sampling["constraint"] = job_constraint(
+            {name: values.pop(name) for name in CONSTRAINT_OPTIONS if name in values}
+        )
+        values["sampling"] = SamplingParams.from_dict(sampling)
+        if values.get("kv_cache_memory") is not None:
+            values["kv_cache_memory"] = parse_size(values["kv_cache_memory"])
+        if values.get("max_errors") is not None:
+            values["max_errors"] = ErrorLimit.parse(values["max_errors"])
+        if "keep_columns" in values:
+            values["keep_columns"] = parse_columns(values["keep_columns"])
+        for name in OBJECT_OPTIONS:
+            if values.get(name) is not None:
+                values[name] = parse_json_object(values[name], name)
+        return cls(**values)
+
+    def input_options(self) -> dict[str, Any]:
+        """Keyword arguments of `io.open_input` for this job's input."""
+        return {
+            "input_format": self.input_format,
+            "prompt_column": self.prompt_column,
+            "id_column": self.id_column,
+            "keep_columns": self.keep_columns,
+        }
+
+    def engine_options(self) -> dict[str, Any]:
+        """Keyword arguments of `EngineConfig` (kept here so jobs/ owns the mapping)."""
+        return {
+            "page_size": self.page_size,
+            "kv_cache_memory": self.kv_cache_memory,
+            "gpu_memory_utilization": self.gpu_memory_utilization,
+            "max_num_seqs": self.max_num_seqs,
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+            "enable_prefix_cache": self.prefix_cache,
+            "kv_layout": self.kv_layout,
+            "max_model_len": self.max_model_len,
+            "seed": self.seed,
+            "numerics": "fast" if self.fast_numerics else "invariant",
+            "attention_backend": self.attention_backend,
+            "cuda_graphs": self.cuda_graphs,
+        }
+
+    def resolved_attention_backend(self) -> str:
+        """The attention backend this process would run (refusing one that cannot run here),
+        from the options alone, so a local run refuses before the model loads."""
+        return resolve_from_options(
+            self.attention_backend,
+            device=self.device,
+            dtype=self.dtype,
+            numerics="fast" if self.fast_numerics else "invariant",
+            page_size=self.page_size,
+        )
+
+    def model_options(self) -> dict[str, Any]:
+        """Keyword arguments of `load_model` beside the model itself."""
+        return {
+            "device": self.device,
+            "dtype": self.dtype,
+            "revision": self.revision,
+            "trust_remote_code": self.trust_remote_code,
+            "max_model_len": self.max_model_len,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        """The effective configuration as JSON-ready flat options (stored in output metadata)."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name == "sampling":
+                # The job seed is `seed`; the sampling params' own seed is a per-row field.
+                out.update({k: v for k, v in value.to_dict().items() if k in SAMPLING_OPTIONS})
+            elif f.name == "max_errors":
+                out[f.name] = None if value is None else value.describe()
+            else:
+                out[f.name] = list(value) if isinstance(value, tuple) else value
+        return out
+
+    def result_options(self) -> dict[str, Any]:
+        """The values of `RESULT_OPTIONS`: what a resumed run must share (see there)."""
+        options = self.to_dict()
+        out = {name: options[name] for name in RESULT_OPTIONS}
+        out["device"] = self.device.split(":", 1)[0].strip().lower()
+        return out
+
+    def planning_options(self) -> PlanningOptions:
+        """The values of `PLANNING_OPTIONS`, as a new checkpoint records them."""
+        return PlanningOptions.from_dict({name: getattr(self, name) for name in PLANNING_OPTIONS})
+
+
+def _check_type(name: str, value: Any, expected: type[str] | type[bool]) -> None:
+    if (expected is not bool and isinstance(value, bool)) or not isinstance(value, expected):
+        wanted = "a boolean" if expected is bool else "a string"
+        raise ConfigError(f"{name} must be {wanted}, got {json_type(value)}")

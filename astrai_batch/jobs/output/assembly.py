@@ -1,0 +1,247 @@
+"""The final files, assembled from a complete checkpoint: output, then stats.
+
+Parts hold a window's records in the order they finished; each window is sorted back into
+input order (row index, then sample index) on the way out, so memory is bounded by one window
+of results. Both files are written atomically, on any filesystem (`io.filesystems`); the
+output is committed last, so a visible output always has its stats file beside it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from astrai_batch import __version__
+from astrai_batch.errors import OutputError
+from astrai_batch.io import OpenAIBatchWriter, openai_response_body
+from astrai_batch.io.filesystems import AtomicObject, Location, write_table_at
+from astrai_batch.jobs.output.checkpoint import Checkpoint
+from astrai_batch.jobs.output.records import CUSTOM_ID_COLUMN, INDEX_COLUMN, KIND_COLUMN
+from astrai_batch.jobs.output.run_lock import process_alive
+from astrai_batch.jobs.output.stats import stats_table
+
+ROW_GROUP_ROWS = 10_000
+RUN_ID_KEY = "astrai_batch.run_id"
+
+
+def stats_path_for(output: Path) -> Path:
+    """``out.parquet`` -> ``out.stats.parquet``; ``out.jsonl`` -> ``out.stats.parquet``."""
+    name = output.name
+    for suffix in (".parquet", ".jsonl"):
+        if name.lower().endswith(suffix):
+            name = name[: -len(suffix)]
+            break
+    return output.with_name(f"{name}.stats.parquet")
+
+
+def stats_location(output: Location) -> Location:
+    """`stats_path_for` on any filesystem."""
+    return output.sibling(stats_path_for(PurePosixPath(output.path)).name)
+
+
+def output_metadata(
+    *,
+    config: Mapping[str, Any],
+    model: Mapping[str, Any],
+    input_fingerprint: Mapping[str, Any],
+    run_id: str,
+) -> dict[str, str]:
+    """Parquet key-value metadata: the job's configuration, model, version and input."""
+    return {
+        "astrai_batch.version": __version__,
+        "astrai_batch.config": json.dumps(dict(config), sort_keys=True),
+        "astrai_batch.model": json.dumps(dict(model), sort_keys=True),
+        "astrai_batch.input": json.dumps(dict(input_fingerprint), sort_keys=True),
+        RUN_ID_KEY: run_id,
+    }
+
+
+def window_tables(checkpoint: Checkpoint, columns: list[str]) -> Iterator[pa.Table]:
+    """Each window's records in input order, with `columns` (plus nothing else)."""
+    wanted = list(dict.fromkeys([*columns, INDEX_COLUMN, "sample_index"]))
+    for number in checkpoint.windows():
+        paths = checkpoint.part_paths(number)
+        if not paths:
+            continue
+        table = pa.concat_tables(path.read_parquet(wanted) for path in paths)
+        table = table.sort_by([(INDEX_COLUMN, "ascending"), ("sample_index", "ascending")])
+        yield table.select(columns)
+
+
+def write_parquet_output(
+    checkpoint: Checkpoint,
+    target: Location,
+    schema: pa.Schema,
+    metadata: Mapping[str, str],
+    *,
+    overwrite: bool,
+) -> int:
+    """The Parquet output; returns its row count."""
+    output = AtomicObject(target, overwrite=overwrite)
+    return write_parquet_stream(output, window_tables(checkpoint, schema.names), schema, metadata)
+
+
+def write_parquet_stream(
+    output: Any, tables: Iterable[pa.Table], schema: pa.Schema, metadata: Mapping[str, str]
+) -> int:
+    """Tables (in input order) into an open atomic `output` (`handle`, `commit`, `abort`),
+    committed at the end; returns the row count."""
+    stamped = schema.with_metadata({**(schema.metadata or {}), **metadata})
+    rows = 0
+    try:
+        with pq.ParquetWriter(output.handle, stamped) as writer:
+            for table in tables:
+                writer.write_table(table.cast(stamped), row_group_size=ROW_GROUP_ROWS)
+                rows += table.num_rows
+    except BaseException:
+        output.abort()
+        raise
+    output.commit()
+    return rows
+
+
+OPENAI_COLUMNS = [
+    "id",
+    "sample_index",
+    "completion",
+    "finish_reason",
+    "prompt_tokens",
+    "cached_tokens",
+    "completion_tokens",
+    "error",
+    "completion_token_ids",
+    "logprobs",
+    INDEX_COLUMN,
+    KIND_COLUMN,
+    CUSTOM_ID_COLUMN,
+]
+
+
+def write_openai_output(
+    checkpoint: Checkpoint,
+    target: Location,
+    *,
+    model_name: str,
+    tokenizer: Any,
+    overwrite: bool,
+) -> int:
+    """OpenAI Batch output lines, one per input row; returns the line count."""
+    return write_openai_tables(
+        window_tables(checkpoint, OPENAI_COLUMNS),
+        target,
+        model_name=model_name,
+        tokenizer=tokenizer,
+        overwrite=overwrite,
+        created=checkpoint.created,
+    )
+
+
+def write_openai_tables(
+    tables: Iterable[pa.Table],
+    target: Location,
+    *,
+    model_name: str,
+    tokenizer: Any,
+    overwrite: bool,
+    created: int,
+) -> int:
+    """OpenAI Batch output lines from tables of `OPENAI_COLUMNS` in input order."""
+    with OpenAIBatchWriter(target, overwrite=overwrite) as writer:
+        for table in tables:
+            for records in _rows_of(table.to_pylist()):
+                _write_openai_row(writer, records, model_name, tokenizer, created)
+        return writer.lines_written
+
+
+def _rows_of(records: list[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
+    """Consecutive records of the same input row (its samples)."""
+    current: list[dict[str, Any]] = []
+    for record in records:
+        if current and record[INDEX_COLUMN] != current[0][INDEX_COLUMN]:
+            yield current
+            current = []
+        current.append(record)
+    if current:
+        yield current
+
+
+def _write_openai_row(
+    writer: OpenAIBatchWriter,
+    records: list[dict[str, Any]],
+    model_name: str,
+    tokenizer: Any,
+    created: int,
+) -> None:
+    first = records[0]
+    index = first[INDEX_COLUMN]
+    custom_id = first[CUSTOM_ID_COLUMN]
+    if first["finish_reason"] == "error":
+        writer.write_error(custom_id, code="invalid_request", message=first["error"], index=index)
+        return
+    samples = []
+    for record in records:
+        sample: dict[str, Any] = {
+            "text": record["completion"],
+            "finish_reason": record["finish_reason"],
+            "completion_tokens": record["completion_tokens"],
+        }
+        if record["logprobs"] is not None:
+            sample["logprobs"] = record["logprobs"]
+            sample["tokens"] = [tokenizer.decode([t]) for t in record["completion_token_ids"]]
+        samples.append(sample)
+    body = openai_response_body(
+        first[KIND_COLUMN],
+        model_name,
+        samples,
+        first["prompt_tokens"],
+        created,
+        cached_tokens=first["cached_tokens"],
+    )
+    writer.write_response(custom_id, body, index=index)
+
+
+def write_stats(checkpoint: Checkpoint, target: Location, metadata: Mapping[str, str]) -> None:
+    """The stats file; always replaced, since it belongs to the output being written."""
+    try:
+        write_table_at(
+            target, stats_table(checkpoint.stats_by_window()), metadata=metadata, overwrite=True
+        )
+    except OSError as exc:
+        raise OutputError(f"cannot write {target.shown}: {exc.strerror or exc}") from exc
+
+
+def remove_stale_temp_files(target: Location) -> list[str]:
+    """Delete temporary files of `target` left by writers that were killed; returns their
+    names.
+
+    Locally `AtomicFile` names them ``.{name}.tmp-{pid}-{random}``; one whose process is
+    gone can never be committed, and files of a live process are left alone. On an object
+    store (``.{name}.tmp-{random}``: no process to ask) every one goes: the caller holds the
+    output's run lock, and only a run holding it writes this output.
+    """
+    removed: list[str] = []
+    prefix = f".{target.name}.tmp-"
+    for name in target.parent.list_names():
+        if not name.startswith(prefix):
+            continue
+        pid_text = name[len(prefix) :].split("-", 1)[0]
+        stale = not target.is_local or (pid_text.isdigit() and not process_alive(int(pid_text)))
+        if stale:
+            target.sibling(name).delete()
+            removed.append(name)
+    return removed
+
+
+def output_run_id(target: Location) -> str | None:
+    """The run id stamped in a Parquet output's metadata, or None (not ours, not Parquet)."""
+    try:
+        stored = target.read_parquet_schema().metadata or {}
+    except (OSError, pa.ArrowException):
+        return None
+    value = stored.get(RUN_ID_KEY.encode())
+    return value.decode() if value is not None else None

@@ -1,0 +1,103 @@
+"""Result records: the rows checkpoint parts hold, one per (input row, sample).
+
+A part record has every column either output format needs, so the output format can differ
+from the one a checkpoint was started with: the result columns of `io.schemas` (token ids and
+logprobs always included), the kept input columns, and three internal columns with the input
+index, the request kind (chat or completion) and the OpenAI ``custom_id`` (the row id for
+inputs that are not OpenAI batch lines).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from astrai_batch.engine.types import GenerationResult
+from astrai_batch.errors import AstraiBatchError
+from astrai_batch.io import result_schema
+from astrai_batch.jobs.planning.window import PreparedRow
+
+INDEX_COLUMN = "__astrai_row_index"
+KIND_COLUMN = "__astrai_kind"
+CUSTOM_ID_COLUMN = "__astrai_custom_id"
+INTERNAL_FIELDS = (
+    pa.field(INDEX_COLUMN, pa.int64(), nullable=False),
+    pa.field(KIND_COLUMN, pa.string(), nullable=False),
+    pa.field(CUSTOM_ID_COLUMN, pa.string()),
+)
+
+
+def part_schema(kept: pa.Schema) -> pa.Schema:
+    """The schema of checkpoint parts for an input whose keep columns have `kept`'s types."""
+    return pa.schema([*result_schema(True, True, kept), *INTERNAL_FIELDS])
+
+
+def output_schema(kept: pa.Schema, *, save_tokens: bool, logprobs: bool) -> pa.Schema:
+    """The schema of the final Parquet output (a subset of the part schema's columns)."""
+    return result_schema(save_tokens, logprobs, kept)
+
+
+def error_record(row: PreparedRow, message: str) -> dict[str, Any]:
+    """The single record of a failed input row."""
+    return {
+        "id": row.id,
+        "sample_index": 0,
+        "completion": None,
+        "finish_reason": "error",
+        "prompt_tokens": None,
+        "cached_tokens": None,
+        "completion_tokens": None,
+        "prefix_group": row.prefix_group,
+        "error": message,
+        "completion_token_ids": None,
+        "logprobs": None,
+        **row.kept,
+        INDEX_COLUMN: row.index,
+        KIND_COLUMN: row.kind,
+        CUSTOM_ID_COLUMN: row.custom_id,
+    }
+
+
+def row_records(row: PreparedRow, samples: Sequence[GenerationResult]) -> list[dict[str, Any]]:
+    """The records of a finished row: one per sample, or one error record if any failed.
+
+    The engine fails all samples of a request together (a prompt that can never fit), so a
+    row is either wholly generated or wholly failed.
+    """
+    if len(samples) != row.num_samples:
+        raise AstraiBatchError(
+            f"row {row.index} has {len(samples)} samples, expected {row.num_samples}"
+        )
+    failed = next((sample for sample in samples if sample.finish_reason == "error"), None)
+    if failed is not None:
+        return [error_record(row, failed.error or "generation failed")]
+    return [
+        {
+            "id": row.id,
+            "sample_index": sample.sample_index,
+            "completion": sample.text,
+            "finish_reason": sample.finish_reason,
+            "prompt_tokens": sample.prompt_tokens,
+            "cached_tokens": sample.cached_tokens,
+            "completion_tokens": sample.completion_tokens,
+            "prefix_group": row.prefix_group,
+            "error": None,
+            "completion_token_ids": list(sample.token_ids),
+            "logprobs": None if sample.logprobs is None else list(sample.logprobs),
+            **row.kept,
+            INDEX_COLUMN: row.index,
+            KIND_COLUMN: row.kind,
+            CUSTOM_ID_COLUMN: row.custom_id,
+        }
+        for sample in sorted(samples, key=lambda s: s.sample_index)
+    ]
+
+
+def records_table(records: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
+    """Records as a table of the part schema."""
+    try:
+        return pa.Table.from_pylist(records, schema=schema)
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        raise AstraiBatchError(f"result records do not fit the part schema: {exc}") from exc

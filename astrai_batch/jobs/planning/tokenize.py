@@ -1,0 +1,170 @@
+"""Turning input rows into prompt token ids, in batches, with the model's own tokenizer.
+
+- ``prompt`` rows are encoded as they are, with the tokenizer's default special tokens (a
+  BOS where the tokenizer adds one);
+- ``messages`` rows are rendered with the chat template (``add_generation_prompt=True``)
+  and the rendered text is encoded without adding special tokens again, since the template
+  already writes them (this is what vLLM and transformers' own ``tokenize=True`` do). The
+  template also sees the job's ``--chat-template-kwargs`` with the row's own
+  ``chat_template_kwargs`` merged over them (e.g. ``enable_thinking``); a name that is an
+  argument of ``apply_chat_template`` itself (``tokenize``, ``add_generation_prompt``, ...)
+  is refused, since it would change the call rather than reach the template;
+- ``prompt_token_ids`` rows are used unchanged; the engine checks them against the vocab.
+
+`run` and `plan` share this code, so `plan` predicts exactly the prompts `run` sends.
+Encoding is CPU work in Rust; callers run `PromptEncoder.encode` in a worker thread.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from astrai_batch.engine.model.support import has_chat_template, no_chat_template_message
+from astrai_batch.errors import AstraiBatchError, ConfigError
+from astrai_batch.io import InputRow
+
+ENCODE_BATCH_ROWS = 2048
+
+
+@dataclass(frozen=True)
+class Encoding:
+    """The prompt token ids of one row, or why it has none. Exactly one is set."""
+
+    token_ids: tuple[int, ...] | None = None
+    error: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.token_ids is None) == (self.error is None):
+            raise ValueError("exactly one of token_ids and error must be set")
+
+
+def template_call_arguments(tokenizer: Any) -> frozenset[str]:
+    """The named arguments of the tokenizer's ``apply_chat_template``: chat template
+    variables cannot use these names."""
+    method = getattr(tokenizer, "apply_chat_template", None)
+    if method is None:
+        return frozenset()
+    parameters = inspect.signature(method).parameters.values()
+    return frozenset(p.name for p in parameters if p.kind is not inspect.Parameter.VAR_KEYWORD)
+
+
+def reserved_names_message(field_name: str, names: Sequence[str]) -> str | None:
+    if not names:
+        return None
+    listed = ", ".join(repr(name) for name in sorted(names))
+    return f"{field_name} cannot set {listed}: an argument of the chat template call"
+
+
+class PromptEncoder:
+    """Encodes `InputRow`s with one tokenizer; never raises for a bad row.
+
+    `chat_template_kwargs` are the job-wide chat template variables; ConfigError when one
+    of them is an argument of ``apply_chat_template`` itself.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        model_name: str,
+        *,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.model_name = model_name
+        self.has_chat_template = has_chat_template(tokenizer)
+        self._reserved = template_call_arguments(tokenizer)
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        problem = reserved_names_message(
+            "--chat-template-kwargs", [n for n in self.chat_template_kwargs if n in self._reserved]
+        )
+        if problem is not None:
+            raise ConfigError(problem)
+
+    def encode(self, rows: Sequence[InputRow]) -> list[Encoding]:
+        """One `Encoding` per row, in order. Rows that carry an error keep it."""
+        out: list[Encoding] = []
+        for start in range(0, len(rows), ENCODE_BATCH_ROWS):
+            out.extend(self._encode_batch(rows[start : start + ENCODE_BATCH_ROWS]))
+        return out
+
+    def _encode_batch(self, rows: Sequence[InputRow]) -> list[Encoding]:
+        results: list[Encoding | None] = [None] * len(rows)
+        plain: list[tuple[int, str]] = []  # (position, text) encoded with special tokens
+        rendered: list[tuple[int, str]] = []  # chat text: the template wrote the specials
+        for position, row in enumerate(rows):
+            if row.error is not None:
+                results[position] = Encoding(error=row.error)
+            elif row.prompt_token_ids is not None:
+                results[position] = Encoding(token_ids=tuple(row.prompt_token_ids))
+            elif row.prompt is not None:
+                plain.append((position, row.prompt))
+            else:
+                text_or_error = self._render_chat(row)
+                if isinstance(text_or_error, Encoding):
+                    results[position] = text_or_error
+                else:
+                    rendered.append((position, text_or_error))
+        for items, special in ((plain, True), (rendered, False)):
+            for position, encoding in zip(
+                (position for position, _ in items),
+                self._encode_texts([text for _, text in items], special),
+                strict=True,
+            ):
+                results[position] = encoding
+        encoded = [result for result in results if result is not None]
+        if len(encoded) != len(rows):
+            raise AstraiBatchError(f"encoded {len(encoded)} of {len(rows)} rows; this is a bug")
+        return encoded
+
+    def _render_chat(self, row: InputRow) -> str | Encoding:
+        if not self.has_chat_template:
+            return Encoding(error=no_chat_template_message(self.model_name))
+        own = row.chat_template_kwargs or {}
+        problem = reserved_names_message(
+            "chat_template_kwargs", [name for name in own if name in self._reserved]
+        )
+        if problem is not None:
+            return Encoding(error=problem)
+        try:
+            text = self.tokenizer.apply_chat_template(
+                [dict(message) for message in row.messages or ()],
+                add_generation_prompt=True,
+                tokenize=False,
+                **{**self.chat_template_kwargs, **own},
+            )
+        except Exception as exc:  # a template may raise anything (jinja errors, its own checks)
+            return Encoding(error=f"chat template failed: {_one_line(exc)}")
+        if not isinstance(text, str):
+            return Encoding(error=f"chat template returned {type(text).__name__}, not text")
+        return text
+
+    def _encode_texts(self, texts: list[str], add_special_tokens: bool) -> list[Encoding]:
+        if not texts:
+            return []
+        try:
+            batch = self.tokenizer(texts, add_special_tokens=add_special_tokens)["input_ids"]
+        except Exception:
+            # One bad text fails the whole batch; encode one by one to find it.
+            return [self._encode_one(text, add_special_tokens) for text in texts]
+        return [_encoding_of(ids) for ids in batch]
+
+    def _encode_one(self, text: str, add_special_tokens: bool) -> Encoding:
+        try:
+            ids = self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]
+        except Exception as exc:
+            return Encoding(error=f"tokenization failed: {_one_line(exc)}")
+        return _encoding_of(ids)
+
+
+def _encoding_of(ids: Sequence[int]) -> Encoding:
+    if not ids:
+        return Encoding(error="prompt is empty after tokenization")
+    return Encoding(token_ids=tuple(int(token) for token in ids))
+
+
+def _one_line(exc: Exception) -> str:
+    text = " ".join(str(exc).split())
+    return text or type(exc).__name__

@@ -1,0 +1,166 @@
+"""One grouping window: its rows tokenized, given their sampling parameters, and planned.
+
+Windows are aligned on absolute row indices (window k holds rows k*W .. k*W + W - 1 for a
+window of W rows), so a resumed job finds the same windows, plans them the same way and gives
+every row the prefix group an uninterrupted run would have given it.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Collection, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from astrai_batch.engine.sampling.params import SamplingParams
+from astrai_batch.engine.types import GenerationRequest
+from astrai_batch.errors import AstraiBatchError, ConfigError
+from astrai_batch.io import InputRow
+from astrai_batch.jobs.planning.prefix_order import plan_window
+from astrai_batch.jobs.planning.tokenize import PromptEncoder
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedRow:
+    """A row ready to run (`token_ids` and `params` set) or failed (`error` set)."""
+
+    index: int
+    id: str | None  # None: the input row's id was missing or repeated (an error row)
+    custom_id: str | None
+    kind: str  # "chat" | "completion"
+    kept: Mapping[str, Any]
+    token_ids: tuple[int, ...] | None
+    params: SamplingParams | None
+    error: str | None
+    prefix_group: int | None  # None for rows that failed before planning
+
+    def __post_init__(self) -> None:
+        runnable = self.token_ids is not None and self.params is not None
+        if runnable == (self.error is not None):
+            raise ValueError(f"row {self.index}: either token_ids and params, or error")
+
+    @property
+    def num_samples(self) -> int:
+        """How many result samples the engine returns for this row."""
+        return self.params.n if self.params is not None else 0
+
+
+@dataclass(frozen=True)
+class PreparedWindow:
+    """A window's rows in input order and the order in which the runnable ones execute."""
+
+    number: int
+    start: int
+    rows: tuple[PreparedRow, ...]
+    order: tuple[int, ...]  # positions in `rows` of runnable rows, in execution order
+    group_offset: int
+    num_groups: int
+
+    def row(self, index: int) -> PreparedRow:
+        """The row with absolute input index `index`."""
+        position = index - self.start
+        if not 0 <= position < len(self.rows):
+            raise AstraiBatchError(f"row {index} is not in window {self.number}")
+        return self.rows[position]
+
+    def requests(self, skip: Collection[int] = ()) -> Iterator[GenerationRequest]:
+        """The engine requests of runnable rows not in `skip`, in execution order."""
+        for position in self.order:
+            row = self.rows[position]
+            if row.index in skip or row.token_ids is None or row.params is None:
+                continue
+            # seeded by the row id (the row number where the input has none), not its
+            # position: a row keeps its samples when the input is split or reordered
+            yield GenerationRequest(row.index, row.token_ids, row.params, seed_key=row.id)
+
+    def check_invariants(self) -> None:
+        indices = [row.index for row in self.rows]
+        if indices != list(range(self.start, self.start + len(self.rows))):
+            raise AstraiBatchError(
+                f"window {self.number} rows are not consecutive from {self.start}"
+            )
+        runnable = [p for p, row in enumerate(self.rows) if row.error is None]
+        if sorted(self.order) != runnable:
+            raise AstraiBatchError(f"window {self.number} order does not cover its runnable rows")
+        groups = {self.rows[p].prefix_group for p in runnable}
+        if runnable and (
+            min(groups) != self.group_offset
+            or max(groups) != self.group_offset + self.num_groups - 1  # type: ignore[operator]
+        ):
+            raise AstraiBatchError(f"window {self.number} prefix groups are out of range")
+
+
+def read_window(rows: Iterator[InputRow], size: int) -> list[InputRow]:
+    """Up to `size` rows from the stream (fewer only at its end)."""
+    return list(itertools.islice(rows, size))
+
+
+def row_params(base: SamplingParams, overrides: Mapping[str, Any]) -> SamplingParams | str:
+    """The row's sampling parameters, or the row error when an override is invalid."""
+    if not overrides:
+        return base
+    try:
+        return base.replace(**overrides)
+    except ConfigError as exc:
+        return f"invalid sampling parameters: {exc}"
+
+
+def prepare_window(
+    number: int,
+    start: int,
+    input_rows: list[InputRow],
+    *,
+    encoder: PromptEncoder,
+    base_params: SamplingParams,
+    page_size: int,
+    group_offset: int,
+    grouping: bool,
+) -> PreparedWindow:
+    """Tokenize, resolve per-row sampling parameters and plan one window (CPU work: run it
+    in a worker thread). Rows without a ``custom_id`` of their own use their row id as one
+    in OpenAI output; the input guarantees both are unique (`io.row_ids`)."""
+    encodings = encoder.encode(input_rows)
+    staged: list[tuple[InputRow, tuple[int, ...] | None, SamplingParams | None, str | None]] = []
+    for row, encoding in zip(input_rows, encodings, strict=True):
+        if row.index != start + len(staged):
+            raise AstraiBatchError(
+                f"window {number} expected row {start + len(staged)}, got {row.index}"
+            )
+        if encoding.error is not None:
+            staged.append((row, None, None, encoding.error))
+            continue
+        params = row_params(base_params, row.overrides)
+        if isinstance(params, str):
+            staged.append((row, None, None, params))
+        else:
+            staged.append((row, encoding.token_ids, params, None))
+    runnable = [position for position, item in enumerate(staged) if item[3] is None]
+    plan = plan_window(
+        [staged[position][1] or () for position in runnable],
+        page_size=page_size,
+        group_offset=group_offset,
+        enable_grouping=grouping,
+    )
+    group_of = {runnable[p]: plan.prefix_group[p] for p in range(len(runnable))}
+    rows = tuple(
+        PreparedRow(
+            index=row.index,
+            id=row.id,
+            custom_id=row.id if row.custom_id is None else row.custom_id,
+            kind=row.kind,
+            kept=row.kept,
+            token_ids=token_ids,
+            params=params,
+            error=error,
+            prefix_group=group_of.get(position),
+        )
+        for position, (row, token_ids, params, error) in enumerate(staged)
+    )
+    return PreparedWindow(
+        number=number,
+        start=start,
+        rows=rows,
+        order=tuple(runnable[p] for p in plan.order),
+        group_offset=group_offset,
+        num_groups=plan.num_groups,
+    )
