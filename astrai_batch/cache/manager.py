@@ -12,39 +12,11 @@ from collections.abc import Hashable, Sequence
 
 from astrai_batch.cache.allocator import PageAllocator
 from astrai_batch.cache.errors import CacheUsageError, lookup_open
+from astrai_batch.cache.open_request import OpenRequest
 from astrai_batch.cache.prefix_index import PrefixIndex
 from astrai_batch.cache.radix_node import PrefixMatch
 from astrai_batch.cache.stats import CacheStats
 from astrai_batch.checks import require_positive_int
-
-
-class _OpenRequest:
-    """A request's pages by position, and its pinned match over the published leading pages.
-
-    `lookup` holds the (hit, missed) tokens of its `open` until its first successful
-    `reserve`: only then is the request admitted and the lookup counted. `version` changes
-    whenever `pages` does (see `KVCacheManager.pages_version`); `snapshot` is an immutable
-    copy of `pages` taken at `snapshot[0] == version`, so a table that did not change is
-    handed out every step without copying it.
-    """
-
-    __slots__ = ("lookup", "match", "pages", "snapshot", "version")
-
-    def __init__(
-        self,
-        match: PrefixMatch | None,
-        pages: list[int],
-        lookup: tuple[int, int] | None,
-        version: int,
-    ) -> None:
-        self.match = match
-        self.pages = pages
-        self.lookup = lookup
-        self.version = version
-        self.snapshot: tuple[int, tuple[int, ...]] | None = None
-
-    def num_published_pages(self) -> int:
-        return 0 if self.match is None else len(self.match.pages)
 
 
 class KVCacheManager:
@@ -58,7 +30,7 @@ class KVCacheManager:
         self.index: PrefixIndex | None = (
             PrefixIndex(page_size, self.allocator) if enable_prefix_cache else None
         )
-        self._requests: dict[Hashable, _OpenRequest] = {}
+        self._requests: dict[Hashable, OpenRequest] = {}
         self._lookups = 0
         self._hit_tokens = 0
         self._missed_tokens = 0
@@ -106,7 +78,7 @@ class KVCacheManager:
             pages = list(match.pages)
         hit = 0 if match is None else match.num_tokens
         lookup = (hit, len(tokens) - hit) if count_lookup else None
-        self._requests[request_id] = _OpenRequest(match, pages, lookup, self._next_version())
+        self._requests[request_id] = OpenRequest(match, pages, lookup, self._next_version())
         return hit
 
     def cached_prefix_length(self, tokens: Sequence[int], max_cached_tokens: int) -> int:
@@ -277,29 +249,9 @@ class KVCacheManager:
         holders = [0] * self.num_pages
         scratch = self._scratch_page
         for request_id, request in self._requests.items():
-            if len(set(request.pages)) != len(request.pages):
-                raise CacheUsageError(f"request {request_id!r} holds a page twice")
+            request.check_invariants(request_id, self.num_pages, scratch)
             for page in request.pages:
-                if not 0 <= page < self.num_pages:
-                    raise CacheUsageError(f"request {request_id!r} holds unknown page {page}")
-                if page == scratch:
-                    raise CacheUsageError(f"request {request_id!r} holds the scratch page {page}")
                 holders[page] += 1
-            snapshot = request.snapshot
-            current = snapshot is not None and snapshot[0] == request.version
-            if current and list(snapshot[1]) != request.pages:
-                raise CacheUsageError(
-                    f"request {request_id!r} changed its pages without a new version"
-                )
-            match = request.match
-            if match is not None:
-                if not match.active:
-                    raise CacheUsageError(f"request {request_id!r} keeps a released match")
-                if request.pages[: len(match.pages)] != match.pages:
-                    raise CacheUsageError(
-                        f"request {request_id!r} has pages {request.pages} that do not start "
-                        f"with its published pages {match.pages}"
-                    )
         pins = {} if self.index is None else self.index.pin_counts()
         if scratch is not None:
             if scratch in pins:
@@ -330,7 +282,7 @@ class KVCacheManager:
         self._page_table_stamp += 1
         return self._page_table_stamp
 
-    def _request(self, request_id: Hashable) -> _OpenRequest:
+    def _request(self, request_id: Hashable) -> OpenRequest:
         # The calls made for every sequence every step (reserve, publish, pages_and_version)
         # try `self._requests.get(request_id)` first and come here only for the error.
         return lookup_open(self._requests, request_id)

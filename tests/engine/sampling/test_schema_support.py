@@ -21,8 +21,8 @@ from astrai_batch.engine.sampling.constraints import Constraint
 from astrai_batch.engine.sampling.constraints.backend import ConstraintCompileError
 from astrai_batch.engine.sampling.constraints.grammar_cache import GrammarCache
 from astrai_batch.engine.sampling.constraints.schema_disjoint import provably_disjoint
+from astrai_batch.engine.sampling.constraints.schema_keywords import ANNOTATIONS
 from astrai_batch.engine.sampling.constraints.schema_support import (
-    ANNOTATIONS,
     SchemaSupport,
     Unenforced,
     find_unenforced,

@@ -8,9 +8,9 @@ not enforce is refused in its own row instead, naming the keyword and where it i
 pointer): ``json_schema uses "not" at /properties/name, which structured outputs cannot
 enforce``.
 
-The walk knows JSON Schema (which keywords apply to which JSON types, which ones only
-annotate, which values make a keyword a no-op); the backend's `SchemaSupport` says what it
-enforces. It visits every subschema: properties, items, combinators, `$defs` / `definitions`.
+The walk knows JSON Schema through `schema_keywords` (which keywords apply to which JSON
+types, which ones only annotate, which values make a keyword a no-op); the backend's
+`SchemaSupport` says what it enforces. It visits every subschema: properties, items, combinators, `$defs` / `definitions`.
 """
 
 from __future__ import annotations
@@ -19,77 +19,21 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from astrai_batch.engine.sampling.constraints.schema_disjoint import provably_disjoint, value_types
-
-# Keywords that never constrain a value (annotations, identifiers, vocabulary), and the
-# containers of named subschemas (walked on their own, wherever they are).
-ANNOTATIONS = frozenset(
-    [
-        "title",
-        "description",
-        "examples",
-        "default",
-        "deprecated",
-        "readOnly",
-        "writeOnly",
-        "$comment",
-        "$schema",
-        "$id",
-        "$anchor",
-        "$dynamicAnchor",
-        "$vocabulary",
-        "contentEncoding",
-        "contentMediaType",
-        "contentSchema",
-    ]
+from astrai_batch.engine.sampling.constraints.schema_disjoint import provably_disjoint
+from astrai_batch.engine.sampling.constraints.schema_keywords import (
+    ANNOTATIONS,
+    DEFINITIONS,
+    GENERAL_KEYWORDS,
+    ONE_SCHEMA,
+    SCHEMA_LISTS,
+    SCHEMA_MAPS,
+    TYPE_KEYWORDS,
+    escape_pointer,
+    is_no_op,
+    type_keywords,
+    values_typed,
 )
-DEFINITIONS = ("$defs", "definitions")
 
-# The keywords that constrain values of one JSON type and are no-ops for every other type.
-TYPE_KEYWORDS: Mapping[str, frozenset[str]] = {
-    "string": frozenset(["minLength", "maxLength", "pattern", "format"]),
-    "number": frozenset(
-        ["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"]
-    ),
-    "object": frozenset(
-        [
-            "properties",
-            "required",
-            "additionalProperties",
-            "patternProperties",
-            "propertyNames",
-            "minProperties",
-            "maxProperties",
-            "dependentRequired",
-            "dependentSchemas",
-            "dependencies",
-            "unevaluatedProperties",
-        ]
-    ),
-    "array": frozenset(
-        [
-            "items",
-            "prefixItems",
-            "additionalItems",
-            "unevaluatedItems",
-            "contains",
-            "minContains",
-            "maxContains",
-            "minItems",
-            "maxItems",
-            "uniqueItems",
-        ]
-    ),
-}
-# Keywords for values of any type (besides `type` and the combinators of `SchemaSupport.alone`).
-GENERAL_KEYWORDS = frozenset({"not", "if", "then", "else", "$dynamicRef", "$recursiveRef"})
-# Subschema-valued keywords: a single schema, a list of them, or a map of named ones.
-_ONE_SCHEMA = (
-    "additionalProperties", "unevaluatedProperties", "propertyNames", "items",
-    "additionalItems", "unevaluatedItems", "contains", "not", "if", "then", "else",
-)  # fmt: skip
-_SCHEMA_LISTS = ("prefixItems", "anyOf", "oneOf", "allOf")
-_SCHEMA_MAPS = ("properties", "patternProperties", "dependentSchemas")
 _LOWER = ("minimum", "exclusiveMinimum")
 _UPPER = ("maximum", "exclusiveMaximum")
 
@@ -134,7 +78,7 @@ class SchemaSupport:
         if unknown:
             raise ValueError(f"unknown JSON type(s): {', '.join(unknown)}")
         for name, keywords in self.types.items():
-            stray = sorted(keywords - _type_keywords(name))
+            stray = sorted(keywords - type_keywords(name))
             if stray:
                 raise ValueError(f"{name} cannot enforce {', '.join(stray)}")
 
@@ -165,19 +109,19 @@ def _problems(
         return  # `true` / `false`, or a shape error the backend reports itself
     yield from _own_problems(node, pointer, support, root, implied)
     for key in node:
-        if _is_no_op(node, key):
+        if is_no_op(node, key):
             continue  # e.g. `then` without `if`: the schema says nothing there
         value = node[key]
-        here = f"{pointer}/{_escape(key)}"
-        if key in _ONE_SCHEMA:
+        here = f"{pointer}/{escape_pointer(key)}"
+        if key in ONE_SCHEMA:
             implied_here = "string" if key == "propertyNames" else None
             yield from _problems(value, here, support, root, implied_here)
-        elif key in _SCHEMA_LISTS and isinstance(value, list):
+        elif key in SCHEMA_LISTS and isinstance(value, list):
             for i, item in enumerate(value):
                 yield from _problems(item, f"{here}/{i}", support, root)
-        elif (key in _SCHEMA_MAPS or key in DEFINITIONS) and isinstance(value, dict):
+        elif (key in SCHEMA_MAPS or key in DEFINITIONS) and isinstance(value, dict):
             for name, item in value.items():
-                yield from _problems(item, f"{here}/{_escape(name)}", support, root)
+                yield from _problems(item, f"{here}/{escape_pointer(name)}", support, root)
 
 
 def _own_problems(
@@ -185,7 +129,7 @@ def _own_problems(
 ) -> Iterator[Unenforced]:
     """The keywords of this schema object itself (not of its subschemas)."""
     keywords = [k for k in node if k not in ANNOTATIONS and k not in DEFINITIONS]
-    keywords = [k for k in keywords if not _is_no_op(node, k)]
+    keywords = [k for k in keywords if not is_no_op(node, k)]
     sole = next((k for k in support.alone if k in node), None)
     if sole is not None:
         yield from _beside(node, sole, keywords, pointer)
@@ -202,7 +146,7 @@ def _own_problems(
         return
     for key in keywords:
         for name in types:
-            if key in _type_keywords(name) and key not in support.types.get(name, ()):
+            if key in type_keywords(name) and key not in support.types.get(name, ()):
                 yield Unenforced(f'"{key}"', pointer)
                 break
     if "string" in types:
@@ -215,7 +159,7 @@ def _own_problems(
 
 def _beside(node: dict, sole: str, keywords: list[str], pointer: str) -> Iterator[Unenforced]:
     for key in keywords:
-        if key == sole or (key == "type" and sole in ("const", "enum") and _values_typed(node)):
+        if key == sole or (key == "type" and sole in ("const", "enum") and values_typed(node)):
             continue
         yield Unenforced(f'"{key}" beside "{sole}"', pointer)
 
@@ -288,39 +232,3 @@ def _types(node: dict, support: SchemaSupport) -> tuple[str, ...] | None:
         return tuple(t for t in declared if isinstance(t, str))
     inferred = next((t for k, t in support.inferred.items() if k in node), None)
     return None if inferred is None else (inferred,)
-
-
-def _is_no_op(node: dict, key: str) -> bool:
-    """Keywords whose value, or whose missing partner, makes them change nothing."""
-    if key == "uniqueItems":
-        return node[key] is False
-    if key == "if":
-        return "then" not in node and "else" not in node
-    if key in ("then", "else"):
-        return "if" not in node
-    if key in ("minContains", "maxContains"):
-        return "contains" not in node
-    if key == "additionalItems":  # only beside the tuple form of `items` (draft 7)
-        return not isinstance(node.get("items"), list)
-    return False
-
-
-def _values_typed(node: dict) -> bool:
-    """True when every `const` / `enum` value has the schema's `type` (then `type` adds
-    nothing: the backend generates only those values)."""
-    declared = node.get("type")
-    listed = declared if isinstance(declared, list) else [declared]
-    names = {name for name in listed if isinstance(name, str)}
-    values = [node["const"]] if "const" in node else node.get("enum")
-    if not isinstance(values, list):
-        return False
-    return all(value_types(value) & names for value in values)
-
-
-def _type_keywords(type_name: str) -> frozenset[str]:
-    """The keywords that apply to a JSON type (integers take the number keywords)."""
-    return TYPE_KEYWORDS.get("number" if type_name == "integer" else type_name, frozenset())
-
-
-def _escape(key: str) -> str:
-    return str(key).replace("~", "~0").replace("/", "~1")

@@ -19,7 +19,8 @@ from astrai_batch.engine.sampling.constraints.backend import (
     ConstraintCompileError,
     Matcher,
 )
-from astrai_batch.engine.sampling.constraints.schema_support import TYPE_KEYWORDS, SchemaSupport
+from astrai_batch.engine.sampling.constraints.schema_keywords import TYPE_KEYWORDS
+from astrai_batch.engine.sampling.constraints.schema_support import SchemaSupport
 from astrai_batch.engine.sampling.constraints.spec import Constraint
 from astrai_batch.errors import ModelLoadError
 
