@@ -10,7 +10,8 @@ enforce``.
 
 The walk knows JSON Schema through `schema_keywords` (which keywords apply to which JSON
 types, which ones only annotate, which values make a keyword a no-op); the backend's
-`SchemaSupport` says what it enforces. It visits every subschema: properties, items, combinators, `$defs` / `definitions`.
+`SchemaSupport` says what it enforces. It visits every subschema: properties, items,
+combinators, `$defs` / `definitions`.
 """
 
 from __future__ import annotations
