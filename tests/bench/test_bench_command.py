@@ -21,7 +21,7 @@ from astrai_batch.cli import main
 from astrai_batch.engine import load_tokenizer
 from astrai_batch.jobs.planning.prefix_stats import ideal_prefix_stats
 
-# The columns README documents for the results file, in order.
+# The columns docs/bench.md documents for the results file, in order.
 DOCUMENTED_COLUMNS = (
     "started_at",
     "system",

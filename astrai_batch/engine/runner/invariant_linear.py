@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-DEFAULT_TILE_ROWS = 128  # measured on SmolLM2: see README "Batch-invariant numerics"
+DEFAULT_TILE_ROWS = 128  # measured on SmolLM2: see docs/numerics.md
 
 
 class RowTiledLinear(nn.Module):
