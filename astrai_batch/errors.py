@@ -37,3 +37,8 @@ class CacheCapacityError(AstraiBatchError):
 
 class JobAbortedError(AstraiBatchError):
     """The job stopped on purpose, e.g. more failed rows than --max-errors allows."""
+
+
+class NumericsUnavailableError(AstraiBatchError):
+    """Batch-invariant numerics cannot be kept on this machine (its BLAS gives no invariant
+    GEMM shape); `--fast-numerics` runs anyway."""

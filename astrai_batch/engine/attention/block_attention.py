@@ -14,9 +14,10 @@ its generated tokens as a prefill), wherever its chunk starts. So for every quer
    query's sum is the same sequence of float additions however its blocks were computed.
 
 GEMM rows never interact, and the BLAS's result for a row does not depend on the row count
-for a fixed reduction length of one head dimension or one block (`tests/engine/
-test_invariant_kernels.py` checks this on the machine it runs on); one-row GEMMs are avoided
-because they take the BLAS's matrix-vector path, which sums in another order.
+for a fixed reduction length of one head dimension or one block, once the count is one the
+BLAS treats like a large one: small GEMMs are padded with zero rows as the step's
+`gemm_rows` scheme says (probed at engine start on the CPU, `engine/blas_rows.py`; MKL on
+AMD Zen 4 computes the trailing rows of 1-3, 5-7 and 9-11-row GEMMs with other kernels).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import torch
 
 from astrai_batch.engine.attention.block_plan import BlockBatch, BlockRun
+from astrai_batch.engine.blas_rows import pad_gemm_rows
 
 NEG = float("-inf")
 
@@ -48,7 +50,7 @@ def block_attention(
         run_scores.append(scores)
     if units.rows.numel():
         keys = batch.gatherer.gather("key", k_cache, units.page_tables, batch.page_size)
-        a = rows_at_least_two(qg.index_select(0, units.rows))  # [U, Hkv, G', D]
+        a = pad_gemm_rows(qg.index_select(0, units.rows), batch.gemm_rows)  # [U, Hkv, G', D]
         unit_scores = torch.matmul(a, keys.permute(0, 2, 3, 1).to(a.dtype))
         unit_scores = unit_scores.float()[:, :, :group].mul_(scale)
         unit_scores.masked_fill_(units.masked_keys(batch.block_tokens), NEG)
@@ -74,7 +76,7 @@ def block_attention(
         vals = batch.gatherer.gather("value", v_cache, units.page_tables, batch.page_size)
         probs = unit_scores.sub_(row_max.index_select(0, units.rows).unsqueeze(-1)).exp_()
         sums = probs.sum(dim=-1)  # [U, Hkv, G]
-        p = rows_at_least_two(probs)
+        p = pad_gemm_rows(probs, batch.gemm_rows)
         out = torch.matmul(p.to(vals.dtype), vals.permute(0, 2, 1, 3)).float()[:, :, :group]
         starts = units.block_starts
         for b in range(len(starts) - 1):  # block order: one addition per block and row
@@ -92,8 +94,9 @@ def _run_scores(
     n = run.rows.shape[0]
     _, kv_heads, group, dim = qg.shape
     keys = batch.gatherer.gather("run_key", k_cache, run.page_table, batch.page_size)[0]
-    a = rows_at_least_two(
-        qg.index_select(0, run.rows).permute(1, 0, 2, 3).reshape(kv_heads, 1, n * group, dim)
+    a = pad_gemm_rows(
+        qg.index_select(0, run.rows).permute(1, 0, 2, 3).reshape(kv_heads, 1, n * group, dim),
+        batch.gemm_rows,
     )
     b = keys.view(run.num_blocks, batch.block_tokens, kv_heads, dim).permute(2, 0, 3, 1)
     s = torch.matmul(a, b.to(a.dtype)).float()[:, :, : n * group].mul_(scale)
@@ -108,16 +111,10 @@ def _run_values(probs: torch.Tensor, v_cache: torch.Tensor, run: BlockRun, batch
     _, _, kv_heads, group, block = probs.shape
     vals = batch.gatherer.gather("run_value", v_cache, run.page_table, batch.page_size)[0]
     width = vals.shape[-1]
-    p = rows_at_least_two(
-        probs.permute(1, 2, 0, 3, 4).reshape(run.num_blocks, kv_heads, n * group, block)
+    p = pad_gemm_rows(
+        probs.permute(1, 2, 0, 3, 4).reshape(run.num_blocks, kv_heads, n * group, block),
+        batch.gemm_rows,
     )
     v = vals.view(run.num_blocks, block, kv_heads, width).permute(0, 2, 1, 3)
     o = torch.matmul(p.to(v.dtype), v).float()[:, :, : n * group]  # [blocks, Hkv, n * G, Dv]
     return o.view(run.num_blocks, kv_heads, n, group, width).permute(2, 0, 1, 3, 4)
-
-
-def rows_at_least_two(x: torch.Tensor) -> torch.Tensor:
-    """Pads the GEMM row axis (-2) to two rows with zeros when it has one."""
-    if x.shape[-2] >= 2:
-        return x
-    return torch.cat([x, torch.zeros_like(x)], dim=-2)

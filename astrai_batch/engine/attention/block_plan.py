@@ -24,6 +24,7 @@ import torch
 
 from astrai_batch.engine.attention.cascade import partition_rows
 from astrai_batch.engine.attention.page_gather import PageGatherer
+from astrai_batch.engine.blas_rows import ROWS_AT_LEAST_TWO, RowScheme
 
 BLOCK_TARGET_TOKENS = 64  # a block is the smallest whole number of pages holding this many
 # A prefill chunk's rows are split into runs of this many blocks of positions, each reading
@@ -81,6 +82,7 @@ class BlockBatch(NamedTuple):
     runs: list[BlockRun]
     units: PrivateUnits
     gatherer: PageGatherer  # the runner's reusable gather buffers
+    gemm_rows: RowScheme = ROWS_AT_LEAST_TWO  # how small GEMMs are padded (`blas_rows`)
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ from astrai_batch.engine.attention.block_plan import block_tokens_for
 from astrai_batch.engine.attention.paged_attention import BATCH_KWARG
 from astrai_batch.engine.attention.static_decode import StaticDecodeBatch
 from astrai_batch.engine.attention.step_arrays import StepArrays, to_device
+from astrai_batch.engine.blas_rows import ROWS_AT_LEAST_TWO, RowScheme
 from astrai_batch.engine.runner.forward_timer import ForwardTimer
 from astrai_batch.engine.runner.graph_buckets import GraphBuckets
 from astrai_batch.errors import ConfigError
@@ -87,7 +88,13 @@ class DecodeGraphs:
     """Decode-only steps at bucketed shapes, captured as CUDA graphs (or run eagerly)."""
 
     def __init__(
-        self, model: torch.nn.Module, pool: KVPool, spec: GraphSpec, *, invariant: bool
+        self,
+        model: torch.nn.Module,
+        pool: KVPool,
+        spec: GraphSpec,
+        *,
+        invariant: bool,
+        gemm_rows: RowScheme = ROWS_AT_LEAST_TWO,
     ) -> None:
         self.device = pool.key_cache[0].device
         if spec.capture and self.device.type != "cuda":
@@ -98,6 +105,7 @@ class DecodeGraphs:
         self.pool = pool
         self.spec = spec
         self.invariant = invariant
+        self.gemm_rows = gemm_rows
         self.page_size = pool.page_size
         self.block_tokens = block_tokens_for(pool.page_size)
         self.pages_per_block = self.block_tokens // pool.page_size
@@ -202,6 +210,7 @@ class DecodeGraphs:
             page_tables=tables,
             longest_context=min(width * self.block_tokens, self.spec.max_context),
             invariant=self.invariant,
+            gemm_rows=self.gemm_rows,
         )
 
         def forward() -> torch.Tensor:

@@ -1,11 +1,12 @@
 """Linear layers whose per-row result never depends on the other rows of the step.
 
-A CPU GEMM picks its blocking (and with it the order in which a row's products are summed)
-from the matrix sizes, among them M, the number of rows: the step's token count. The same
-token then gets last-bit-different activations in a step of 7 tokens and in a step of 300,
-and a sampled token near a boundary of the distribution flips. Here every projection runs
-as a sequence of GEMMs of exactly `tile_rows` rows (the last tile padded with zeros), so the
-kernel sees one shape whatever the step holds, and rows never interact inside a GEMM.
+A CPU GEMM picks its micro-kernels (and with them the order in which a row's products are
+summed) partly from M, the number of rows: the step's token count. The same token could then
+get last-bit-different activations in a step of 7 tokens and in a step of 300, and a sampled
+token near a boundary of the distribution would flip. Every projection therefore runs M rows
+the way a `RowScheme` says (`blas_rows`): on the CPU, measured at engine start, small steps
+padded with zero rows to an M the BLAS treats like any large one and every other step as one
+GEMM; elsewhere (no probe there yet) GEMMs of exactly `DEFAULT_TILE_ROWS` rows.
 """
 
 from __future__ import annotations
@@ -13,22 +14,37 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-DEFAULT_TILE_ROWS = 128  # measured on SmolLM2: see docs/numerics.md
+from astrai_batch.engine.blas_rows import (
+    DEFAULT_MAX_ROWS,
+    Gemm,
+    RowScheme,
+    linear_shapes,
+    plain_gemm,
+    probe_row_scheme,
+)
+
+DEFAULT_TILE_ROWS = 128  # the scheme off the CPU, where no probe runs
 
 
 class RowTiledLinear(nn.Module):
-    """`nn.Linear` computed in fixed-size row tiles; shares the wrapped layer's parameters."""
+    """`nn.Linear` computed by a `RowScheme`; shares the wrapped layer's parameters."""
 
-    def __init__(self, linear: nn.Linear, tile_rows: int) -> None:
+    def __init__(self, linear: nn.Linear, scheme: RowScheme | int) -> None:
         super().__init__()
-        if tile_rows < 2:
-            # one-row GEMMs go to the BLAS's matrix-vector kernel, a different reduction
-            raise ValueError(f"tile_rows must be >= 2, got {tile_rows}")
+        if isinstance(scheme, int):
+            if scheme < 2:
+                # one-row GEMMs go to the BLAS's matrix-vector kernel, a different reduction
+                raise ValueError(f"tile_rows must be >= 2, got {scheme}")
+            scheme = RowScheme.tiles(scheme)
         self.weight = linear.weight
         self.bias = linear.bias
         self.in_features = linear.in_features
         self.out_features = linear.out_features
-        self.tile_rows = tile_rows
+        self.scheme = scheme
+
+    @property
+    def tile_rows(self) -> int:
+        return self.scheme.max_rows
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
@@ -36,38 +52,54 @@ class RowTiledLinear(nn.Module):
         if not rows.is_contiguous():
             rows = rows.contiguous()
         n = rows.shape[0]
-        tile = self.tile_rows
+        scheme = self.scheme
+        if scheme.min_rows <= n <= scheme.max_rows:  # the common case: one GEMM, no copy
+            return self._gemm(rows).view(*lead, self.out_features)
         out = rows.new_empty(n, self.out_features)
-        full = n - n % tile
-        for start in range(0, full, tile):
-            self._tile(rows[start : start + tile], out[start : start + tile])
-        if full < n:  # the last rows go through a zero-padded tile of the same shape
-            staged = rows.new_zeros(tile, self.in_features)
-            staged[: n - full] = rows[full:]
-            result = rows.new_empty(tile, self.out_features)
-            self._tile(staged, result)
-            out[full:] = result[: n - full]
+        step = scheme.max_rows
+        start = 0
+        while n - start >= scheme.min_rows:
+            stop = min(n, start + step)
+            out[start:stop] = self._gemm(rows[start:stop])
+            start = stop
+        if start < n:  # the last rows go through a zero-padded GEMM of an invariant size
+            staged = rows.new_zeros(scheme.pad_to[n - start], self.in_features)
+            staged[: n - start] = rows[start:]
+            out[start:] = self._gemm(staged)[: n - start]
         return out.view(*lead, self.out_features)
 
-    def _tile(self, rows: torch.Tensor, out: torch.Tensor) -> None:
-        # inference only: the tile is written in place (out=), which autograd refuses
-        weight_t = self.weight.detach().t()
-        if self.bias is None:
-            torch.mm(rows, weight_t, out=out)
-        else:
-            torch.addmm(self.bias.detach(), rows, weight_t, out=out)
+    def _gemm(self, rows: torch.Tensor) -> torch.Tensor:
+        bias = None if self.bias is None else self.bias.detach()
+        return plain_gemm(rows, self.weight.detach(), bias)
 
     def extra_repr(self) -> str:
-        return f"in={self.in_features}, out={self.out_features}, tile_rows={self.tile_rows}"
+        return f"in={self.in_features}, out={self.out_features}, {self.scheme.describe()}"
 
 
-def set_row_tiling(model: nn.Module, tiled: bool, tile_rows: int = DEFAULT_TILE_ROWS) -> int:
+def row_scheme_for(
+    model: nn.Module, max_rows: int = DEFAULT_MAX_ROWS, gemm: Gemm = plain_gemm
+) -> RowScheme:
+    """The probed scheme for `model`'s linear shapes on its device (CPU), else fixed tiles.
+
+    Raises NumericsUnavailableError when the BLAS gives no invariant row count."""
+    param = next(model.parameters(), None)
+    if param is None or param.device.type != "cpu":
+        return RowScheme.tiles(DEFAULT_TILE_ROWS)
+    return probe_row_scheme(linear_shapes(model), max_rows, gemm, param.dtype)
+
+
+def set_row_tiling(model: nn.Module, tiled: bool, tile_rows: int | RowScheme | None = None) -> int:
     """Swaps every plain `nn.Linear` of `model` for a `RowTiledLinear` (or back); returns how
     many layers were swapped. A model serves one engine at a time, in either mode.
+    `tile_rows`: a fixed tile size or scheme; None probes the BLAS (`row_scheme_for`).
 
     Subclasses of nn.Linear (quantized or otherwise special layers) are left alone: their
     forward is not the plain GEMM this module reproduces.
     """
+    if tiled and tile_rows is None:
+        if not any(type(m) is nn.Linear for m in model.modules()):
+            return 0
+        tile_rows = row_scheme_for(model)
     swapped = 0
     for name, module in list(model.named_modules()):
         if not name:

@@ -17,6 +17,7 @@ import torch
 
 from astrai_batch.cache.kv_pool import KVPool
 from astrai_batch.engine.attention.block_plan import (
+    RUN_SEGMENT_BLOCKS,
     BlockBatch,
     DecodeRows,
     QuerySpan,
@@ -38,9 +39,10 @@ from astrai_batch.engine.attention.paged_attention import (
     register_paged_attention,
 )
 from astrai_batch.engine.attention.step_arrays import StepArrays, to_device
+from astrai_batch.engine.blas_rows import ROWS_AT_LEAST_TWO, attention_row_scheme
 from astrai_batch.engine.runner.decode_graphs import DecodeGraphs, GraphSpec
 from astrai_batch.engine.runner.forward_timer import ForwardTimer
-from astrai_batch.engine.runner.invariant_linear import set_row_tiling
+from astrai_batch.engine.runner.invariant_linear import row_scheme_for, set_row_tiling
 from astrai_batch.engine.runner.step_buffers import StepBuffers
 
 
@@ -98,7 +100,13 @@ class ModelRunner:
             raise ValueError("an attention kernel does not keep invariant numerics: use 'fast'")
         register_paged_attention()
         model.set_attn_implementation(ATTENTION_NAME)
-        set_row_tiling(model, numerics == "invariant")
+        # the BLAS's invariant GEMM row counts, probed once (raises where there are none)
+        self.gemm_rows = ROWS_AT_LEAST_TWO
+        if numerics == "invariant":
+            set_row_tiling(model, True, row_scheme_for(model))
+            self.gemm_rows = _attention_rows(model, pool)
+        else:
+            set_row_tiling(model, False)
         self.numerics = numerics
         self.model = model
         self.pool = pool
@@ -111,7 +119,9 @@ class ModelRunner:
         self.decode_graphs = (
             None
             if graphs is None
-            else DecodeGraphs(model, pool, graphs, invariant=numerics == "invariant")
+            else DecodeGraphs(
+                model, pool, graphs, invariant=numerics == "invariant", gemm_rows=self.gemm_rows
+            )
         )
 
     @torch.inference_mode()
@@ -203,6 +213,7 @@ class ModelRunner:
             runs=runs,
             units=units,
             gatherer=self.gatherer,
+            gemm_rows=self.gemm_rows,
         )
 
     def _kernel_batch(self, step: StepArrays) -> KernelBatch:
@@ -250,3 +261,16 @@ class ModelRunner:
             key_mask=to_device(key_mask, device).view(len(rest), 1, 1, -1),
         )
         return decode, cascade
+
+
+def _attention_rows(model: torch.nn.Module, pool: KVPool):
+    """The block attention's GEMM row scheme, probed up to its largest GEMM: a prefill run
+    segment's rows or 1024 cascade members, times the query heads per KV head."""
+    kv_heads, head_dim = pool.key_cache[0].shape[1:]
+    group = model.config.num_attention_heads // kv_heads
+    block = block_tokens_for(pool.page_size)
+    max_rows = group * max(RUN_SEGMENT_BLOCKS * block, 1024)
+    value_dim = pool.value_cache[0].shape[-1]
+    return attention_row_scheme(
+        head_dim, value_dim, block, max_rows, pool.key_cache[0].device, pool.key_cache[0].dtype
+    )

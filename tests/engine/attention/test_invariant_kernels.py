@@ -7,18 +7,37 @@ import torch
 from torch import nn
 
 from astrai_batch.engine.attention.block_plan import block_tokens_for
-from astrai_batch.engine.runner.invariant_linear import RowTiledLinear, set_row_tiling
+from astrai_batch.engine.blas_rows import (
+    RowScheme,
+    attention_row_scheme,
+    pad_gemm_rows,
+    probe_row_scheme,
+)
+from astrai_batch.engine.runner.invariant_linear import (
+    RowTiledLinear,
+    row_scheme_for,
+    set_row_tiling,
+)
+from astrai_batch.errors import NumericsUnavailableError
 
 
 @pytest.mark.parametrize("bias", [False, True])
-def test_tiled_linear_row_ignores_count_position_and_neighbours(bias):
+@pytest.mark.parametrize("scheme", ["tiles of 8", "probed"])
+def test_tiled_linear_row_ignores_count_position_and_neighbours(bias, scheme):
+    """Covers the scheme the engine runs (probed on this machine's BLAS, at these shapes)
+    and fixed tiles; 600 rows pass the probed scheme's one-GEMM limit of 512."""
     torch.manual_seed(0)
     linear = nn.Linear(96, 80, bias=bias)
-    tiled = RowTiledLinear(linear, tile_rows=8)
+    if scheme == "probed":
+        tiled = RowTiledLinear(linear, row_scheme_for(nn.Sequential(linear)))
+        counts = (*range(1, 20), 31, 64, 200, 511, 512, 513, 600)
+    else:
+        tiled = RowTiledLinear(linear, 8)
+        counts = (1, 2, 7, 8, 9, 17, 64)
     row = torch.randn(96)
     results = []
     with torch.inference_mode():
-        for count in (1, 2, 7, 8, 9, 17, 64):
+        for count in counts:
             for position in {0, count // 2, count - 1}:
                 batch = torch.randn(1, count, 96) * 10
                 batch[0, position] = row
@@ -40,22 +59,25 @@ def test_row_tiling_swaps_plain_linears_and_back():
 
 def test_tile_rows_below_two_is_refused():
     with pytest.raises(ValueError, match="tile_rows must be >= 2, got 1"):
-        RowTiledLinear(nn.Linear(2, 2), tile_rows=1)
+        RowTiledLinear(nn.Linear(2, 2), 1)
 
 
 @pytest.mark.parametrize(("k", "n"), [(64, 64), (64, 128), (128, 64), (32, 64), (64, 32)])
 def test_blas_rows_do_not_depend_on_row_count(k, n):
     """What the block attention relies on: for a reduction over one head (k = head_dim) or
-    one key block (k = block), a GEMM row's result is the same for any row count >= 2. If a
-    BLAS breaks this, batch invariance breaks with it, and this test says so first."""
+    one key block (k = block), a GEMM row's result is the same for any row count once small
+    counts are padded as the probed scheme says (on MKL / AMD Zen 4 a 2- or 3-row GEMM's
+    rows differ from the same rows in a larger one, so padding to 2 rows is not enough). If
+    a BLAS breaks this, batch invariance breaks with it, and this test says so first."""
     torch.manual_seed(1)
+    scheme = attention_row_scheme(k, n, n, 1024, torch.device("cpu"), torch.float32)
     b = torch.randn(k, n)
     a = torch.randn(1024, k)
-    first = (a[:2] @ b)[0]
-    for m in (3, 6, 9, 48, 64, 200, 1024):
-        assert torch.equal((a[:m] @ b)[0], first), f"row 0 differs with {m} rows"
-    batched = torch.matmul(a[:6].view(2, 3, k), b.expand(2, k, n))[0, 0]
-    assert torch.equal(batched, first)
+    first = (a @ b)[0]
+    for m in (1, 2, 3, 5, 6, 9, 11, 48, 64, 200, 1024):
+        assert torch.equal((pad_gemm_rows(a[:m], scheme) @ b)[0], first), f"{m} rows"
+    batched = torch.matmul(pad_gemm_rows(a[:6].view(2, 3, k), scheme), b.expand(2, k, n))
+    assert torch.equal(batched[0, 0], first)
 
 
 def test_block_is_whole_pages_of_at_least_64_tokens():
@@ -63,3 +85,48 @@ def test_block_is_whole_pages_of_at_least_64_tokens():
     assert block_tokens_for(8) == 64
     assert block_tokens_for(24) == 72
     assert block_tokens_for(128) == 128
+
+
+def split_k_at(rule):
+    """A real GEMM whose reduction order depends on M: the K products are summed in two
+    parts cut at `rule(M)`, so rows of two row counts with different cuts differ in bits."""
+
+    def gemm(a, weight, bias):
+        cut = rule(a.shape[0])
+        out = a[:, :cut] @ weight[:, :cut].t() + a[:, cut:] @ weight[:, cut:].t()
+        return out if bias is None else out + bias
+
+    return gemm
+
+
+def test_probe_pads_small_counts_when_only_large_ones_are_invariant():
+    scheme = probe_row_scheme([(64, 32, False)], max_rows=40, gemm=split_k_at(lambda m: min(m, 12)))
+    assert scheme == RowScheme(min_rows=12, max_rows=40, pad_to=(0, *[12] * 11))
+
+
+def test_probe_falls_back_to_tiles_when_large_counts_are_not_invariant():
+    # the reference (48 rows) cuts at 1, as every multiple of 8 does: GEMMs of 40 rows, the
+    # last one padded to the next multiple of 8
+    scheme = probe_row_scheme([(64, 32, True)], max_rows=40, gemm=split_k_at(lambda m: 1 + m % 8))
+    pad_to = [0] + [8 * -(-m // 8) for m in range(1, 40)]
+    assert scheme == RowScheme(min_rows=40, max_rows=40, pad_to=tuple(pad_to))
+
+
+def test_probe_refuses_invariant_numerics_when_no_row_count_is_invariant():
+    model = nn.Sequential(nn.Linear(64, 32), nn.Linear(32, 64))
+    with pytest.raises(NumericsUnavailableError) as caught:
+        row_scheme_for(model, max_rows=16, gemm=split_k_at(lambda m: m))
+    assert str(caught.value) == (
+        f"batch-invariant numerics are unavailable here: torch {torch.__version__}'s BLAS "
+        "gives no GEMM row count whose rows are independent of it (K x N 32 x 64); "
+        "run with --fast-numerics"
+    )
+
+
+def test_probe_on_this_machine_finds_a_scheme_for_the_model_shapes():
+    """SmolLM2-135M's projections and the tiny models' (both with and without bias)."""
+    shapes = [(576, 576, False), (576, 192, False), (576, 1536, False), (1536, 576, False)]
+    shapes += [(576, 49152, False), (64, 64, True), (64, 32, True), (64, 128, False)]
+    scheme = probe_row_scheme(shapes)
+    assert scheme.max_rows == 512
+    assert scheme.min_rows <= 16, scheme.describe()

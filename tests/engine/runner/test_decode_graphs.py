@@ -31,6 +31,7 @@ from astrai_batch.engine.attention.block_plan import (
 )
 from astrai_batch.engine.attention.page_gather import PageGatherer
 from astrai_batch.engine.attention.static_decode import StaticDecodeBatch, static_decode_attention
+from astrai_batch.engine.blas_rows import attention_row_scheme
 from astrai_batch.engine.core import EngineCore
 from astrai_batch.engine.model.loader import load_model
 from astrai_batch.engine.runner.decode_graphs import GraphSpec, resolve_cuda_graphs
@@ -166,7 +167,11 @@ def test_static_attention_is_block_attention_bitwise(q_heads, kv_heads):
         spans = [QuerySpan(i, pos, 1, table) for i, (pos, table) in enumerate(decodes)]
         runs, units = plan_blocks(spans, PAGE, True, torch.device("cpu"))
         gatherer = PageGatherer()
-        eager = BlockBatch(keys, values, PAGE, block, torch.zeros(0), 0, runs, units, gatherer)
+        # the padding of small GEMMs the runner probes (two rows are not enough on every BLAS)
+        rows = attention_row_scheme(dim, dim, block, 1024, torch.device("cpu"), torch.float32)
+        eager = BlockBatch(
+            keys, values, PAGE, block, torch.zeros(0), 0, runs, units, gatherer, rows
+        )
         q = torch.randn(count, q_heads, dim)
         expected = block_attention(q, keys[0], values[0], eager, 0.3)
         width = blocks * (block // PAGE)
@@ -177,7 +182,7 @@ def test_static_attention_is_block_attention_bitwise(q_heads, kv_heads):
             tables[i, : len(table)] = torch.tensor(table)
             positions[i] = pos
         static = StaticDecodeBatch(
-            keys, values, PAGE, block, blocks, torch.zeros(padded), positions, tables, 0, True
+            keys, values, PAGE, block, blocks, torch.zeros(padded), positions, tables, 0, True, rows
         )
         q_padded = torch.cat([q, torch.randn(padded - count, q_heads, dim)])
         got = static_decode_attention(q_padded, keys[0], values[0], static, 0.3)

@@ -1,0 +1,163 @@
+"""Which GEMM row counts give a row the same bits whatever the count: a probe of the BLAS.
+
+A CPU BLAS sums a row's K products in an order set by its K blocking, which does not depend
+on M, the row count, except where M is small: MKL (torch's CPU BLAS, measured on AMD Zen 4)
+computes the trailing rows of M = 1-3, 5-7 and 9-11 with other micro-kernels, and every row
+of every M >= 12 (and of M = 4, 8) equals the same row inside M = 2048, at any position.
+Another BLAS or CPU may differ, so the engine measures it at start, on the model's own K x N
+shapes, and picks the cheapest invariant scheme (`RowScheme`): small steps padded to the
+next invariant M, one GEMM for the rest; tiles of one invariant M if large M are not
+invariant; none (the engine refuses invariant numerics) when no M is.
+
+The probe samples M (every M up to `SMALL_ROWS`, then a spread up to `max_rows`) and, for
+each, the rows at several offsets of one random matrix (a row block may depend on its
+position), against the rows of one `max_rows`-row GEMM. `scripts/probe_blas_rows.py` runs
+the exhaustive sweep (every M from 1 to 2048).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from astrai_batch.errors import NumericsUnavailableError
+
+Gemm = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
+
+SMALL_ROWS = 32  # every M up to this is probed: the small-M paths live here
+LARGE_ROWS = (33, 64, 100, 127, 128, 129, 255, 300, 511)
+PROBE_COLUMNS = 768  # wider outputs are probed on this many (a row's sum runs over K)
+DEFAULT_MAX_ROWS = 512  # steps with more rows run in GEMMs of this many
+
+
+def plain_gemm(rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
+    """The GEMM the invariant linear layers run (and the probe measures): 2-D `F.linear`."""
+    return F.linear(rows, weight, bias)
+
+
+@dataclass(frozen=True)
+class RowScheme:
+    """How a linear layer runs M rows so that each row's bits never depend on M.
+
+    M < `min_rows`: padded with zero rows to `pad_to[M]`; `min_rows` <= M <= `max_rows`: one
+    GEMM; larger: GEMMs of `max_rows` rows, a remainder below `min_rows` padded.
+    Tiles (`min_rows == max_rows`) are the fallback where large M are not invariant.
+    """
+
+    min_rows: int
+    max_rows: int
+    pad_to: tuple[int, ...]  # pad_to[m] for 1 <= m < min_rows; index 0 unused
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_rows <= self.max_rows:
+            raise ValueError(f"need 1 <= min_rows <= max_rows, got {self}")
+        if len(self.pad_to) != self.min_rows:
+            raise ValueError(f"pad_to needs {self.min_rows} entries, got {len(self.pad_to)}")
+
+    @classmethod
+    def tiles(cls, rows: int) -> RowScheme:
+        """Every GEMM exactly `rows` rows (the last padded): the scheme before the probe."""
+        return cls(min_rows=rows, max_rows=rows, pad_to=(0, *[rows] * (rows - 1)))
+
+    def describe(self) -> str:
+        if self.min_rows == self.max_rows:
+            return f"tiles of {self.max_rows} rows"
+        return (
+            f"M < {self.min_rows} padded to {sorted(set(self.pad_to[1:]))}, "
+            f"one GEMM up to {self.max_rows} rows"
+        )
+
+
+def probe_row_scheme(
+    shapes: Iterable[tuple[int, int, bool]],
+    max_rows: int = DEFAULT_MAX_ROWS,
+    gemm: Gemm = plain_gemm,
+    dtype: torch.dtype = torch.float32,
+) -> RowScheme:
+    """The cheapest invariant scheme for every (in features K, out features N, bias) shape.
+
+    Raises NumericsUnavailableError when no probed M gives a row the same bits everywhere.
+    """
+    candidates = sorted({*range(1, SMALL_ROWS + 1), *LARGE_ROWS, max_rows} - {0})
+    candidates = [m for m in candidates if m <= max_rows]
+    valid = set(candidates)
+    generator = torch.Generator().manual_seed(25)
+    shapes = sorted({(k, min(n, PROBE_COLUMNS), bias) for k, n, bias in shapes})
+    for k, n, bias in shapes:
+        valid &= _invariant_row_counts(k, n, bias, candidates, max_rows, gemm, generator, dtype)
+    if not valid:
+        first = shapes[0] if shapes else (0, 0, False)
+        raise NumericsUnavailableError(
+            f"batch-invariant numerics are unavailable here: torch {torch.__version__}'s BLAS "
+            f"gives no GEMM row count whose rows are independent of it (K x N {first[0]} x "
+            f"{first[1]}); run with --fast-numerics"
+        )
+    # the smallest M from which every probed M is invariant: one GEMM for those
+    min_rows = next((m for m in candidates if all(c in valid for c in candidates if c >= m)), None)
+    if min_rows is None or max_rows not in valid:
+        return RowScheme.tiles(max(valid))
+    pad_to = [0]
+    for m in range(1, min_rows):
+        pad_to.append(min(c for c in valid if c >= m))
+    return RowScheme(min_rows=min_rows, max_rows=max_rows, pad_to=tuple(pad_to))
+
+
+def _invariant_row_counts(k, n, bias, candidates, max_rows, gemm, generator, dtype) -> set[int]:
+    """The candidate M whose every row, at every probed offset, equals that row inside one
+    `max_rows + spread`-row GEMM."""
+    spread = 8
+    total = max_rows + spread
+    weight = torch.randn(n, k, generator=generator).to(dtype)
+    b = torch.randn(n, generator=generator).to(dtype) if bias else None
+    a = torch.randn(total, k, generator=generator).to(dtype)
+    with torch.inference_mode():
+        reference = gemm(a, weight, b)
+        valid = set()
+        for m in candidates:
+            # rows land at other positions than in the reference: a row block's position
+            # is checked with its count
+            offsets = {0, 1, total - m} if m <= SMALL_ROWS else {total - m}
+            if all(
+                torch.equal(gemm(a[o : o + m], weight, b), reference[o : o + m]) for o in offsets
+            ):
+                valid.add(m)
+    return valid
+
+
+def linear_shapes(model: torch.nn.Module) -> list[tuple[int, int, bool]]:
+    """(in features, out features, has bias) of every plain `nn.Linear` of `model`."""
+    return sorted(
+        {
+            (m.in_features, m.out_features, m.bias is not None)
+            for m in model.modules()
+            if type(m) is torch.nn.Linear
+        }
+    )
+
+
+# Where no probe runs (off the CPU): only one-row GEMMs avoided (the matrix-vector path)
+ROWS_AT_LEAST_TWO = RowScheme(min_rows=2, max_rows=1 << 30, pad_to=(0, 2))
+
+
+def attention_row_scheme(
+    head_dim: int, value_dim: int, block: int, max_rows: int, device: torch.device, dtype
+) -> RowScheme:
+    """The scheme for the block attention's GEMMs: scores reduce over one head (K = head_dim,
+    N = block), probabilities x values over one block (K = block, N = value_dim)."""
+    if device.type != "cpu":
+        return ROWS_AT_LEAST_TWO
+    shapes = [(head_dim, block, False), (block, value_dim, False)]
+    return probe_row_scheme(shapes, max_rows, plain_gemm, dtype)
+
+
+def pad_gemm_rows(x: torch.Tensor, scheme: RowScheme) -> torch.Tensor:
+    """Pads the GEMM row axis (-2) with zero rows to the scheme's size for it, when small."""
+    rows = x.shape[-2]
+    if rows >= scheme.min_rows:
+        return x
+    shape = list(x.shape)
+    shape[-2] = scheme.pad_to[rows] - rows
+    return torch.cat([x, x.new_zeros(shape)], dim=-2)
