@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 
 from astrai_batch.errors import AstraiBatchError, InputError, OutputError
 from astrai_batch.io.atomic import AtomicFile
+from astrai_batch.io.object_commit import CopyLimits, commit_object
 
 _READ_CHUNK = 1 << 20
 
@@ -176,11 +177,16 @@ def shown_uri(text: str) -> str:
 
 
 class AtomicObject:
-    """Like `AtomicFile`, on any filesystem: `handle` to write, then `commit` or `abort`."""
+    """Like `AtomicFile`, on any filesystem: `handle` to write, then `commit` or `abort`.
+    On an object store the commit moves the temporary object onto the target; above
+    `limits.max_copy_bytes` by a multipart copy (`object_commit`), as S3 requires."""
 
-    def __init__(self, target: Location, *, overwrite: bool = False) -> None:
+    def __init__(
+        self, target: Location, *, overwrite: bool = False, limits: CopyLimits | None = None
+    ) -> None:
         self.target = target
         self.overwrite = overwrite
+        self.limits = limits or CopyLimits()
         self._local: AtomicFile | None = None
         if target.is_local:
             self._local = AtomicFile(target.local_path, overwrite=overwrite)
@@ -226,7 +232,7 @@ class AtomicObject:
         try:
             self.handle.close()
             self._refuse_existing()
-            self.target.fs.move(self.temp.path, self.target.path)
+            commit_object(self.target.fs, self.temp.path, self.target.path, self.limits)
         except (OSError, pa.ArrowException) as exc:
             self.abort()
             raise OutputError(f"cannot write {self.target.shown}: {exc}") from exc
