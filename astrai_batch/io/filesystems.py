@@ -136,10 +136,15 @@ class Location:
         """Sequential reading of the bytes as stored (no decompression by file name)."""
         return self.fs.open_input_stream(self.path, compression=None)
 
-    def open_lines(self) -> BinaryIO:
-        """The bytes as stored, buffered, iterating by line like a local binary file (pyarrow's
-        streams have no line iteration of their own)."""
-        return io.BufferedReader(self.open_input_stream(), buffer_size=_READ_CHUNK)
+    def open_lines(self, offset: int = 0) -> BinaryIO:
+        """The bytes as stored from byte `offset` on, buffered, iterating by line like a
+        local binary file (pyarrow's streams have no line iteration of their own). A remote
+        object is read by ranges from `offset`, never from its start."""
+        if not offset:
+            return io.BufferedReader(self.open_input_stream(), buffer_size=_READ_CHUNK)
+        handle = self.open_input_file()
+        handle.seek(offset)
+        return io.BufferedReader(handle, buffer_size=_READ_CHUNK)
 
     def read_parquet_schema(self) -> pa.Schema:
         with self.fs.open_input_file(self.path) as handle:
