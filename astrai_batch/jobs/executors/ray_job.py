@@ -132,7 +132,7 @@ def _run_locked(
         store.remove()
         progress.message(f"{output.shown} was already written by this job")
         return _summary(config, input_path, output, total_rows, {}, {}, started)
-    check_output_location(output, config.output_format, config.overwrite)
+    check_output_location(output, config.output_format, config.overwrite, store.job)
     for target in (output, stats_location(output)):
         remove_stale_temp_files(target)  # a killed driver's half-written output or stats
     store.open(restart=config.restart)
