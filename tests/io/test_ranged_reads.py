@@ -121,3 +121,17 @@ def test_a_parquet_range_reads_only_the_row_groups_it_overlaps(tmp_path: Path, s
         for _, offset, size in log.reads
         if size
     )
+
+
+def test_a_jsonl_range_on_s3_reads_from_its_first_row(s3_bucket, tmp_path: Path) -> None:
+    lines = jsonl_lines()
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b"".join(lines))
+    log = ReadLog()
+    location = counted(resolve(s3_bucket.upload(path, "ranges/in.jsonl")), log)
+    source = open_input(location)
+    log.clear()
+    start = 2 * OFFSET_STRIDE
+    rows = list(source.iter_rows(start, start + 3))
+    assert [row.id for row in rows] == [f"r{i}" for i in range(start, start + 3)]
+    assert log.lowest_offset(location.path) == row_offsets(lines)[start]

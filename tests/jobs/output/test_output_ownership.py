@@ -17,6 +17,7 @@ from jobs.jobkit import engine_args, listing, run_cli, write_jsonl
 from astrai_batch.errors import OutputError
 from astrai_batch.io.filesystems import AtomicObject, resolve
 from astrai_batch.jobs.output.assembly import write_parquet_stream
+from astrai_batch.jobs.output.output_guard import check_existing_output
 from astrai_batch.jobs.output.parquet_dir import write_parquet_dir
 
 SCHEMA = pa.schema([pa.field("id", pa.string()), pa.field("completion", pa.string())])
@@ -199,3 +200,51 @@ def test_overwriting_a_directory_on_s3_deletes_only_the_old_index_parts(s3_bucke
     with pytest.raises(OutputError, match=r"did not write \(notes.txt\)"):
         write_dir_output(output, "newer", "cccc", overwrite=True)
     assert read_dir(output) == ["new"] * 4
+
+
+def test_a_finished_directory_of_this_checkpoint_is_recognised_and_its_staging_cleared(
+    tmp_path: Path,
+) -> None:
+    """Killed after the swap, before the checkpoint was removed: the rerun finds its own
+    output (same run id) and the swapped-out old directory beside it, and clears only that."""
+    output = resolve(tmp_path / "out")
+    write_dir_output(output, "done", "runA", overwrite=False)
+    staging = tmp_path / ".out.tmp-runA"
+    staging.mkdir()
+    (staging / "part-00000.parquet").write_bytes(b"the old output, swapped out")
+    (staging / "_index.json").write_text(json.dumps({"parts": [{"file": "part-00000.parquet"}]}))
+    stats = resolve(tmp_path / "out.stats.parquet")
+
+    finished = check_existing_output(
+        output, stats, output_format="parquet-dir", overwrite=False, run_id="runA"
+    )
+
+    assert finished == "runA"
+    assert listing(tmp_path) == ["out"]
+    with pytest.raises(OutputError, match=r"already exists; pass --overwrite"):
+        check_existing_output(
+            output, stats, output_format="parquet-dir", overwrite=False, run_id="runB"
+        )
+
+
+def test_a_killed_attempts_own_parts_on_s3_are_not_foreign(s3_bucket) -> None:
+    output = resolve(s3_bucket.uri("killed/out"))
+    stats = resolve(s3_bucket.uri("killed/out.stats.parquet"))
+    with s3_bucket.fs.open_output_stream("bucket/killed/out/part-runA-00000.parquet") as stream:
+        stream.write(b"half a commit")
+    assert (
+        check_existing_output(
+            output, stats, output_format="parquet-dir", overwrite=False, run_id="runA"
+        )
+        is None
+    )
+    with pytest.raises(OutputError, match=r"did not write \(part-runA-00000.parquet\)"):
+        check_existing_output(
+            output, stats, output_format="parquet-dir", overwrite=True, run_id="runB"
+        )
+    write_dir_output(output, "new", "runA", [rows_table("new", 2)], overwrite=False)
+    assert s3_bucket.names("killed/out") == [
+        "bucket/killed/out/_index.json",
+        "bucket/killed/out/part-runA-00000.parquet",
+    ]
+    assert read_dir(output) == ["new"] * 2
