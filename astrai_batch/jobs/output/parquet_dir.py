@@ -36,6 +36,7 @@ from astrai_batch.io.filesystems import AtomicObject, Location, write_table_at
 from astrai_batch.jobs.output.dir_ownership import (
     INDEX_NAME,
     RUN_ID_KEY,
+    index_run_id,
     old_location,
     read_index,
     refuse_replacing,
@@ -139,7 +140,10 @@ def _write_object_store(
 ) -> None:
     previous = read_index(output) or {}
     index = _write_parts(output, tables, stamped, f"part-{run_id}-")
-    _write_index(output, {**index, "metadata": metadata}, overwrite=overwrite)
+    # This job's own committed index (a driver killed before it dropped its checkpoint) is
+    # replaced like any output it wrote.
+    ours = index_run_id(previous) == run_id
+    _write_index(output, {**index, "metadata": metadata}, overwrite=overwrite or ours)
     kept = {entry["file"] for entry in index["parts"]}
     for entry in previous.get("parts", []):
         name = entry.get("file") if isinstance(entry, dict) else None

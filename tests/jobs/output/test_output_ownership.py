@@ -248,3 +248,13 @@ def test_a_killed_attempts_own_parts_on_s3_are_not_foreign(s3_bucket) -> None:
         "bucket/killed/out/part-runA-00000.parquet",
     ]
     assert read_dir(output) == ["new"] * 2
+
+
+def test_a_rerun_of_the_same_job_rewrites_its_own_s3_directory(s3_bucket) -> None:
+    """A Ray driver killed after its index landed, before it removed its checkpoint, writes
+    the same directory again: its own index is replaced, not refused."""
+    output = resolve(s3_bucket.uri("again/out"))
+    write_dir_output(output, "same", "runA", overwrite=False)
+    write_dir_output(output, "same", "runA", overwrite=False)
+    assert read_dir(output) == ["same"] * 3
+    assert len(s3_bucket.names("again/out")) == 3
