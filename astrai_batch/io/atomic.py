@@ -9,6 +9,8 @@ the file is opened and again just before the rename.
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import os
 import secrets
 from pathlib import Path
@@ -103,3 +105,31 @@ class AtomicFile:
             raise OutputError(f"{self.state} writer left {self.temp_path} behind")
         if self.state == "committed" and not self.target.exists():
             raise OutputError(f"committed writer but {self.target} is missing")
+
+
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+
+
+def exchange_paths(first: Path, second: Path) -> bool:
+    """Swap two existing paths in one atomic step (Linux ``renameat2(RENAME_EXCHANGE)``):
+    a reader of either name sees the old entry or the new one, never nothing. Returns False,
+    having changed nothing, where the kernel, filesystem or libc cannot (the caller falls
+    back to two renames)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    result = renameat2(
+        _AT_FDCWD, os.fsencode(first), _AT_FDCWD, os.fsencode(second), _RENAME_EXCHANGE
+    )
+    if result == 0:
+        fsync_directory(first.parent)
+        if second.parent != first.parent:
+            fsync_directory(second.parent)
+        return True
+    error = ctypes.get_errno()
+    if error in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EXDEV):
+        return False
+    raise OSError(error, os.strerror(error), str(second))

@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 
 from astrai_batch.errors import AstraiBatchError, InputError, OutputError
 from astrai_batch.io.atomic import AtomicFile
+from astrai_batch.io.object_commit import CopyLimits, commit_object
 
 _READ_CHUNK = 1 << 20
 
@@ -135,10 +136,15 @@ class Location:
         """Sequential reading of the bytes as stored (no decompression by file name)."""
         return self.fs.open_input_stream(self.path, compression=None)
 
-    def open_lines(self) -> BinaryIO:
-        """The bytes as stored, buffered, iterating by line like a local binary file (pyarrow's
-        streams have no line iteration of their own)."""
-        return io.BufferedReader(self.open_input_stream(), buffer_size=_READ_CHUNK)
+    def open_lines(self, offset: int = 0) -> BinaryIO:
+        """The bytes as stored from byte `offset` on, buffered, iterating by line like a
+        local binary file (pyarrow's streams have no line iteration of their own). A remote
+        object is read by ranges from `offset`, never from its start."""
+        if not offset:
+            return io.BufferedReader(self.open_input_stream(), buffer_size=_READ_CHUNK)
+        handle = self.open_input_file()
+        handle.seek(offset)
+        return io.BufferedReader(handle, buffer_size=_READ_CHUNK)
 
     def read_parquet_schema(self) -> pa.Schema:
         with self.fs.open_input_file(self.path) as handle:
@@ -176,11 +182,16 @@ def shown_uri(text: str) -> str:
 
 
 class AtomicObject:
-    """Like `AtomicFile`, on any filesystem: `handle` to write, then `commit` or `abort`."""
+    """Like `AtomicFile`, on any filesystem: `handle` to write, then `commit` or `abort`.
+    On an object store the commit moves the temporary object onto the target; above
+    `limits.max_copy_bytes` by a multipart copy (`object_commit`), as S3 requires."""
 
-    def __init__(self, target: Location, *, overwrite: bool = False) -> None:
+    def __init__(
+        self, target: Location, *, overwrite: bool = False, limits: CopyLimits | None = None
+    ) -> None:
         self.target = target
         self.overwrite = overwrite
+        self.limits = limits or CopyLimits()
         self._local: AtomicFile | None = None
         if target.is_local:
             self._local = AtomicFile(target.local_path, overwrite=overwrite)
@@ -226,7 +237,7 @@ class AtomicObject:
         try:
             self.handle.close()
             self._refuse_existing()
-            self.target.fs.move(self.temp.path, self.target.path)
+            commit_object(self.target.fs, self.temp.path, self.target.path, self.limits)
         except (OSError, pa.ArrowException) as exc:
             self.abort()
             raise OutputError(f"cannot write {self.target.shown}: {exc}") from exc

@@ -58,8 +58,12 @@ class InputSource(ABC):
         """Number of rows `iter_rows()` yields (bad rows included)."""
 
     @abstractmethod
-    def iter_rows(self, start: int = 0) -> Iterator[InputRow]:
-        """Rows from index `start` on, streamed; the rows before `start` are skipped cheaply."""
+    def iter_rows(self, start: int = 0, stop: int | None = None) -> Iterator[InputRow]:
+        """Rows `start` .. `stop - 1` (to the end when `stop` is None), streamed, exactly
+        those: the rows before `start` are not parsed, and what the open scan recorded
+        (Parquet footers, JSONL byte offsets) lets a reader begin near `start` instead of
+        at the top, so chunks of one input can be read apart, each reading only its range.
+        A source opened once pickles with what it recorded (to hand it to workers)."""
 
     @abstractmethod
     def kept_schema(self) -> pa.Schema:
@@ -74,6 +78,8 @@ class InputSource(ABC):
         return f"{type(self).__name__}({self.path.shown!r}, shape={self.shape!r})"
 
 
-def check_start(start: int) -> None:
+def check_start(start: int, stop: int | None = None) -> None:
     if start < 0:
         raise ValueError(f"start must be >= 0, got {start}")
+    if stop is not None and stop < start:
+        raise ValueError(f"stop must be >= start ({start}), got {stop}")

@@ -14,6 +14,7 @@ since JSON lines carry no column types to reproduce.
 
 from __future__ import annotations
 
+import array
 import gzip
 import zlib
 from collections.abc import Iterator, Sequence
@@ -34,6 +35,8 @@ from astrai_batch.json_types import json_type, parse_json
 GZIP_MAGIC = b"\x1f\x8b"
 # Key names collected for the option checks; bounds memory on lines with ever new keys.
 KEY_LIMIT = 10_000
+# Every this many rows the open scan records where the row starts (`RowMarks`).
+OFFSET_STRIDE = 256
 
 
 class JsonlSource(InputSource):
@@ -47,10 +50,12 @@ class JsonlSource(InputSource):
         rows: int,
         shape: str,
         duplicates: DuplicateIds,
+        marks: RowMarks,
     ) -> None:
         super().__init__(path, "jsonl", plan, columns, [path], shape=shape, duplicates=duplicates)
         self.compressed = compressed
         self._rows = rows
+        self.marks = marks
 
     def count_rows(self) -> int:
         return self._rows
@@ -58,15 +63,29 @@ class JsonlSource(InputSource):
     def kept_schema(self) -> pa.Schema:
         return pa.schema([pa.field(name, pa.string()) for name in self.plan.keep_columns])
 
-    def iter_rows(self, start: int = 0) -> Iterator[InputRow]:
-        check_start(start)
-        return self._rows_from(start)
+    def iter_rows(self, start: int = 0, stop: int | None = None) -> Iterator[InputRow]:
+        check_start(start, stop)
+        return self._rows_between(start, self._rows if stop is None else min(stop, self._rows))
 
-    def _rows_from(self, start: int) -> Iterator[InputRow]:
-        for index, (line_number, raw) in enumerate(_nonblank_lines(self.path, self.compressed)):
-            # Skipped lines are only counted, never decoded or parsed.
+    def _rows_between(self, start: int, stop: int) -> Iterator[InputRow]:
+        if start >= stop:
+            return
+        # Begin at the last recorded row at or before `start`: at most OFFSET_STRIDE - 1
+        # rows are split off and dropped unparsed (none when `start` is a multiple of it).
+        mark = start // OFFSET_STRIDE
+        index = mark * OFFSET_STRIDE
+        lines = _nonblank_lines(
+            self.path,
+            self.compressed,
+            offset=self.marks.offsets[mark],
+            line_number=self.marks.lines[mark],
+        )
+        for line_number, raw, _ in lines:
             if index >= start:
                 yield self._row(raw, line_number, index)
+            index += 1
+            if index >= stop:
+                return
 
     def _row(self, raw: bytes, line_number: int, index: int) -> InputRow:
         try:
@@ -74,6 +93,20 @@ class JsonlSource(InputSource):
         except RowProblem as problem:
             return unreadable_row(index, str(problem), self.plan)
         return parse_record(value, index, self.plan, self.duplicates)
+
+
+@dataclass(frozen=True)
+class RowMarks:
+    """Where every `OFFSET_STRIDE`-th row starts: its byte offset in the file as read
+    (for gzip, in the decompressed stream) and its physical line number. 16 bytes per
+    `OFFSET_STRIDE` rows; recorded by the open scan."""
+
+    offsets: array.array = field(default_factory=lambda: array.array("q"))
+    lines: array.array = field(default_factory=lambda: array.array("q"))
+
+    def add(self, offset: int, line_number: int) -> None:
+        self.offsets.append(offset)
+        self.lines.append(line_number)
 
 
 def open_jsonl(
@@ -108,6 +141,7 @@ def open_jsonl(
         rows=scan.rows,
         shape=source_shape(scan.shapes),
         duplicates=scan.ids.duplicates(),
+        marks=scan.marks,
     )
 
 
@@ -120,13 +154,16 @@ class _Scan:
     keys: dict[str, None] = field(default_factory=dict)  # an ordered set
     shapes: dict[str, None] = field(default_factory=dict)
     ids: IdScan = field(default_factory=IdScan)
+    marks: RowMarks = field(default_factory=RowMarks)
 
 
 def _scan(
     path: Location, compressed: bool, prompt_column: str | None, id_fields: Sequence[str]
 ) -> _Scan:
     scan = _Scan()
-    for index, (line_number, raw) in enumerate(_nonblank_lines(path, compressed)):
+    for index, (line_number, raw, offset) in enumerate(_nonblank_lines(path, compressed)):
+        if index % OFFSET_STRIDE == 0:
+            scan.marks.add(offset, line_number)
         scan.rows += 1
         try:
             value = decode_line(raw, line_number)
@@ -170,15 +207,24 @@ def decode_line(raw: bytes, line_number: int) -> dict[str, Any]:
     raise RowProblem(f"line {line_number}: expected a JSON object, got {json_type(value)}")
 
 
-def _nonblank_lines(path: Location, compressed: bool) -> Iterator[tuple[int, bytes]]:
-    """(1-based physical line number, raw bytes) of every non-blank line. The file is read
-    as a stream on any filesystem (a remote object is never downloaded whole first); gzip is
-    undone here, so a local and a remote copy read identically."""
+def _nonblank_lines(
+    path: Location, compressed: bool, *, offset: int = 0, line_number: int = 1
+) -> Iterator[tuple[int, bytes, int]]:
+    """(1-based physical line number, raw bytes, byte offset) of every non-blank line from
+    byte `offset` (the start of line `line_number`) on. The file is read as a stream on any
+    filesystem (a remote object is never downloaded whole first); a plain file is read from
+    `offset` on, a gzip one is decompressed from its start (a gzip stream cannot be entered
+    in the middle) with the bytes before `offset` dropped undecoded. Offsets count the
+    bytes as read (decompressed for gzip), so a local and a remote copy read identically."""
     try:
-        with path.open_lines() as stream:
+        with path.open_lines(0 if compressed else offset) as stream:
             handle = gzip.GzipFile(fileobj=stream, mode="rb") if compressed else stream
-            for line_number, raw in enumerate(handle, start=1):
+            if compressed and offset:
+                handle.seek(offset)
+            position = offset
+            for number, raw in enumerate(handle, start=line_number):
                 if raw.strip():
-                    yield line_number, raw
+                    yield number, raw, position
+                position += len(raw)
     except (OSError, EOFError, zlib.error) as exc:
         raise InputError(f"cannot read {path.name}: {exc}") from exc

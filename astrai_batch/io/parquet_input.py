@@ -71,35 +71,38 @@ class ParquetSource(InputSource):
         first = self.parts[0].schema
         return pa.schema([first.field(name) for name in self.plan.keep_columns])
 
-    def iter_rows(self, start: int = 0) -> Iterator[InputRow]:
-        check_start(start)
-        return self._rows_from(start)
+    def iter_rows(self, start: int = 0, stop: int | None = None) -> Iterator[InputRow]:
+        check_start(start, stop)
+        total = self.count_rows()
+        return self._rows_between(start, total if stop is None else min(stop, total))
 
-    def _rows_from(self, start: int) -> Iterator[InputRow]:
+    def _rows_between(self, start: int, stop: int) -> Iterator[InputRow]:
         part_first_index = 0
         for part in self.parts:
+            if part_first_index >= stop:
+                return
             if part_first_index + part.num_rows <= start:
                 part_first_index += part.num_rows
                 continue
-            # Skip only the leading groups that end before `start`; every group from the one
-            # holding `start` on is read, whatever its size.
-            first_group, index = 0, part_first_index
-            for rows in part.row_group_rows:
-                if index + rows > start:
-                    break
-                first_group += 1
+            # Read only the groups that overlap [start, stop), whatever their sizes: skip the
+            # leading groups that end before `start`, stop before the first at `stop`.
+            groups, first_row, index = [], None, part_first_index
+            for number, rows in enumerate(part.row_group_rows):
+                if index + rows > start and index < stop:
+                    groups.append(number)
+                    first_row = index if first_row is None else first_row
                 index += rows
-            groups = list(range(first_group, len(part.row_group_rows)))
-            yield from self._part_rows(part, groups, index, skip=max(0, start - index))
+            if first_row is not None:
+                yield from self._part_rows(
+                    part, groups, first_row, skip=max(0, start - first_row), stop=stop
+                )
             part_first_index += part.num_rows
 
     def _part_rows(
-        self, part: ParquetPart, groups: list[int], index: int, skip: int
+        self, part: ParquetPart, groups: list[int], index: int, skip: int, stop: int
     ) -> Iterator[InputRow]:
-        """Rows of `groups` in `part`; `index` is the first group's first row, `skip` how many
-        of its leading rows to drop."""
-        if not groups:
-            return
+        """Rows of `groups` in `part` before row `stop`; `index` is the first group's first
+        row, `skip` how many of its leading rows to drop."""
         columns = self.plan.source_columns(part.schema.names)
         try:
             with part.path.open_input_file() as handle, pq.ParquetFile(handle) as parquet_file:
@@ -116,6 +119,8 @@ class ParquetSource(InputSource):
                         index += skip
                         skip = 0
                     for record in batch.to_pylist():
+                        if index >= stop:
+                            return
                         yield parse_record(record, index, self.plan, self.duplicates)
                         index += 1
         except (OSError, pa.ArrowException) as exc:

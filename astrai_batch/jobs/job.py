@@ -32,8 +32,6 @@ from astrai_batch.jobs.executors.local_execution import ExecutionResult, JobExec
 from astrai_batch.jobs.options.config import JobConfig
 from astrai_batch.jobs.output.assembly import (
     output_metadata,
-    output_run_id,
-    remove_stale_temp_files,
     stats_location,
     window_tables,
     write_openai_output,
@@ -42,8 +40,9 @@ from astrai_batch.jobs.output.assembly import (
 )
 from astrai_batch.jobs.output.checkpoint import Checkpoint, checkpoint_dir_for, peek_run_id
 from astrai_batch.jobs.output.identity import job_identity
+from astrai_batch.jobs.output.output_guard import check_existing_output
 from astrai_batch.jobs.output.output_lock import OutputLock, lock_for
-from astrai_batch.jobs.output.parquet_dir import check_output_location, write_parquet_dir
+from astrai_batch.jobs.output.parquet_dir import write_parquet_dir
 from astrai_batch.jobs.output.records import output_schema, part_schema
 from astrai_batch.jobs.progress import Progress, make_progress
 from astrai_batch.jobs.signals import interrupt_exit_code
@@ -262,21 +261,16 @@ def _check_output_path(paths: JobPaths, *, directory: bool) -> None:
 
 
 def _check_output(paths: JobPaths, config: JobConfig) -> str | None:
-    """Refuse an existing output (without --overwrite) and remove temporary files a killed
-    run left. Returns the run id of an existing output that the checkpoint beside it produced
-    (its job finished but was killed before cleaning up)."""
-    output = paths.output
-    if config.output_format == "parquet-dir":
-        check_output_location(output, config.output_format, config.overwrite)
-        return None
-    for target in (output, paths.stats):
-        remove_stale_temp_files(target)
-    if not output.exists() or config.overwrite:
-        return None
-    run_id = None if config.restart else peek_run_id(paths.checkpoint)
-    if run_id is not None and output_run_id(output) == run_id:
-        return run_id
-    raise OutputError(f"output {output.shown} already exists; pass --overwrite to replace it")
+    """Refuse an existing output that is not ours to replace (`output_guard`). Returns the
+    run id of an existing output that the checkpoint beside it produced (its job finished
+    but was killed before cleaning up)."""
+    return check_existing_output(
+        paths.output,
+        paths.stats,
+        output_format=config.output_format,
+        overwrite=config.overwrite,
+        run_id=None if config.restart else peek_run_id(paths.checkpoint),
+    )
 
 
 def _write_outputs(

@@ -1,4 +1,4 @@
-"""`iter_rows(start)` yields exactly rows `start..` for any Parquet layout.
+"""`iter_rows(start, stop)` yields exactly rows `start..stop-1` for any Parquet layout.
 
 Layouts are drawn at random: a single file or a directory of files, each with row groups of
 any sizes (uneven, a smaller last group, empty files), and every start from 0 past the end.
@@ -88,3 +88,5 @@ def test_iter_rows_from_any_start_is_the_tail_of_the_full_read(
         )
         for start in starts:
             assert list(source.iter_rows(start)) == full[start:], f"start={start}"
+            stop = data.draw(st.integers(min_value=start, max_value=total + 2), label="stop")
+            assert list(source.iter_rows(start, stop)) == full[start:stop], f"{start}:{stop}"

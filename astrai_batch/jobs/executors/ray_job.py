@@ -26,7 +26,7 @@ import time
 from typing import Any, TextIO
 
 from astrai_batch.errors import AstraiBatchError, ConfigError, OutputError
-from astrai_batch.io import open_input
+from astrai_batch.io import InputSource, open_input
 from astrai_batch.io.filesystems import Location, resolve
 from astrai_batch.jobs.executors.ray_stages import (
     ChunkReader,
@@ -132,7 +132,7 @@ def _run_locked(
         store.remove()
         progress.message(f"{output.shown} was already written by this job")
         return _summary(config, input_path, output, total_rows, {}, {}, started)
-    check_output_location(output, config.output_format, config.overwrite)
+    check_output_location(output, config.output_format, config.overwrite, store.job)
     for target in (output, stats_location(output)):
         remove_stale_temp_files(target)  # a killed driver's half-written output or stats
     store.open(restart=config.restart)
@@ -141,9 +141,7 @@ def _run_locked(
         progress.message(f"resuming: shards {sorted(before)} of {config.workers} are done")
     owns_ray = _start_ray(ray, config)
     try:
-        _run_pending(
-            ray, config, input_path, store, before, part_schema(kept), total_rows, progress
-        )
+        _run_pending(ray, config, source, store, before, part_schema(kept), total_rows, progress)
     finally:
         if owns_ray:
             ray.shutdown()
@@ -213,7 +211,7 @@ def actor_cpus(cluster_cpus: float, workers: int, threads: int) -> float:
 def _run_pending(
     ray: Any,
     config: JobConfig,
-    input_path: Location,
+    source: InputSource,
     store: ShardStore,
     done: dict[int, ShardInfo],
     schema: Any,
@@ -228,11 +226,13 @@ def _run_pending(
     context.print_on_execution_start = False
     cpus = float(ray.cluster_resources().get("CPU", 1))
     chunk_rows = max(MIN_CHUNK_ROWS, math.ceil(total_rows / max(1, CHUNKS_PER_CPU * cpus)))
+    # Chunks start where the input's open scan recorded a row (every 256th: JSONL offsets).
+    chunk_rows = math.ceil(chunk_rows / MIN_CHUNK_ROWS) * MIN_CHUNK_ROWS
     chunks = max(1, math.ceil(total_rows / chunk_rows))
     # Ray Data's default of 200 shuffle partitions is sized for large clusters; a partition
     # per CPU keeps a small job from spending its time scheduling empty tasks.
     partitions = max(1, int(cpus))
-    reader = ChunkReader(input_path, config, chunk_rows, config.model)
+    reader = ChunkReader(source, config, chunk_rows, config.model)
     keyed = (
         ray.data.range(chunks, override_num_blocks=chunks)
         .map_batches(reader, batch_size=1, batch_format="pyarrow")

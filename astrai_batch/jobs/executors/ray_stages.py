@@ -20,8 +20,7 @@ from typing import Any
 import pyarrow as pa
 
 from astrai_batch.errors import AstraiBatchError
-from astrai_batch.io import open_input
-from astrai_batch.io.filesystems import Location
+from astrai_batch.io import InputSource
 from astrai_batch.jobs.options.config import JobConfig
 from astrai_batch.jobs.planning.sharding import (
     GroupSummary,
@@ -31,7 +30,7 @@ from astrai_batch.jobs.planning.sharding import (
     group_key,
     summarize_group,
 )
-from astrai_batch.jobs.planning.window import PreparedRow, prepare_window, read_window
+from astrai_batch.jobs.planning.window import PreparedRow, prepare_window
 
 KEYED_SCHEMA = pa.schema(
     [
@@ -62,10 +61,12 @@ ROUTED_SCHEMA = pa.schema(
 class ChunkReader:
     """Stage 1 (a Ray Data task per chunk of rows): read rows [start, end) of the input with
     our own readers (the same parsing, ids and row errors as a local run), tokenize them with
-    the model's tokenizer and key each row by its prefix group. `input_path` travels with its
-    filesystem (endpoint, region), so a task on any machine reads the same object."""
+    the model's tokenizer and key each row by its prefix group. `source` is the input the
+    driver opened, with what its open scan recorded (Parquet row groups, JSONL row offsets,
+    repeated ids) and its filesystem (endpoint, region): a task on any machine reads only
+    its chunk's range of the same object, never the input from its start."""
 
-    input_path: Location
+    source: InputSource
     config: JobConfig
     chunk_rows: int
     model_name: str
@@ -75,7 +76,6 @@ class ChunkReader:
         from astrai_batch.jobs.planning.tokenize import PromptEncoder
 
         config = self.config
-        source = open_input(self.input_path, **config.input_options())
         tokenizer, _ = load_tokenizer(
             config.model, revision=config.revision, trust_remote_code=config.trust_remote_code
         )
@@ -85,7 +85,7 @@ class ChunkReader:
         out: list[dict[str, Any]] = []
         for chunk in batch.column("id").to_pylist():
             start = int(chunk) * self.chunk_rows
-            rows = read_window(source.iter_rows(start=start), self.chunk_rows)
+            rows = list(self.source.iter_rows(start, start + self.chunk_rows))
             if not rows:
                 continue
             window = prepare_window(
