@@ -37,3 +37,7 @@ class CacheCapacityError(AstraiBatchError):
 
 class JobAbortedError(AstraiBatchError):
     """The job stopped on purpose, e.g. more failed rows than --max-errors allows."""
+
+
+class ExecutorError(AstraiBatchError):
+    """The executor failed under the job (a Ray worker, the cluster, a task)."""
