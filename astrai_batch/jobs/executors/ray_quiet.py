@@ -6,7 +6,8 @@ the C++ core worker in this process (``[... E ...] core_worker.cc`` lines, e.g. 
 constructor arguments on every run) and the workers' output forwarded to the driver. The
 first is silenced by handing Ray's loggers a null handler (``configure_logging=False``), the
 second by ``RAY_BACKEND_LOG_LEVEL`` (read when the core worker starts, so set before
-``ray.init``), the third by ``log_to_driver=False``. Ray's real errors surface as exceptions,
+``ray.init``; the line announcing it goes to /dev/null with the rest of the start), the
+third by ``log_to_driver=False``. Ray's real errors surface as exceptions,
 reworded into one line (`ray_errors_in_one_line`).
 """
 
@@ -15,10 +16,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 from collections.abc import Iterator
 from typing import Any
 
 from astrai_batch.errors import AstraiBatchError, ConfigError, ExecutorError
+from astrai_batch.jobs.crash_points import CRASH_ENV
 from astrai_batch.jobs.options.config import JobConfig
 
 RAY_LOGGERS = ("ray", "ray.data", "ray.train", "ray.tune", "ray.serve")
@@ -47,19 +50,40 @@ def start_ray(ray: Any, config: JobConfig) -> bool:
         "configure_logging": False,
         "logging_level": logging.CRITICAL,
     }
+    crash_at = os.environ.get(CRASH_ENV)
+    if crash_at is not None:  # the fault-injection hook reaches the workers too
+        options["runtime_env"] = {"env_vars": {CRASH_ENV: crash_at}}
     if config.ray_address is not None:
         options["address"] = config.ray_address
     else:
         # A cluster of our own, for this process only: its processes talk over loopback.
         options["_node_ip_address"] = "127.0.0.1"
     try:
-        ray.init(**options)
+        with _stderr_silenced():
+            ray.init(**options)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise ConfigError(
             f"cannot reach the Ray cluster at {config.ray_address}: {_first_line(exc)}"
         ) from exc
     silence_ray_loggers()  # ray.init may add handlers of its own
     return True
+
+
+@contextlib.contextmanager
+def _stderr_silenced() -> Iterator[None]:
+    """File descriptor 2 to /dev/null while Ray starts: its core worker announces the log
+    level it read from the environment on stderr, before that level applies. Ray's start
+    prints nothing of ours, and a failed start surfaces as an exception."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
 
 
 def quiet_ray_data(ray: Any) -> None:
