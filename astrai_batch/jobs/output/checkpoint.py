@@ -18,8 +18,6 @@ all its rows.
 from __future__ import annotations
 
 import json
-import secrets
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -37,14 +35,15 @@ from astrai_batch.jobs.output.checkpoint_manifest import (
     PartRecord,
     WindowRecord,
     checkpoint_dir_for,
-    is_our_debris,
+    new_manifest,
     peek_run_id,
     read_manifest,
+    remove_debris,
     write_manifest,
 )
 from astrai_batch.jobs.output.identity import job_differences
 from astrai_batch.jobs.output.records import INDEX_COLUMN
-from astrai_batch.jobs.output.run_lock import LOCK_NAME, process_alive
+from astrai_batch.jobs.output.run_lock import LOCK_NAME
 from astrai_batch.jobs.output.shard_parts import ShardInfo, read_info, shard_names
 from astrai_batch.jobs.output.stats import WorkStats, total
 from astrai_batch.jobs.planning.prefix_order import PlanningOptions
@@ -134,7 +133,7 @@ class Checkpoint:
             raise OutputError(
                 f"cannot create checkpoint {directory.shown}: {exc.strerror or exc}"
             ) from exc
-        checkpoint = cls(directory, _new_manifest(job, planning, executor))
+        checkpoint = cls(directory, new_manifest(job, planning, executor))
         checkpoint._remove_debris()
         checkpoint._write_manifest()
         return checkpoint
@@ -308,36 +307,9 @@ class Checkpoint:
         write_manifest(self.directory, self._manifest())
 
     def _remove_debris(self) -> None:
-        """Remove what a killed run of ours left uncommitted (never a committed part)."""
-        listed = {part.file for part in self._parts}
-        for name in self.directory.list_names():
-            if is_our_debris(name, listed) and not self._live_writer(name):
-                self.directory.child(name).delete()
-
-    def _live_writer(self, name: str) -> bool:
-        """A local temporary file names its writer's pid; a live writer keeps its file (on an
-        object store only the run holding the lock writes here)."""
-        if not self.directory.is_local or ".tmp-" not in name:
-            return False
-        pid = name.split(".tmp-", 1)[1].split("-", 1)[0]
-        return pid.isdigit() and process_alive(int(pid))
+        remove_debris(self.directory, {part.file for part in self._parts})
 
     def _require_parts(self) -> None:
         for path in self.part_paths():
             if not path.is_file():
                 raise CheckpointError(f"checkpoint part {path.shown} is missing; {RESTART_HINT}")
-
-
-def _new_manifest(
-    job: dict[str, Any], planning: PlanningOptions, executor: ExecutorMark
-) -> dict[str, Any]:
-    return {
-        "format": MANIFEST_FORMAT,
-        "run_id": secrets.token_hex(8),
-        "created": int(time.time()),
-        "executor": executor.to_dict(),
-        "job": job,
-        "planning": planning.to_dict(),
-        "windows": [],
-        "parts": [],
-    }

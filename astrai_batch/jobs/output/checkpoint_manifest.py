@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +20,7 @@ from typing import Any, TypeVar
 
 from astrai_batch.errors import CheckpointError
 from astrai_batch.io.filesystems import AtomicObject, Location
+from astrai_batch.jobs.output.run_lock import process_alive
 from astrai_batch.jobs.output.stats import WorkStats
 
 MANIFEST_NAME = "manifest.json"
@@ -147,3 +150,34 @@ def is_our_debris(name: str, listed: set[str]) -> bool:
             target == MANIFEST_NAME or bool(LOCAL_PART.match(target)) or target.startswith("shard-")
         )
     return False
+
+
+def new_manifest(job: Mapping[str, Any], planning: Any, executor: ExecutorMark) -> dict[str, Any]:
+    """The manifest of a checkpoint nothing is saved in yet; `created` is the job's time
+    (OpenAI lines carry it, however many runs the job takes)."""
+    return {
+        "format": MANIFEST_FORMAT,
+        "run_id": secrets.token_hex(8),
+        "created": int(time.time()),
+        "executor": executor.to_dict(),
+        "job": dict(job),
+        "planning": planning.to_dict(),
+        "windows": [],
+        "parts": [],
+    }
+
+
+def remove_debris(directory: Location, listed: set[str]) -> None:
+    """Remove what a killed run of ours left uncommitted (`is_our_debris`); a local temporary
+    file whose writer (its pid is in the name) still runs is kept."""
+    for name in directory.list_names():
+        if is_our_debris(name, listed) and not _live_writer(directory, name):
+            directory.child(name).delete()
+
+
+def _live_writer(directory: Location, name: str) -> bool:
+    # On an object store only the run holding the lock writes here.
+    if not directory.is_local or ".tmp-" not in name:
+        return False
+    pid = name.split(".tmp-", 1)[1].split("-", 1)[0]
+    return pid.isdigit() and process_alive(int(pid))

@@ -41,7 +41,8 @@ def rows_of(count: int) -> list[dict]:
 
 
 def snapshot(directory: Path) -> dict[str, int]:
-    return {str(p): p.stat().st_mtime_ns for p in sorted(directory.rglob("*"))}
+    """Every file and its modification time; the run lock's file is the rerun's own."""
+    return {str(p): p.stat().st_mtime_ns for p in sorted(directory.rglob("*")) if p.name != ".lock"}
 
 
 def test_a_sampled_ray_run_draws_the_local_runs_tokens_and_writes_nothing_on_stderr(
@@ -102,7 +103,7 @@ def test_an_all_failed_ray_job_exits_1_like_a_local_one(
 def test_ray_openai_output_takes_its_created_time_from_the_checkpoint(
     tiny_llama_dir: Path, tmp_path: Path, ray_address: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import astrai_batch.jobs.output.checkpoint as checkpoint_module
+    import astrai_batch.jobs.output.checkpoint_manifest as checkpoint_module
 
     class CheckpointClock:  # the moment the checkpoint was created, long ago
         @staticmethod

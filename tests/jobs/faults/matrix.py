@@ -101,9 +101,10 @@ def draw(seed: int, *, allow_ray: bool = True, allow_s3: bool = True) -> Matrix:
         executors = tuple(first if rng.random() < 0.6 else other for _ in range(4))
     else:
         executors = ("local",) * 4
-    faults = [_fault(rng, uses_ray) for _ in range(rng.randint(1, 3))]
+    attempts = rng.randint(1, 3) + 1
+    executors = executors[:attempts]
+    faults = [_fault(rng, executor) for executor in executors[:-1]]
     faults.append(Fault("none"))
-    executors = tuple(executors[i % len(executors)] for i in range(len(faults)))
     return Matrix(
         seed=seed,
         rows=rows,
@@ -126,13 +127,18 @@ def draw(seed: int, *, allow_ray: bool = True, allow_s3: bool = True) -> Matrix:
     )
 
 
-def _fault(rng: random.Random, uses_ray: bool) -> Fault:
+def _fault(rng: random.Random, executor: str) -> Fault:
+    """A kill, or a crash point the attempt's executor passes (a Ray driver writes the
+    manifest once and no local parts; its workers commit shard parts)."""
     if rng.random() < 0.4:
         return Fault("kill", delay=round(rng.uniform(1.0, 14.0), 1))
-    points = [p for p in POINTS if uses_ray or p != "shard_written"]
+    if executor == "ray":
+        points = ["shard_written", "manifest_written", "stats_written", "output_written"]
+    else:
+        points = [p for p in POINTS if p != "shard_written"]
     point = rng.choice(points)
-    count = rng.randint(1, 4) if point in ("part_written", "manifest_written") else 1
-    return Fault("crash", point=point, count=count)
+    repeats = executor == "local" and point in ("part_written", "manifest_written")
+    return Fault("crash", point=point, count=rng.randint(1, 4) if repeats else 1)
 
 
 def _uneven_split(rng: random.Random, total: int, parts: int) -> tuple[int, ...]:

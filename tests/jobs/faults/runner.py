@@ -174,7 +174,8 @@ def _run(
         outcome.attempts += 1
         args = command(matrix, model, source, output, executor, ray_address)
         crash = f"{fault.point}:{fault.count}" if fault.kind == "crash" else None
-        delay = fault.delay if fault.kind == "kill" else None
+        # A Ray attempt spends its first tens of seconds starting workers.
+        delay = fault.delay * (4 if executor == "ray" else 1) if fault.kind == "kill" else None
         code, out, err = attempt(args, crash, delay)
         outcome.log.append(f"attempt {outcome.attempts} ({executor}, {fault.describe()}): {code}")
         if code == -signal.SIGKILL:
