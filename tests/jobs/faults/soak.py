@@ -104,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"soak: first seed {first}, {options.minutes:g} minutes", flush=True)
         deadline = time.monotonic() + options.minutes * 60
         runs = kills = mismatches = refused = 0
+        foreign: dict[str, int] = {}
         for seed in seeds:
             if options.seed is None and time.monotonic() > deadline:
                 break
@@ -120,6 +121,9 @@ def main(argv: list[str] | None = None) -> int:
             kills += outcome.kills
             refused += outcome.refused_switches
             print(outcome.line(), flush=True)
+            for line in outcome.foreign_stderr:
+                key = line.split("]", 1)[-1].strip()[:160]
+                foreign[key] = foreign.get(key, 0) + 1
             if outcome.mismatch is not None:
                 mismatches += 1
                 print(f"  reproduce: scripts/soak --seed {seed}", flush=True)
@@ -130,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
             f"switches {refused}, mismatches {mismatches}",
             flush=True,
         )
+        for line, count in sorted(foreign.items()):
+            print(f"soak: stderr line not ours, {count} times: {line}", flush=True)
     return 1 if mismatches else 0
 
 
