@@ -74,6 +74,7 @@ def run_job(
     started = time.monotonic()
     paths = JobPaths.for_output(input_path, output_path)
     _check_output_path(paths, directory=config.output_format == "parquet-dir")
+    chosen = executor if executor is not None else executor_for(config)
     # Before anything is touched: a second run on this output must change nothing.
     lock = lock_for(paths.checkpoint, paths.output.shown)
     lock.acquire()
@@ -82,7 +83,6 @@ def run_job(
             stderr or sys.stderr, quiet=config.quiet, interval=config.progress_seconds
         )
         try:
-            chosen = executor if executor is not None else executor_for(config)
             return _run(config, paths, progress, started, lock, chosen)
         finally:
             progress.close()
@@ -93,8 +93,9 @@ def run_job(
 def executor_for(config: JobConfig) -> Executor:
     """The executor `config` names."""
     if config.executor == "ray":
-        from astrai_batch.jobs.executors.ray_job import RayExecutor
+        from astrai_batch.jobs.executors.ray_job import RayExecutor, require_ray
 
+        require_ray()  # before anything is touched
         return RayExecutor(config)
     from astrai_batch.jobs.executors.local_executor import LocalExecutor
 
