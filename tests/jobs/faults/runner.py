@@ -81,11 +81,14 @@ class Place:
         )
 
     def read(self, name: str) -> bytes:
-        with self.fs.open_input_stream(f"{self.root}/{name}") as stream:
+        with self.fs.open_input_stream(f"{self.root}/{name}", compression=None) as stream:
             return stream.read()
 
     def write(self, name: str, data: bytes) -> None:
-        with self.fs.open_output_stream(f"{self.root}/{name}") as stream:
+        path = f"{self.root}/{name}"
+        if isinstance(self.fs, pafs.LocalFileSystem):  # an object store has no directories
+            self.fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+        with self.fs.open_output_stream(path, compression=None) as stream:
             stream.write(data)
 
 
@@ -142,6 +145,8 @@ def run_matrix(
         _run(matrix, model, work, place, ray_address, outcome)
     except Mismatch as exc:
         outcome.mismatch = str(exc)
+    except Exception as exc:  # the harness itself: reported with the seed, never swallowed
+        outcome.mismatch = f"harness error: {type(exc).__name__}: {exc}"
     return outcome
 
 
