@@ -133,6 +133,7 @@ def _run(
         planning=config.planning_options(),
         restart=config.restart,
         executor=executor.mark(),
+        output_written=already_written is not None,
     )
     if checkpoint.planning != config.planning_options():
         progress.message(f"planning as the checkpoint's job did: {checkpoint.planning.describe()}")

@@ -95,6 +95,7 @@ class Checkpoint:
         planning: PlanningOptions,
         restart: bool,
         executor: ExecutorMark = LOCAL,
+        output_written: bool = False,
     ) -> Checkpoint:
         """Resume the checkpoint in `directory` if it belongs to `job` and `executor`, else
         start a new one.
@@ -102,8 +103,9 @@ class Checkpoint:
         A checkpoint of a different job is refused with `CheckpointError` listing what
         changed; one holding rows another executor finished is refused naming that executor;
         `restart` discards either. A new checkpoint records `planning`; a resumed one keeps
-        its own (`self.planning`), which the job then uses. The caller holds the output's
-        run lock.
+        its own (`self.planning`), which the job then uses. `output_written`: the output
+        beside it carries its run id, so only its manifest matters. The caller holds the
+        output's run lock.
         """
         job = json.loads(json.dumps(job))  # compare as stored: tuples are lists in JSON
         directory = as_location(directory)
@@ -124,7 +126,8 @@ class Checkpoint:
                     f"({'; '.join(differences)}); {RESTART_HINT}, or restore the original "
                     "settings to resume"
                 )
-            checkpoint._require_parts()
+            if not output_written:  # else a kill while removing it may have taken parts
+                checkpoint._require_parts()
             return checkpoint
         # No manifest: nothing was ever saved (a crash right after creating the directory).
         try:
@@ -274,6 +277,12 @@ class Checkpoint:
         self._write_manifest()
 
     def remove(self) -> None:
+        """Delete the checkpoint, its manifest last: until the manifest goes, a rerun after a
+        kill here can tell that the output beside it is this checkpoint's."""
+        for name in self.directory.list_names():
+            if name not in (MANIFEST_NAME, LOCK_NAME):
+                self.directory.child(name).delete()
+        self.directory.child(MANIFEST_NAME).delete()
         self.directory.delete()
 
     def check_invariants(self) -> None:
