@@ -42,3 +42,7 @@ class JobAbortedError(AstraiBatchError):
 class NumericsUnavailableError(AstraiBatchError):
     """Batch-invariant numerics cannot be kept on this machine (its BLAS gives no invariant
     GEMM shape); `--fast-numerics` runs anyway."""
+
+
+class ExecutorError(AstraiBatchError):
+    """The executor failed under the job (a Ray worker, the cluster, a task)."""

@@ -1,9 +1,11 @@
-"""A job end to end: check the paths, open the input, load the model, resume or start a
-checkpoint, run the remaining windows, then write the stats and the output and drop the
-checkpoint.
+"""A job end to end, whatever executes it: check the paths, open the input, prepare the
+executor (the model), open or resume the checkpoint, let the executor run the rows the
+checkpoint lacks, then write the stats and the output and drop the checkpoint.
 
-Everything that can be refused is refused before the model loads (missing input, existing
-output, unusable columns), and nothing is left behind by a refusal. The output appears only
+This module owns what a job is; the executors (`executors.local_executor`,
+`executors.ray_job`) only turn planned rows into committed checkpoint parts. Everything
+that can be refused is refused before the model loads (missing input, existing output,
+unusable columns), and nothing is left behind by a refusal. The output appears only
 complete; a crashed or interrupted job leaves only its checkpoint, which the same command
 resumes. INPUT and OUTPUT are local paths or URIs (`io.filesystems`); the stats file and the
 checkpoint live beside the output, on its filesystem.
@@ -18,38 +20,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-import anyio
-import pyarrow as pa
-
-from astrai_batch.engine import keep_freed_memory, load_model, set_cpu_threads
-from astrai_batch.engine.model.loaded import LoadedModel
-from astrai_batch.engine.model.support import require_chat_template
-from astrai_batch.engine.threads import describe_threads
-from astrai_batch.errors import AstraiBatchError, ConfigError, JobAbortedError, OutputError
+from astrai_batch.errors import AstraiBatchError, JobAbortedError, OutputError
 from astrai_batch.io import open_input
 from astrai_batch.io.filesystems import Location, resolve
-from astrai_batch.jobs.executors.local_execution import ExecutionResult, JobExecution
+from astrai_batch.jobs.executors.base import ExecutionResult, Executor
+from astrai_batch.jobs.job_commit import write_outputs
 from astrai_batch.jobs.options.config import JobConfig
 from astrai_batch.jobs.output.assembly import (
     output_metadata,
     stats_location,
-    window_tables,
-    write_openai_output,
-    write_parquet_output,
-    write_stats,
 )
 from astrai_batch.jobs.output.checkpoint import Checkpoint, checkpoint_dir_for, peek_run_id
-from astrai_batch.jobs.output.identity import job_identity
 from astrai_batch.jobs.output.output_guard import check_existing_output
 from astrai_batch.jobs.output.output_lock import OutputLock, lock_for
-from astrai_batch.jobs.output.parquet_dir import write_parquet_dir
 from astrai_batch.jobs.output.records import output_schema, part_schema
 from astrai_batch.jobs.progress import Progress, make_progress
 from astrai_batch.jobs.signals import interrupt_exit_code
 from astrai_batch.jobs.summary import JobSummary
-
-if sys.version_info < (3, 11):  # pragma: no cover
-    from exceptiongroup import BaseExceptionGroup
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -78,12 +65,15 @@ def run_job(
     output_path: str | Path,
     *,
     stderr: TextIO | None = None,
+    executor: Executor | None = None,
 ) -> JobSummary:
-    """Run (or resume) a job. Returns its summary; raises `AstraiBatchError` when the job
-    cannot start or fails (a `--max-errors` abort is a summary with status 'aborted')."""
+    """Run (or resume) a job with `executor` (by default the one `config` names). Returns
+    its summary; raises `AstraiBatchError` when the job cannot start or fails (a
+    `--max-errors` abort is a summary with status 'aborted')."""
     started = time.monotonic()
     paths = JobPaths.for_output(input_path, output_path)
     _check_output_path(paths, directory=config.output_format == "parquet-dir")
+    chosen = executor if executor is not None else executor_for(config)
     # Before anything is touched: a second run on this output must change nothing.
     lock = lock_for(paths.checkpoint, paths.output.shown)
     lock.acquire()
@@ -92,25 +82,36 @@ def run_job(
             stderr or sys.stderr, quiet=config.quiet, interval=config.progress_seconds
         )
         try:
-            return _run(config, paths, progress, started, lock)
+            return _run(config, paths, progress, started, lock, chosen)
         finally:
             progress.close()
     finally:
         lock.release()
 
 
+def executor_for(config: JobConfig) -> Executor:
+    """The executor `config` names."""
+    if config.executor == "ray":
+        from astrai_batch.jobs.executors.ray_job import RayExecutor, require_ray
+
+        require_ray()  # before anything is touched
+        return RayExecutor(config)
+    from astrai_batch.jobs.executors.local_executor import LocalExecutor
+
+    return LocalExecutor(config)
+
+
 def _run(
-    config: JobConfig, paths: JobPaths, progress: Progress, started: float, lock: OutputLock
+    config: JobConfig,
+    paths: JobPaths,
+    progress: Progress,
+    started: float,
+    lock: OutputLock,
+    executor: Executor,
 ) -> JobSummary:
     attention = config.resolved_attention_backend()  # a bad choice fails before anything loads
     already_written = _check_output(paths, config)
-    source = open_input(
-        paths.input,
-        input_format=config.input_format,
-        prompt_column=config.prompt_column,
-        id_column=config.id_column,
-        keep_columns=config.keep_columns,
-    )
+    source = open_input(paths.input, **config.input_options())
     kept = source.kept_schema()
     schema = part_schema(kept)
     final_schema = output_schema(
@@ -118,28 +119,27 @@ def _run(
     )
     total_rows = source.count_rows()
     progress.message(f"{total_rows} rows ({source.shape}) in {paths.input.shown}")
-    threads = set_cpu_threads(config.threads)
-    keep_freed_memory()
-    progress.message(f"loading model {config.model} ({describe_threads(threads)})")
-    loaded = load_model(config.model, **config.model_options())
-    if config.max_model_len is not None and config.max_model_len > loaded.max_model_len:
-        raise ConfigError(
-            f"--max-model-len {config.max_model_len} exceeds the context of model "
-            f"{loaded.name!r} ({loaded.max_model_len} tokens)"
-        )
-    if source.shape == "messages":
-        require_chat_template(loaded)
+    model = executor.prepare(source, progress)
     input_fingerprint = source.fingerprint()
-    identity = job_identity(config, input_fingerprint, loaded)
+    identity = {
+        "input": dict(input_fingerprint),
+        "model": model.identity,
+        "options": config.result_options(),
+    }
     checkpoint = Checkpoint.open(
-        paths.checkpoint, identity, planning=config.planning_options(), restart=config.restart
+        paths.checkpoint,
+        identity,
+        planning=config.planning_options(),
+        restart=config.restart,
+        executor=executor.mark(),
+        output_written=already_written is not None,
     )
     if checkpoint.planning != config.planning_options():
         progress.message(f"planning as the checkpoint's job did: {checkpoint.planning.describe()}")
 
     resumed_rows = checkpoint.total_stats().input_rows
     report = _Report(
-        config, paths, loaded.name, total_rows, resumed_rows, started, checkpoint, attention
+        config, paths, model.name, total_rows, resumed_rows, started, checkpoint, attention
     )
     if already_written and checkpoint.run_id == already_written:
         # A previous run wrote the output and died before removing its checkpoint.
@@ -150,17 +150,8 @@ def _run(
         progress.message(
             f"resuming from {paths.checkpoint.shown}: {resumed_rows} of {total_rows} rows are done"
         )
-    execution = JobExecution(
-        config=config,
-        loaded=loaded,
-        source=source,
-        checkpoint=checkpoint,
-        schema=schema,
-        total_rows=total_rows,
-        progress=progress,
-    )
     try:
-        run = _run_async(execution)
+        run = executor.execute(checkpoint, source, schema, total_rows, progress)
     except JobAbortedError as exc:
         return report.summary("aborted", EXIT_FAILED, None, str(exc))
     if run.signum is not None:
@@ -178,16 +169,30 @@ def _run(
             f"the job finished with {totals.input_rows} of {total_rows} rows done; the input "
             "changed while it ran"
         )
+    allowed = None if config.max_errors is None else config.max_errors.allowed(total_rows)
+    if allowed is not None and totals.failed_rows > allowed:
+        # An executor that cannot stop its workers early (Ray) finishes; nothing is written.
+        return report.summary(
+            "aborted",
+            EXIT_FAILED,
+            run,
+            f"{totals.failed_rows} rows failed, more than --max-errors "
+            f"{config.max_errors.describe() if config.max_errors else ''} allows "
+            f"({allowed} of {total_rows} rows); no output written",
+        )
     progress.close()
     progress.message(f"writing {paths.output.shown}")
+    architecture = executor.architecture(checkpoint)
     metadata = output_metadata(
         config=config.to_dict(),
-        model={**identity["model"], "architecture": loaded.architecture},
+        model={**model.identity, "architecture": architecture},
         input_fingerprint=input_fingerprint,
         run_id=checkpoint.run_id,
     )
     lock.verify()
-    _write_outputs(config, paths, checkpoint, final_schema, metadata, loaded)
+    write_outputs(
+        config, paths.output, paths.stats, checkpoint, final_schema, metadata, model, total_rows
+    )
     summary = report.completed(run)  # reads the checkpoint: before it is removed
     checkpoint.remove()
     return summary
@@ -263,7 +268,7 @@ def _check_output_path(paths: JobPaths, *, directory: bool) -> None:
 def _check_output(paths: JobPaths, config: JobConfig) -> str | None:
     """Refuse an existing output that is not ours to replace (`output_guard`). Returns the
     run id of an existing output that the checkpoint beside it produced (its job finished
-    but was killed before cleaning up)."""
+    but was killed before removing the checkpoint)."""
     return check_existing_output(
         paths.output,
         paths.stats,
@@ -271,43 +276,3 @@ def _check_output(paths: JobPaths, config: JobConfig) -> str | None:
         overwrite=config.overwrite,
         run_id=None if config.restart else peek_run_id(paths.checkpoint),
     )
-
-
-def _write_outputs(
-    config: JobConfig,
-    paths: JobPaths,
-    checkpoint: Checkpoint,
-    final_schema: pa.Schema,
-    metadata: dict[str, str],
-    loaded: LoadedModel,
-) -> None:
-    write_stats(checkpoint, paths.stats, metadata)
-    if config.output_format == "parquet":
-        write_parquet_output(
-            checkpoint, paths.output, final_schema, metadata, overwrite=config.overwrite
-        )
-    elif config.output_format == "parquet-dir":
-        tables = window_tables(checkpoint, final_schema.names)
-        write_parquet_dir(paths.output, tables, final_schema, metadata, config.overwrite)
-    else:
-        write_openai_output(
-            checkpoint,
-            paths.output,
-            model_name=loaded.name,
-            tokenizer=loaded.tokenizer,
-            overwrite=config.overwrite,
-        )
-
-
-def _run_async(execution: JobExecution) -> ExecutionResult:
-    try:
-        return anyio.run(execution.run)
-    except BaseExceptionGroup as group:
-        raise _single(group) from None
-
-
-def _single(error: BaseException) -> BaseException:
-    """The one error inside nested single-member exception groups (task groups wrap them)."""
-    while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
-        error = error.exceptions[0]
-    return error

@@ -59,8 +59,15 @@ async def _run_shard(
     if len(by_index) != len(rows):
         raise AstraiBatchError("a shard holds the same input row twice")
     order = shard_requests(rows, config.page_size, config.grouping)
+    # Seeded by the row id, as a local run seeds it (`PreparedWindow.requests`): a sampled
+    # row draws the same tokens whichever executor and shard run it.
     requests = [
-        GenerationRequest(rows[p].index, rows[p].token_ids, rows[p].params)  # type: ignore[arg-type]
+        GenerationRequest(
+            rows[p].index,
+            rows[p].token_ids,  # type: ignore[arg-type]
+            rows[p].params,  # type: ignore[arg-type]
+            seed_key=rows[p].id,
+        )
         for p in order
     ]
     collector = SampleCollector()

@@ -1,81 +1,64 @@
 """Checkpoints: finished result records saved beside the output, so a rerun resumes.
 
-Layout: a hidden directory ``.{output name}.ckpt`` beside the output (on the output's
-filesystem: a local disk or an object store, see `io.filesystems`), holding numbered part
-files (``part-000001.parquet``, records in the part schema of `records`) and
-``manifest.json``. Both kinds of file are written atomically (temporary file, fsync, rename;
-on an object store a temporary object, then a move),
-and a part counts only once the manifest lists it, so a crash at any moment leaves either the
-old state or the new one; files the manifest does not list are removed when the checkpoint is
-opened again (except the run lock's file, see `run_lock`: only the run holding that lock
-opens the checkpoint).
+One format for both executors (`checkpoint_manifest`): the manifest names the job, its
+planning and the executor that owns the parts. A local run saves numbered window parts
+(``part-000001.parquet``), each counting once the manifest lists it; a Ray run's workers
+commit one part per shard (`shard_parts`), each counting once it exists under the
+checkpoint's run id. Every file is written atomically, so a crash at any moment leaves the
+old state or the new one.
 
-The manifest records the job's identity (input content, model files, result options; see
-`fingerprint`), its planning options (a resumed job plans as the checkpoint did), each
-window's planning (first row, row count, prefix-group offset and count) and each part's
-window and statistics. A window is complete when its parts hold all its rows; inside the
-window the job is running, parts hold the rows that finished, in any order.
+A checkpoint is resumed by the executor that wrote it. The other executor takes it over
+only while it holds no finished rows; otherwise it is refused with a one-line message naming
+the executor that resumes it and ``--restart``. Nothing in it is deleted without
+``--restart`` except our own uncommitted debris (`is_our_debris`). Inside a local window
+parts hold the rows that finished, in any order; a window is complete when its parts hold
+all its rows.
 """
 
 from __future__ import annotations
 
 import json
-import secrets
-import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pyarrow as pa
 
 from astrai_batch.errors import CheckpointError, ConfigError, OutputError
-from astrai_batch.io.filesystems import AtomicObject, Location, as_location, write_table_at
+from astrai_batch.io.filesystems import Location, as_location, write_table_at
+from astrai_batch.jobs.crash_points import crash_point
+from astrai_batch.jobs.output.checkpoint_manifest import (
+    MANIFEST_FORMAT,
+    MANIFEST_NAME,
+    RESTART_HINT,
+    ExecutorMark,
+    PartRecord,
+    WindowRecord,
+    checkpoint_dir_for,
+    new_manifest,
+    peek_run_id,
+    read_manifest,
+    remove_debris,
+    write_manifest,
+)
 from astrai_batch.jobs.output.identity import job_differences
 from astrai_batch.jobs.output.records import INDEX_COLUMN
 from astrai_batch.jobs.output.run_lock import LOCK_NAME
+from astrai_batch.jobs.output.shard_parts import ShardInfo, read_info, shard_names
 from astrai_batch.jobs.output.stats import WorkStats, total
 from astrai_batch.jobs.planning.prefix_order import PlanningOptions
 
-MANIFEST_NAME = "manifest.json"
-MANIFEST_FORMAT = 2  # 2: content identities, planning options kept with the job
-RESTART_HINT = "rerun with --restart to discard it and start over"
+__all__ = [
+    "RESTART_HINT",
+    "Checkpoint",
+    "ExecutorMark",
+    "PartRecord",
+    "WindowRecord",
+    "checkpoint_dir_for",
+    "peek_run_id",
+]
 
-
-_Place = TypeVar("_Place", Path, Location)
-
-
-def checkpoint_dir_for(output: _Place) -> _Place:
-    """The checkpoint directory of an output: hidden, beside it, on its filesystem."""
-    name = f".{output.name}.ckpt"
-    return output.sibling(name) if isinstance(output, Location) else output.parent / name
-
-
-@dataclass(frozen=True)
-class WindowRecord:
-    """How a window was planned, so a resumed run can check it plans it the same way."""
-
-    number: int
-    start: int
-    rows: int
-    group_offset: int
-    num_groups: int
-
-    def to_dict(self) -> dict[str, int]:
-        return {
-            "number": self.number,
-            "start": self.start,
-            "rows": self.rows,
-            "group_offset": self.group_offset,
-            "num_groups": self.num_groups,
-        }
-
-
-@dataclass(frozen=True)
-class PartRecord:
-    file: str
-    window: int
-    stats: WorkStats
+LOCAL = ExecutorMark("local")
 
 
 class Checkpoint:
@@ -88,6 +71,7 @@ class Checkpoint:
             self.created: int = int(manifest["created"])
             self.job: dict[str, Any] = manifest["job"]
             self.planning = PlanningOptions.from_dict(manifest["planning"])
+            self.executor = ExecutorMark.from_dict(manifest.get("executor"))
             self._windows = {
                 int(item["number"]): WindowRecord(**item) for item in manifest["windows"]
             }
@@ -110,21 +94,31 @@ class Checkpoint:
         *,
         planning: PlanningOptions,
         restart: bool,
+        executor: ExecutorMark = LOCAL,
+        output_written: bool = False,
     ) -> Checkpoint:
-        """Resume the checkpoint in `directory` if it belongs to `job`, else start a new one.
+        """Resume the checkpoint in `directory` if it belongs to `job` and `executor`, else
+        start a new one.
 
-        An existing checkpoint of a different job is refused with `CheckpointError` listing
-        what changed, unless `restart` is set, which discards it. A new checkpoint records
-        `planning`; a resumed one keeps its own (`self.planning`), which the job then uses.
-        The caller holds the output's `RunLock`.
+        A checkpoint of a different job is refused with `CheckpointError` listing what
+        changed; one holding rows another executor finished is refused naming that executor;
+        `restart` discards either. A new checkpoint records `planning`; a resumed one keeps
+        its own (`self.planning`), which the job then uses. `output_written`: the output
+        beside it carries its run id, so only its manifest matters. The caller holds the
+        output's run lock.
         """
         job = json.loads(json.dumps(job))  # compare as stored: tuples are lists in JSON
         directory = as_location(directory)
-        manifest_path = directory.child(MANIFEST_NAME)
         if restart:
-            _remove_entries(directory, keep={LOCK_NAME})
-        if manifest_path.exists():
-            checkpoint = cls(directory, read_manifest(manifest_path))
+            for name in directory.list_names():
+                if name != LOCK_NAME:
+                    directory.child(name).delete()
+        if directory.child(MANIFEST_NAME).exists():
+            checkpoint = cls(directory, read_manifest(directory.child(MANIFEST_NAME)))
+            checkpoint._remove_debris()
+            if checkpoint.executor != executor:
+                checkpoint._take_over(job, planning, executor)
+                return checkpoint
             differences = job_differences(checkpoint.job, job)
             if differences:
                 raise CheckpointError(
@@ -132,8 +126,8 @@ class Checkpoint:
                     f"({'; '.join(differences)}); {RESTART_HINT}, or restore the original "
                     "settings to resume"
                 )
-            checkpoint._remove_unlisted_files()
-            checkpoint._require_parts()
+            if not output_written:  # else a kill while removing it may have taken parts
+                checkpoint._require_parts()
             return checkpoint
         # No manifest: nothing was ever saved (a crash right after creating the directory).
         try:
@@ -142,25 +136,45 @@ class Checkpoint:
             raise OutputError(
                 f"cannot create checkpoint {directory.shown}: {exc.strerror or exc}"
             ) from exc
-        manifest = {
-            "format": MANIFEST_FORMAT,
-            "run_id": secrets.token_hex(8),
-            "created": int(time.time()),
-            "job": job,
-            "planning": planning.to_dict(),
-            "windows": [],
-            "parts": [],
-        }
-        checkpoint = cls(directory, manifest)
-        checkpoint._remove_unlisted_files()
+        checkpoint = cls(directory, new_manifest(job, planning, executor))
+        checkpoint._remove_debris()
         checkpoint._write_manifest()
         return checkpoint
 
+    def _take_over(
+        self, job: dict[str, Any], planning: PlanningOptions, executor: ExecutorMark
+    ) -> None:
+        """Hand a checkpoint to another executor: only while it holds no finished rows (the
+        executors plan rows into windows and shards differently, so one cannot continue the
+        other's partial work)."""
+        if self.has_finished_rows():
+            raise CheckpointError(
+                f"the checkpoint in {self.directory.shown} holds rows finished by "
+                f"{self.executor.describe()}; rerun with {self.executor.describe()} to resume "
+                f"it, or {RESTART_HINT}"
+            )
+        self.job, self.planning, self.executor = job, planning, executor
+        self._windows = {}
+        self._write_manifest()
+
     # -- what is done ------------------------------------------------------------------------
+
+    def has_finished_rows(self) -> bool:
+        return bool(self._parts) or bool(self.shard_infos())
 
     @property
     def is_empty(self) -> bool:
-        return not self._parts
+        return not self.has_finished_rows()
+
+    def shard_infos(self) -> dict[int, ShardInfo]:
+        """The committed shard parts of this checkpoint's run, with what each reported."""
+        names = shard_names(self.directory.list_names(), self.run_id, self.executor.shards)
+        return {shard: read_info(self.directory.child(name)) for shard, name in names.items()}
+
+    def shard_part(self, shard: int) -> Location:
+        from astrai_batch.jobs.output.shard_parts import shard_part_name
+
+        return self.directory.child(shard_part_name(shard, self.executor.shards or 0, self.run_id))
 
     def window(self, number: int) -> WindowRecord | None:
         return self._windows.get(number)
@@ -169,9 +183,15 @@ class Checkpoint:
         return total(part.stats for part in self._parts if part.window == number)
 
     def stats_by_window(self) -> dict[int, WorkStats]:
+        """Statistics per window (a local run) or per shard (a Ray run)."""
+        if self.executor.name == "ray":
+            infos = self.shard_infos()
+            return {shard: infos[shard].stats for shard in sorted(infos)}
         return {number: self.window_stats(number) for number in sorted(self._windows)}
 
     def total_stats(self) -> WorkStats:
+        if self.executor.name == "ray":
+            return total(info.stats for info in self.shard_infos().values())
         return total(part.stats for part in self._parts)
 
     def is_window_complete(self, number: int) -> bool:
@@ -217,7 +237,10 @@ class Checkpoint:
         return first
 
     def part_paths(self, window: int | None = None) -> list[Location]:
-        """Part files in writing order, of one window or of all."""
+        """Part files: a local run's in writing order (of one window or of all), or a Ray
+        run's shard parts in shard order."""
+        if self.executor.name == "ray" and window is None:
+            return [self.shard_part(shard) for shard in sorted(self.shard_infos())]
         return [
             self.directory.child(part.file)
             for part in self._parts
@@ -249,10 +272,17 @@ class Checkpoint:
             raise CheckpointError(f"window {window} must be recorded before its parts")
         name = f"part-{len(self._parts) + 1:06d}.parquet"
         write_table_at(self.directory.child(name), table)
+        crash_point("part_written")
         self._parts.append(PartRecord(name, window, stats))
         self._write_manifest()
 
     def remove(self) -> None:
+        """Delete the checkpoint, its manifest last: until the manifest goes, a rerun after a
+        kill here can tell that the output beside it is this checkpoint's."""
+        for name in self.directory.list_names():
+            if name not in (MANIFEST_NAME, LOCK_NAME):
+                self.directory.child(name).delete()
+        self.directory.child(MANIFEST_NAME).delete()
         self.directory.delete()
 
     def check_invariants(self) -> None:
@@ -275,61 +305,20 @@ class Checkpoint:
             "format": MANIFEST_FORMAT,
             "run_id": self.run_id,
             "created": self.created,
+            "executor": self.executor.to_dict(),
             "job": self.job,
             "planning": self.planning.to_dict(),
             "windows": [self._windows[k].to_dict() for k in sorted(self._windows)],
-            "parts": [
-                {"file": part.file, "window": part.window, "stats": part.stats.to_dict()}
-                for part in self._parts
-            ],
+            "parts": [part.to_dict() for part in self._parts],
         }
 
     def _write_manifest(self) -> None:
-        manifest = AtomicObject(self.directory.child(MANIFEST_NAME), overwrite=True)
-        try:
-            manifest.handle.write(json.dumps(self._manifest(), indent=1).encode())
-        except BaseException:
-            manifest.abort()
-            raise
-        manifest.commit()
+        write_manifest(self.directory, self._manifest())
 
-    def _remove_unlisted_files(self) -> None:
-        listed = {part.file for part in self._parts} | {MANIFEST_NAME, LOCK_NAME}
-        _remove_entries(self.directory, keep=listed)
+    def _remove_debris(self) -> None:
+        remove_debris(self.directory, {part.file for part in self._parts})
 
     def _require_parts(self) -> None:
         for path in self.part_paths():
             if not path.is_file():
                 raise CheckpointError(f"checkpoint part {path.shown} is missing; {RESTART_HINT}")
-
-
-def _remove_entries(directory: Location, *, keep: set[str]) -> None:
-    """Remove everything in `directory` except the names in `keep` (the run lock's file
-    among them: the run that holds it is the one calling this)."""
-    for name in directory.list_names():
-        if name not in keep:
-            directory.child(name).delete()
-
-
-def read_manifest(path: Location) -> dict[str, Any]:
-    try:
-        manifest = json.loads(path.read_bytes())
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(
-            f"cannot read checkpoint manifest {path.shown} ({exc}); {RESTART_HINT}"
-        ) from exc
-    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
-        raise CheckpointError(
-            f"checkpoint manifest {path.shown} has an unknown format; {RESTART_HINT}"
-        )
-    return manifest
-
-
-def peek_run_id(directory: Location) -> str | None:
-    """The run id of the checkpoint in `directory`, or None when there is no readable one."""
-    try:
-        manifest = json.loads(directory.child(MANIFEST_NAME).read_bytes())
-    except (OSError, ValueError):
-        return None
-    run_id = manifest.get("run_id") if isinstance(manifest, dict) else None
-    return run_id if isinstance(run_id, str) else None

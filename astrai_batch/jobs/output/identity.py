@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from astrai_batch.io.fingerprint import directory_fingerprint, same_content
@@ -34,14 +35,34 @@ def job_identity(
 def model_identity(loaded: LoadedModel, revision: str | None) -> dict[str, Any]:
     """{name, source, digest}: `digest` names the files the model was loaded from (for a hub
     model, its cached snapshot of `revision`; by name and revision if none is found)."""
-    from astrai_batch.engine.model.loader import model_files_dir
+    return model_identity_of(loaded.name, loaded.source, revision)
 
-    files = model_files_dir(loaded, revision)
+
+def model_identity_of(name: str, source: str, revision: str | None) -> dict[str, Any]:
+    """`model_identity` from the model's name and where its files are, without loading it
+    (a Ray driver loads only the tokenizer)."""
+    from pathlib import Path
+
+    from astrai_batch.engine.model.loader import model_files_dir
+    from astrai_batch.io.fingerprint import file_fingerprint
+
+    if Path(source).is_file():  # a GGUF file not converted yet
+        digest = f"file:{json.dumps(file_fingerprint(Path(source)), sort_keys=True)}"
+        return {"name": name, "source": source, "digest": digest}
+    files = model_files_dir(_Named(name, source), revision)  # type: ignore[arg-type]
     if files is not None:
         digest = f"files:{directory_fingerprint(files)}"
     else:
-        digest = f"hub:{loaded.source}@{revision or 'main'}"
-    return {"name": loaded.name, "source": loaded.source, "digest": digest}
+        digest = f"hub:{source}@{revision or 'main'}"
+    return {"name": name, "source": source, "digest": digest}
+
+
+@dataclass(frozen=True)
+class _Named:
+    """What `model_files_dir` reads of a loaded model: its source."""
+
+    name: str
+    source: str
 
 
 def job_differences(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:

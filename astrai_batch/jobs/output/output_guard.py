@@ -3,7 +3,8 @@
 Checked before the model loads, holding the output's run lock; nothing here deletes
 anything but our own leftovers. An existing output (or stats file) is refused with one line
 unless `--overwrite` is given or it carries the run id of the checkpoint beside it (that
-job finished and was killed before removing its checkpoint). A ``parquet-dir`` output also
+job finished and was killed before removing its checkpoint; OpenAI lines, which carry no
+run id, by the stats file committed just before them). A ``parquet-dir`` output also
 follows `dir_ownership`: files we cannot prove we wrote are never replaced.
 """
 
@@ -44,7 +45,9 @@ def check_existing_output(
     else:
         remove_stale_temp_files(output)
         if output.exists():
-            if run_id is not None and output_run_id(output) == run_id:
+            # OpenAI lines carry no run id: the stats file committed just before them does.
+            owner = output if output_format != "openai-jsonl" else stats
+            if run_id is not None and output_run_id(owner) == run_id:
                 return run_id
             if not overwrite:
                 raise _exists(output)

@@ -150,7 +150,8 @@ def test_a_killed_driver_resumes_without_recomputing_finished_shards(
     checkpoint = tmp_path / ".ray.parquet.ckpt"
 
     driver = start_process(*command)
-    deadline = time.monotonic() + 150
+    # A wait, not a timing: on a shared 2-core machine the first shard can take minutes.
+    deadline = time.monotonic() + 600
     while not list(checkpoint.glob("shard-*.parquet")) and time.monotonic() < deadline:
         assert driver.poll() is None, driver.communicate()[1]
         time.sleep(0.05)
@@ -159,8 +160,9 @@ def test_a_killed_driver_resumes_without_recomputing_finished_shards(
     time.sleep(3)  # Ray ends the dead driver's actors; a part is committed whole or not at all
     finished = {p: p.stat().st_mtime_ns for p in checkpoint.glob("shard-*.parquet")}
     finished_rows = sum(pq.read_metadata(p).num_rows for p in finished)
-    assert finished_rows in (4, 10), finished  # the short shard, or (actors that started late
-    # run shards one after the other) both
+    # Whole shards only: the short one, the long one (when one actor started late and took
+    # the long shard first, as under load), or both.
+    assert finished_rows in (4, 6, 10), finished
     assert not output.exists()
     watch = threading.Event()
     rewritten: list[str] = []
@@ -179,7 +181,7 @@ def test_a_killed_driver_resumes_without_recomputing_finished_shards(
 
     # The output format may change on a resume: the rerun writes a directory of parts.
     rerun = start_process(*command, "--output-format", "parquet-dir")
-    stdout, stderr = rerun.communicate(timeout=240)
+    stdout, stderr = rerun.communicate(timeout=900)
     watch.set()
     watcher.join()
     assert rerun.returncode == 0, stderr

@@ -1,0 +1,43 @@
+"""Crash points for the fault-injection tests: a test-only hook at every write and commit
+boundary of a job.
+
+``ASTRAI_BATCH_CRASH_AT=<point>:<count>`` makes this process kill itself with SIGKILL (no
+cleanup, no flush: what a power cut or the OOM killer does) the `count`-th time it reaches
+`point`. Unset, a crash point is one dictionary lookup. The points, in the order a job
+passes them:
+
+- ``part_written``: a local checkpoint part is committed, the manifest does not list it yet
+- ``manifest_written``: the checkpoint manifest is committed
+- ``shard_written``: a Ray worker committed its shard's part, the driver does not know yet
+- ``stats_written``: the stats file is committed, the output is not
+- ``output_written``: the output is committed, the checkpoint is not removed yet
+
+The count left is kept in the variable itself, so it survives nothing but this process:
+a rerun (or a Ray worker, which inherits the environment) counts afresh.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+CRASH_ENV = "ASTRAI_BATCH_CRASH_AT"
+POINTS = (
+    "part_written",
+    "manifest_written",
+    "shard_written",
+    "stats_written",
+    "output_written",
+)
+
+
+def crash_point(point: str) -> None:
+    """Die here if ``ASTRAI_BATCH_CRASH_AT`` says this is the moment."""
+    wanted = os.environ.get(CRASH_ENV)
+    if wanted is None or not wanted.startswith(f"{point}:"):
+        return
+    left = int(wanted.split(":", 1)[1]) - 1
+    if left > 0:
+        os.environ[CRASH_ENV] = f"{point}:{left}"
+        return
+    os.kill(os.getpid(), signal.SIGKILL)

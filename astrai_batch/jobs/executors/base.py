@@ -1,0 +1,59 @@
+"""What the job flow asks of an executor, and what an executor gives back.
+
+The job flow (`jobs.job`) owns everything a job is: option and output checks, identity, the
+checkpoint, resume, the summary, exit status and the final commit. An executor turns the
+planned rows of an open checkpoint into committed parts: `local` in this process
+(`local_executor`), `ray` on Ray workers (`ray_job`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import pyarrow as pa
+
+from astrai_batch.io import InputSource
+from astrai_batch.jobs.executors.local_execution import ExecutionResult
+from astrai_batch.jobs.output.checkpoint import Checkpoint, ExecutorMark
+from astrai_batch.jobs.progress import Progress
+
+__all__ = ["ExecutionResult", "Executor", "ModelFacts"]
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the job flow needs of the model: its identity (for the job's), the name outputs
+    carry, the tokenizer (OpenAI logprob tokens) and its architecture (output metadata; None
+    when the executor has not loaded the model itself)."""
+
+    identity: dict[str, Any]
+    name: str
+    tokenizer: Any
+    architecture: str | None
+
+
+class Executor(Protocol):
+    def mark(self) -> ExecutorMark:
+        """Which parts this executor writes (recorded in the checkpoint's manifest)."""
+        ...
+
+    def prepare(self, source: InputSource, progress: Progress) -> ModelFacts:
+        """Load what the job needs before its checkpoint opens; refuse what cannot run."""
+        ...
+
+    def execute(
+        self,
+        checkpoint: Checkpoint,
+        source: InputSource,
+        schema: pa.Schema,
+        total_rows: int,
+        progress: Progress,
+    ) -> ExecutionResult:
+        """Run every row the checkpoint lacks, committing parts into it. Raises
+        `JobAbortedError` when --max-errors stops the job."""
+        ...
+
+    def architecture(self, checkpoint: Checkpoint) -> str | None:
+        """The model's architecture, once the rows are done (for the output's metadata)."""
+        ...

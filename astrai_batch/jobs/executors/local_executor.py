@@ -1,0 +1,86 @@
+"""The local executor: the job's windows over one engine in this process
+(`local_execution.JobExecution`)."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+
+import anyio
+import pyarrow as pa
+
+from astrai_batch.engine import keep_freed_memory, load_model, set_cpu_threads
+from astrai_batch.engine.model.loaded import LoadedModel
+from astrai_batch.engine.model.support import require_chat_template
+from astrai_batch.engine.threads import describe_threads
+from astrai_batch.errors import ConfigError
+from astrai_batch.io import InputSource
+from astrai_batch.jobs.executors.base import ModelFacts
+from astrai_batch.jobs.executors.local_execution import ExecutionResult, JobExecution
+from astrai_batch.jobs.options.config import JobConfig
+from astrai_batch.jobs.output.checkpoint import Checkpoint, ExecutorMark
+from astrai_batch.jobs.output.identity import model_identity
+from astrai_batch.jobs.progress import Progress
+
+if sys.version_info < (3, 11):  # pragma: no cover
+    from exceptiongroup import BaseExceptionGroup
+
+
+@dataclass
+class LocalExecutor:
+    config: JobConfig
+    loaded: LoadedModel | None = field(default=None, init=False)
+
+    def mark(self) -> ExecutorMark:
+        return ExecutorMark("local")
+
+    def prepare(self, source: InputSource, progress: Progress) -> ModelFacts:
+        config = self.config
+        threads = set_cpu_threads(config.threads)
+        keep_freed_memory()
+        progress.message(f"loading model {config.model} ({describe_threads(threads)})")
+        loaded = load_model(config.model, **config.model_options())
+        if config.max_model_len is not None and config.max_model_len > loaded.max_model_len:
+            raise ConfigError(
+                f"--max-model-len {config.max_model_len} exceeds the context of model "
+                f"{loaded.name!r} ({loaded.max_model_len} tokens)"
+            )
+        if source.shape == "messages":
+            require_chat_template(loaded)
+        self.loaded = loaded
+        identity = model_identity(loaded, config.revision)
+        return ModelFacts(identity, loaded.name, loaded.tokenizer, loaded.architecture)
+
+    def execute(
+        self,
+        checkpoint: Checkpoint,
+        source: InputSource,
+        schema: pa.Schema,
+        total_rows: int,
+        progress: Progress,
+    ) -> ExecutionResult:
+        if self.loaded is None:
+            raise RuntimeError("prepare() before execute()")
+        execution = JobExecution(
+            config=self.config,
+            loaded=self.loaded,
+            source=source,
+            checkpoint=checkpoint,
+            schema=schema,
+            total_rows=total_rows,
+            progress=progress,
+        )
+        try:
+            return anyio.run(execution.run)
+        except BaseExceptionGroup as group:
+            raise _single(group) from None
+
+    def architecture(self, checkpoint: Checkpoint) -> str | None:
+        return self.loaded.architecture if self.loaded is not None else None
+
+
+def _single(error: BaseException) -> BaseException:
+    """The one error inside nested single-member exception groups (task groups wrap them)."""
+    while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
+        error = error.exceptions[0]
+    return error

@@ -1,0 +1,218 @@
+"""One point of the job matrix, drawn from a seed: input format and layout, output format,
+executors, storage, sampling, checkpoint cadence, and the faults each attempt gets.
+
+Everything here is a function of the seed (`draw`), so a failure's seed reproduces it:
+``scripts/soak --seed N`` runs exactly that configuration again.
+"""
+
+from __future__ import annotations
+
+import gzip
+import itertools
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from astrai_batch.jobs.crash_points import POINTS
+
+INPUT_FORMATS = ("parquet", "parquet-dir", "jsonl", "jsonl.gz", "openai")
+OUTPUT_FORMATS = ("parquet", "parquet-dir", "openai-jsonl")
+PREFIXES = (
+    "You are a helpful assistant. Answer briefly and precisely.",
+    "Summarise the following article about batch inference and caching.",
+    "Translate to German: the weather is nice today and we go for a walk.",
+)
+
+
+@dataclass(frozen=True)
+class Fault:
+    """What one attempt suffers: a crash point (`point`, its `count`-th passage), a kill -9
+    after `delay` seconds, or nothing (the attempt that must complete)."""
+
+    kind: str  # "crash" | "kill" | "none"
+    point: str | None = None
+    count: int = 1
+    delay: float = 0.0
+
+    def describe(self) -> str:
+        if self.kind == "crash":
+            return f"crash at {self.point}:{self.count}"
+        if self.kind == "kill":
+            return f"kill -9 after {self.delay:.1f} s"
+        return "no fault"
+
+
+@dataclass(frozen=True)
+class Matrix:
+    seed: int
+    rows: int
+    input_format: str
+    row_groups: tuple[int, ...]  # Parquet row-group sizes, or rows per file of a directory
+    bad_rows: tuple[int, ...]
+    duplicate_rows: tuple[int, ...]  # rows whose id repeats the one before
+    output_format: str
+    executors: tuple[str, ...]  # per attempt: "local" or "ray"
+    workers: int
+    storage: str  # "local" | "s3"
+    sampled: bool
+    n: int
+    max_tokens: int
+    checkpoint_rows: int
+    group_window: int | None
+    faults: tuple[Fault, ...]  # per attempt; the last is "none"
+
+    @property
+    def uses_ray(self) -> bool:
+        return "ray" in self.executors
+
+    def describe(self) -> str:
+        layout = f" groups {list(self.row_groups)}" if self.row_groups else ""
+        switch = "->".join(dict.fromkeys(self.executors)) if self.uses_ray else "local"
+        return (
+            f"seed {self.seed}: {self.rows} rows {self.input_format}{layout}, "
+            f"{len(self.bad_rows)} bad, {len(self.duplicate_rows)} duplicate ids -> "
+            f"{self.output_format} on {self.storage}; executor {switch}"
+            f"{f' ({self.workers} workers)' if self.uses_ray else ''}; "
+            f"{'sampled' if self.sampled else 'greedy'} n={self.n}; checkpoint every "
+            f"{self.checkpoint_rows} rows, window {self.group_window or 'default'}; faults: "
+            f"{', '.join(f.describe() for f in self.faults)}"
+        )
+
+
+def draw(seed: int, *, allow_ray: bool = True, allow_s3: bool = True) -> Matrix:
+    rng = random.Random(seed)
+    rows = rng.randint(10, 36)
+    input_format = rng.choice(INPUT_FORMATS)
+    row_groups: tuple[int, ...] = ()
+    if input_format in ("parquet", "parquet-dir"):
+        row_groups = _uneven_split(rng, rows, rng.randint(2, 5))
+    picks = rng.sample(range(rows), k=min(rows, rng.randint(0, 3) + rng.randint(0, 2)))
+    cut = rng.randint(0, len(picks))
+    bad, duplicates = tuple(sorted(picks[:cut])), tuple(sorted(p for p in picks[cut:] if p > 0))
+    uses_ray = allow_ray and rng.random() < 0.3
+    if uses_ray:
+        first = rng.choice(("local", "ray"))
+        other = "ray" if first == "local" else "local"
+        executors = tuple(first if rng.random() < 0.6 else other for _ in range(4))
+    else:
+        executors = ("local",) * 4
+    attempts = rng.randint(1, 3) + 1
+    executors = executors[:attempts]
+    faults = [_fault(rng, executor) for executor in executors[:-1]]
+    faults.append(Fault("none"))
+    return Matrix(
+        seed=seed,
+        rows=rows,
+        input_format=input_format,
+        row_groups=row_groups,
+        bad_rows=bad,
+        duplicate_rows=duplicates,
+        output_format=rng.choice(OUTPUT_FORMATS),
+        executors=executors,
+        workers=rng.randint(1, 3),
+        storage="s3" if allow_s3 and rng.random() < 0.3 else "local",
+        sampled=rng.random() < 0.5,
+        n=rng.choice((1, 1, 2)),
+        max_tokens=rng.randint(2, 6),
+        checkpoint_rows=rng.randint(1, 8),
+        # A Ray run plans one global window; a local one that a Ray run may finish must too,
+        # or prefix-group numbers (an output column) would legitimately differ.
+        group_window=None if uses_ray else rng.choice((None, rng.randint(3, 12))),
+        faults=tuple(faults),
+    )
+
+
+def _fault(rng: random.Random, executor: str) -> Fault:
+    """A kill, or a crash point the attempt's executor passes (a Ray driver writes the
+    manifest once and no local parts; its workers commit shard parts)."""
+    if rng.random() < 0.4:
+        return Fault("kill", delay=round(rng.uniform(1.0, 14.0), 1))
+    if executor == "ray":
+        points = ["shard_written", "manifest_written", "stats_written", "output_written"]
+    else:
+        points = [p for p in POINTS if p != "shard_written"]
+    point = rng.choice(points)
+    repeats = executor == "local" and point in ("part_written", "manifest_written")
+    return Fault("crash", point=point, count=rng.randint(1, 4) if repeats else 1)
+
+
+def _uneven_split(rng: random.Random, total: int, parts: int) -> tuple[int, ...]:
+    cuts = sorted(rng.sample(range(1, total), k=min(parts - 1, total - 1)))
+    bounds = [0, *cuts, total]
+    return tuple(b - a for a, b in itertools.pairwise(bounds))
+
+
+# -- the input ---------------------------------------------------------------------------------
+
+
+def records(matrix: Matrix) -> list[dict[str, Any]]:
+    """The input rows as dicts: id, prompt (a bad row's prompt is not a string)."""
+    rng = random.Random(matrix.seed + 1)
+    out = []
+    for i in range(matrix.rows):
+        prompt = f"{rng.choice(PREFIXES)} Question {i}: what is {i % 7} plus {i % 5}?"
+        out.append({"id": f"r{i}", "prompt": prompt})
+    for i in matrix.duplicate_rows:
+        out[i]["id"] = out[i - 1]["id"]
+    return out
+
+
+def write_input(matrix: Matrix, directory: Path) -> Path:
+    """The input in the matrix's format under `directory`; returns INPUT's path."""
+    rows = records(matrix)
+    bad = set(matrix.bad_rows)
+    fmt = matrix.input_format
+    if fmt in ("parquet", "parquet-dir"):
+        table = pa.table(
+            {
+                "id": [r["id"] for r in rows],
+                "prompt": [None if i in bad else r["prompt"] for i, r in enumerate(rows)],
+            }
+        )
+        if fmt == "parquet":
+            path = directory / "in.parquet"
+            with pq.ParquetWriter(path, table.schema) as writer:
+                start = 0
+                for size in matrix.row_groups:
+                    writer.write_table(table.slice(start, size), row_group_size=size)
+                    start += size
+            return path
+        path = directory / "in"
+        path.mkdir()
+        start = 0
+        for k, size in enumerate(matrix.row_groups):
+            pq.write_table(table.slice(start, size), path / f"part-{k}.parquet")
+            start += size
+        return path
+    lines = []
+    for i, row in enumerate(rows):
+        if fmt == "openai":
+            body: dict[str, Any] = {
+                "model": "tiny",
+                "messages": [{"role": "user", "content": row["prompt"]}],
+            }
+            if i in bad:
+                body["messages"] = 17
+            lines.append(
+                {
+                    "custom_id": row["id"],
+                    "method": "POST",
+                    "url": "/v1/chat/completions",
+                    "body": body,
+                }
+            )
+        else:
+            lines.append({**row, "prompt": 17} if i in bad else row)
+    text = "".join(json.dumps(line) + "\n" for line in lines)
+    if fmt == "jsonl.gz":
+        path = directory / "in.jsonl.gz"
+        path.write_bytes(gzip.compress(text.encode()))
+        return path
+    path = directory / "in.jsonl"
+    path.write_text(text, encoding="utf-8")
+    return path
