@@ -319,4 +319,6 @@ def _summary(
         run_decode_tokens=run.decode_tokens,
         run_wall_seconds=time.monotonic() - started,
         message=message,
+        device=config.device,
+        dtype=config.dtype,
     )
