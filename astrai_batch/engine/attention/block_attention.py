@@ -15,8 +15,9 @@ its generated tokens as a prefill), wherever its chunk starts. So for every quer
 
 GEMM rows never interact, and the BLAS's result for a row does not depend on the row count
 for a fixed reduction length of one head dimension or one block (`tests/engine/
-test_invariant_kernels.py` checks this on the machine it runs on); one-row GEMMs are avoided
-because they take the BLAS's matrix-vector path, which sums in another order.
+test_invariant_kernels.py` checks this on the machine it runs on) once it has a few rows:
+GEMMs of fewer than `MIN_GEMM_ROWS` rows are padded, since one row takes the BLAS's
+matrix-vector path and two or three rows another blocking, each summing in another order.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def block_attention(
         run_scores.append(scores)
     if units.rows.numel():
         keys = batch.gatherer.gather("key", k_cache, units.page_tables, batch.page_size)
-        a = rows_at_least_two(qg.index_select(0, units.rows))  # [U, Hkv, G', D]
+        a = pad_gemm_rows(qg.index_select(0, units.rows))  # [U, Hkv, G', D]
         unit_scores = torch.matmul(a, keys.permute(0, 2, 3, 1).to(a.dtype))
         unit_scores = unit_scores.float()[:, :, :group].mul_(scale)
         unit_scores.masked_fill_(units.masked_keys(batch.block_tokens), NEG)
@@ -74,7 +75,7 @@ def block_attention(
         vals = batch.gatherer.gather("value", v_cache, units.page_tables, batch.page_size)
         probs = unit_scores.sub_(row_max.index_select(0, units.rows).unsqueeze(-1)).exp_()
         sums = probs.sum(dim=-1)  # [U, Hkv, G]
-        p = rows_at_least_two(probs)
+        p = pad_gemm_rows(probs)
         out = torch.matmul(p.to(vals.dtype), vals.permute(0, 2, 1, 3)).float()[:, :, :group]
         starts = units.block_starts
         for b in range(len(starts) - 1):  # block order: one addition per block and row
@@ -92,7 +93,7 @@ def _run_scores(
     n = run.rows.shape[0]
     _, kv_heads, group, dim = qg.shape
     keys = batch.gatherer.gather("run_key", k_cache, run.page_table, batch.page_size)[0]
-    a = rows_at_least_two(
+    a = pad_gemm_rows(
         qg.index_select(0, run.rows).permute(1, 0, 2, 3).reshape(kv_heads, 1, n * group, dim)
     )
     b = keys.view(run.num_blocks, batch.block_tokens, kv_heads, dim).permute(2, 0, 3, 1)
@@ -108,7 +109,7 @@ def _run_values(probs: torch.Tensor, v_cache: torch.Tensor, run: BlockRun, batch
     _, _, kv_heads, group, block = probs.shape
     vals = batch.gatherer.gather("run_value", v_cache, run.page_table, batch.page_size)[0]
     width = vals.shape[-1]
-    p = rows_at_least_two(
+    p = pad_gemm_rows(
         probs.permute(1, 2, 0, 3, 4).reshape(run.num_blocks, kv_heads, n * group, block)
     )
     v = vals.view(run.num_blocks, block, kv_heads, width).permute(0, 2, 1, 3)
@@ -116,8 +117,16 @@ def _run_values(probs: torch.Tensor, v_cache: torch.Tensor, run: BlockRun, batch
     return o.view(run.num_blocks, kv_heads, n, group, width).permute(2, 0, 1, 3, 4)
 
 
-def rows_at_least_two(x: torch.Tensor) -> torch.Tensor:
-    """Pads the GEMM row axis (-2) to two rows with zeros when it has one."""
-    if x.shape[-2] >= 2:
+# The fewest GEMM rows at which a row's result stops depending on the row count: OpenBLAS /
+# oneDNN on x86 (torch 2.13) sum rows of 1, 2 or 3-row GEMMs in other orders than of >= 4
+# (measured by the start-up probe, `engine/invariance_probe.py`); 8 leaves a margin.
+MIN_GEMM_ROWS = 8
+
+
+def pad_gemm_rows(x: torch.Tensor) -> torch.Tensor:
+    """Pads the GEMM row axis (-2) with zero rows to at least `MIN_GEMM_ROWS` rows."""
+    rows = x.shape[-2]
+    if rows >= MIN_GEMM_ROWS:
         return x
-    return torch.cat([x, torch.zeros_like(x)], dim=-2)
+    pad = x.new_zeros(*x.shape[:-2], MIN_GEMM_ROWS - rows, x.shape[-1])
+    return torch.cat([x, pad], dim=-2)

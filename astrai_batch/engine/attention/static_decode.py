@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from astrai_batch.engine.attention.block_attention import NEG, rows_at_least_two
+from astrai_batch.engine.attention.block_attention import NEG, pad_gemm_rows
 
 
 @dataclass(frozen=True)
@@ -64,14 +64,14 @@ def _blocked(q, k_cache, v_cache, batch: StaticDecodeBatch, scale: float) -> tor
     tables = _block_major(batch.page_tables, blocks)
     qg = q.reshape(rows, kv_heads, group, head_dim)
     keys = _gather(k_cache, tables, batch.page_size)
-    a = rows_at_least_two(qg.repeat(blocks, 1, 1, 1))  # [U, Hkv, G', D], as block_attention
+    a = pad_gemm_rows(qg.repeat(blocks, 1, 1, 1))  # [U, Hkv, G', D], as block_attention
     scores = torch.matmul(a, keys.permute(0, 2, 3, 1).to(a.dtype))
     scores = scores.float()[:, :, :group].mul_(scale)
     scores.masked_fill_(_key_masked(batch.positions, blocks, block), NEG)
     row_max = scores.amax(dim=-1).unflatten(0, (blocks, rows)).amax(dim=0)  # exact, any order
     probs = scores.sub_(row_max.repeat(blocks, 1, 1).unsqueeze(-1)).exp_()
     sums = probs.sum(dim=-1)  # [U, Hkv, G]
-    p = rows_at_least_two(probs)
+    p = pad_gemm_rows(probs)
     vals = _gather(v_cache, tables, batch.page_size)
     out = torch.matmul(p.to(vals.dtype), vals.permute(0, 2, 1, 3)).float()[:, :, :group]
     out = out.unflatten(0, (blocks, rows))

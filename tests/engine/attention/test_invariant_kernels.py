@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch import nn
 
+from astrai_batch.engine.attention.block_attention import MIN_GEMM_ROWS, pad_gemm_rows
 from astrai_batch.engine.attention.block_plan import block_tokens_for
 from astrai_batch.engine.runner.invariant_linear import RowTiledLinear, set_row_tiling
 
@@ -43,19 +44,30 @@ def test_tile_rows_below_two_is_refused():
         RowTiledLinear(nn.Linear(2, 2), tile_rows=1)
 
 
-@pytest.mark.parametrize(("k", "n"), [(64, 64), (64, 128), (128, 64), (32, 64), (64, 32)])
+@pytest.mark.parametrize(("k", "n"), [(64, 64), (64, 128), (128, 64), (32, 64), (64, 32), (16, 64)])
 def test_blas_rows_do_not_depend_on_row_count(k, n):
     """What the block attention relies on: for a reduction over one head (k = head_dim) or
-    one key block (k = block), a GEMM row's result is the same for any row count >= 2. If a
-    BLAS breaks this, batch invariance breaks with it, and this test says so first."""
+    one key block (k = block), a GEMM row's result is the same for any row count >=
+    MIN_GEMM_ROWS (x86 BLAS sums 2- and 3-row GEMMs otherwise). If a BLAS breaks this, batch
+    invariance breaks with it, and this test says so first."""
     torch.manual_seed(1)
     b = torch.randn(k, n)
     a = torch.randn(1024, k)
-    first = (a[:2] @ b)[0]
-    for m in (3, 6, 9, 48, 64, 200, 1024):
+    least = MIN_GEMM_ROWS
+    first = (a[:least] @ b)[0]
+    for m in (least + 1, 2 * least + 3, 48, 64, 200, 1024):
         assert torch.equal((a[:m] @ b)[0], first), f"row 0 differs with {m} rows"
-    batched = torch.matmul(a[:6].view(2, 3, k), b.expand(2, k, n))[0, 0]
+    batched = torch.matmul(a[: 2 * least].view(2, least, k), b.expand(2, k, n))[0, 0]
     assert torch.equal(batched, first)
+
+
+def test_small_gemms_are_padded_to_the_least_row_count():
+    x = torch.randn(3, 2, 5)
+    padded = pad_gemm_rows(x)
+    assert padded.shape == (3, MIN_GEMM_ROWS, 5)
+    assert torch.equal(padded[:, :2], x) and not padded[:, 2:].any()
+    wide = torch.randn(MIN_GEMM_ROWS, 5)
+    assert pad_gemm_rows(wide) is wide
 
 
 def test_block_is_whole_pages_of_at_least_64_tokens():
