@@ -37,3 +37,7 @@ class CacheCapacityError(AstraiBatchError):
 
 class JobAbortedError(AstraiBatchError):
     """The job stopped on purpose, e.g. more failed rows than --max-errors allows."""
+
+
+class NumericsError(AstraiBatchError):
+    """Invariant numerics were asked for but this machine does not give them."""

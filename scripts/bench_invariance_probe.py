@@ -1,0 +1,51 @@
+#!/usr/bin/env python3
+"""What the start-up invariance probe costs (`engine/invariance_probe.py`).
+
+Usage: scripts/bench_invariance_probe.py [--model tiny|smollm2-135m|PATH] [--repeat 3]
+
+Prints the median wall time of `check_invariance_at_start` (after one warm-up) with the
+command that produced it, and its verdict (a refusal costs as much as a pass: every run is
+made before any comparison); `tiny` is the random-weight tiny Llama of the device check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # our tree, not installed
+
+
+def main(argv: list[str]) -> int:
+    from astrai_batch.bench.random_models import TINY, build_model
+    from astrai_batch.engine.config import EngineConfig
+    from astrai_batch.engine.invariance_probe import check_invariance_at_start
+    from astrai_batch.engine.model.loader import load_model
+    from astrai_batch.errors import NumericsError
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="tiny")
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args(argv)
+    loaded = build_model(TINY) if args.model == "tiny" else load_model(args.model)
+    config = EngineConfig()
+    times, verdict = [], "passed"
+    for run in range(args.repeat + 1):  # the first is a warm-up: first calls allocate
+        began = time.perf_counter()
+        try:
+            check_invariance_at_start(loaded, config)
+        except NumericsError as exc:
+            verdict = f"refused: {exc}"
+        if run:
+            times.append(time.perf_counter() - began)
+    command = " ".join(["scripts/bench_invariance_probe.py", *argv])
+    median = 1000 * statistics.median(times)
+    print(f"{command}: probe median {median:.1f} ms over {args.repeat}; {verdict}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
