@@ -35,9 +35,10 @@ import torch
 from astrai_batch.cache.kv_pool import KVPool
 from astrai_batch.engine.attention.backends import BACKEND_SPECS
 from astrai_batch.engine.attention.block_plan import block_tokens_for
+from astrai_batch.engine.attention.host_staging import HostStaging
 from astrai_batch.engine.attention.paged_attention import BATCH_KWARG
 from astrai_batch.engine.attention.static_decode import StaticDecodeBatch
-from astrai_batch.engine.attention.step_arrays import StepArrays, to_device
+from astrai_batch.engine.attention.step_arrays import StepArrays
 from astrai_batch.engine.runner.forward_timer import ForwardTimer
 from astrai_batch.engine.runner.graph_buckets import GraphBuckets
 from astrai_batch.errors import ConfigError
@@ -87,9 +88,16 @@ class DecodeGraphs:
     """Decode-only steps at bucketed shapes, captured as CUDA graphs (or run eagerly)."""
 
     def __init__(
-        self, model: torch.nn.Module, pool: KVPool, spec: GraphSpec, *, invariant: bool
+        self,
+        model: torch.nn.Module,
+        pool: KVPool,
+        spec: GraphSpec,
+        *,
+        invariant: bool,
+        staging: HostStaging | None = None,
     ) -> None:
         self.device = pool.key_cache[0].device
+        self.staging = HostStaging(self.device) if staging is None else staging
         if spec.capture and self.device.type != "cuda":
             raise ConfigError(f"CUDA graphs need a CUDA device; the pool is on {self.device.type}")
         if not 0 <= spec.scratch_page < pool.num_pages:
@@ -135,7 +143,7 @@ class DecodeGraphs:
             run = self._prepare(*bucket)
             if run is None:
                 return None
-        wanted = None if len(step.logit_rows) == rows else to_device(step.logit_rows, self.device)
+        wanted = None if len(step.logit_rows) == rows else self.staging.array(step.logit_rows)
 
         def forward(timer: ForwardTimer) -> torch.Tensor:
             timer.start()
@@ -174,9 +182,9 @@ class DecodeGraphs:
         tables[:n, held:] = 0
         tables[n:] = 0
         tables[n:, 0] = scratch  # a padding row's one key: its own, in the scratch page
+        size = self._input_size(batch, width)
+        self.staging.into(self._inputs[:size], self._staging[:size])
         if self._copied is not None:
-            size = self._input_size(batch, width)
-            self._inputs[:size].copy_(self._staging[:size], non_blocking=True)
             self._copied.record()
 
     def _views(self, batch: int, width: int):
