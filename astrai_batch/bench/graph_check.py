@@ -1,7 +1,7 @@
 """Decode-only steps as CUDA graphs vs eager, on one workload in one process.
 
-Each mode gets its own engine; the workload runs once to warm up (every bucket the timed
-run needs is captured here, and the capture's cost is reported on its own), then once
+Each mode gets its own engine (graphs are captured when it is built); the workload runs once
+to warm up (the capture's cost is reported on its own), then once
 timed. Reported per mode: throughput, host milliseconds per step (engine time outside the
 forward), the share of steps that ran at a bucket's shape; and whether graphs on produced the
 greedy tokens of the real eager path (no static decode: what a job without graphs runs).

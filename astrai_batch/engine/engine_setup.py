@@ -103,6 +103,8 @@ def assemble_engine(
         attention_kernel=make_kernel(backend, param.device),
         graphs=graphs,
     )
+    if capture:  # every bucket now, before the first step: none is captured mid-job
+        runner.decode_graphs.capture_up_front()
     return EngineParts(
         max_model_len=max_model_len,
         attention_backend=backend,
