@@ -73,6 +73,8 @@ def assemble_engine(
                         max_num_batched_tokens=config.max_num_batched_tokens,
                         max_num_seqs=config.max_num_seqs,
                         max_model_len=max_model_len,
+                        numerics=config.numerics,
+                        graphs=capture,
                     ),
                 ),
                 bytes_per_page=KVPool.bytes_per_page(**page_args),
