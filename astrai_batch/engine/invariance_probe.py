@@ -41,6 +41,7 @@ FILLER_LENGTHS = (90, 33, 120, 12, 64)
 PROBE_TOKENS = 3
 PROBE_BUDGETS = (512, 48)  # one large step (two linear tiles), then chunked prefills
 PROBE_SEED = 20
+PROBE_CONTEXT = 160  # the longest probe row (a 64-token shared prefix + 90) and its tokens
 
 
 def check_invariance_at_start(
@@ -49,14 +50,16 @@ def check_invariance_at_start(
     """Raise `NumericsError` unless the probe rows' logits are the same alone and in a crowd."""
     vocab = loaded.model.config.vocab_size
     room = min(loaded.max_model_len, config.max_model_len or loaded.max_model_len)
-    cap = max(1, room - PROBE_TOKENS)
-    prompts = probe_prompts(vocab, PROBE_SEED, cap)
+    context = min(room, PROBE_CONTEXT)
+    prompts = probe_prompts(vocab, PROBE_SEED, max(1, context - PROBE_TOKENS))
     watched = range(len(PROBE_LENGTHS))
-    pages = sum(-(-(len(p) + PROBE_TOKENS) // config.page_size) for p in prompts) + 2
+    # a short context: a contiguous layout's seats (one context each) stay small too
+    pages = len(prompts) * -(-context // config.page_size) + 2
     base = dataclasses.replace(
         config,
         num_pages=pages,
         kv_cache_memory=None,
+        max_model_len=context,
         max_num_seqs=len(prompts),
         cuda_graphs=False,  # capture belongs to the job; the graphs' bits: gpu_check
         lookahead=None,

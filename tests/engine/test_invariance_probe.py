@@ -47,6 +47,7 @@ def batch_dependent(loaded):
 def test_the_probe_passes_on_the_invariant_path(loaded) -> None:
     check_invariance_at_start(loaded, EngineConfig())
     check_invariance_at_start(loaded, EngineConfig(page_size=8, enable_prefix_cache=False))
+    check_invariance_at_start(loaded, EngineConfig(kv_layout="contiguous", max_num_seqs=2))
 
 
 def test_a_batch_dependent_operator_is_refused_in_one_line(loaded, batch_dependent) -> None:
