@@ -39,9 +39,11 @@ def main(argv: list[str]) -> int:
             check_invariance_at_start(loaded, config)
         except NumericsError as exc:
             verdict = f"refused: {exc}"
+        wall, busy = time.perf_counter() - began, time.process_time() - began_cpu
+        print(f"run {run}: {1000 * wall:.1f} ms wall, {1000 * busy:.1f} ms CPU", flush=True)
         if run:
-            times.append(time.perf_counter() - began)
-            cpu.append(time.process_time() - began_cpu)
+            times.append(wall)
+            cpu.append(busy)
     command = " ".join(["scripts/bench_invariance_probe.py", *argv])
     wall, busy = 1000 * statistics.median(times), 1000 * statistics.median(cpu)
     print(
