@@ -17,6 +17,7 @@ from click.core import ParameterSource
 from astrai_batch import __version__
 from astrai_batch.engine.attention.backends import ATTENTION_BACKENDS
 from astrai_batch.engine.config import KV_LAYOUTS
+from astrai_batch.engine.device_choice import AUTO, DEVICE_HELP, DTYPE_HELP
 from astrai_batch.errors import AstraiBatchError, ConfigError
 from astrai_batch.jobs.options.config import DEFAULT_MODEL, OUTPUT_FORMATS, JobConfig
 from astrai_batch.jobs.options.config_file import load_toml_options
@@ -62,12 +63,8 @@ def _run_options(function: Any) -> Any:
         # Model and engine.
         _option("--model", d.model, "Model directory, .gguf file, alias or hub id."),
         *_model_source_options(),
-        _option("--device", d.device),
-        _option(
-            "--dtype",
-            d.dtype,
-            "float32, bfloat16, float16, or auto (bfloat16 on CUDA, else float32).",
-        ),
+        _option("--device", AUTO, DEVICE_HELP),
+        _option("--dtype", AUTO, DTYPE_HELP),
         # Where the job runs.
         _option(
             "--executor",
@@ -118,7 +115,7 @@ def _run_options(function: Any) -> Any:
         _option(
             "--cuda-graphs/--no-cuda-graphs",
             None,
-            "Replay decode-only steps as CUDA graphs [default: on with --device cuda].",
+            "Replay decode-only steps as CUDA graphs [default: on when the device is CUDA].",
         ),
         _option(
             "--kv-layout",

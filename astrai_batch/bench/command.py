@@ -26,6 +26,13 @@ from astrai_batch.bench.config import (
 from astrai_batch.bench.workloads import WORKLOAD_NAMES
 from astrai_batch.engine.attention.backends import ATTENTION_BACKENDS, resolve_from_options
 from astrai_batch.engine.config import EngineConfig
+from astrai_batch.engine.device_choice import (
+    AUTO,
+    DEVICE_HELP,
+    DTYPE_HELP,
+    device_kind,
+    resolve_device_name,
+)
 from astrai_batch.errors import AstraiBatchError, ConfigError
 from astrai_batch.jobs.options.config import DEFAULT_MODEL
 from astrai_batch.jobs.options.option_values import parse_size
@@ -41,7 +48,7 @@ _ENGINE = EngineConfig()
     is_flag=True,
     help="Allow a model's own Python code to run while it loads.",
 )
-@click.option("--device", default="cpu", show_default=True)
+@click.option("--device", default=AUTO, show_default=True, help=DEVICE_HELP)
 @click.option(
     "--threads",
     type=int,
@@ -50,9 +57,9 @@ _ENGINE = EngineConfig()
 )
 @click.option(
     "--dtype",
-    default="float32",
+    default=AUTO,
     show_default=True,
-    help="float32, bfloat16, float16, or auto (bfloat16 on CUDA, float32 on CPU).",
+    help=DTYPE_HELP,
 )
 @click.option(
     "--workload",
@@ -221,8 +228,8 @@ def _config(options: dict[str, Any]) -> BenchConfig:
         attention_backend=options.pop("attention_backend"),
         cuda_graphs=options.pop("cuda_graphs"),
     )
-    device = options.pop("device")
-    if engine.cuda_graphs and device.split(":", 1)[0].strip().lower() != "cuda":
+    device = resolve_device_name(options.pop("device"))
+    if engine.cuda_graphs and device_kind(device) != "cuda":
         raise ConfigError(f"--cuda-graphs needs --device cuda, got --device {device}")
     config = BenchConfig(
         model=options.pop("model"),

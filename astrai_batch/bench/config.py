@@ -8,6 +8,7 @@ from typing import Any
 
 from astrai_batch.checks import require_positive_int
 from astrai_batch.engine.config import KV_LAYOUTS, EngineConfig
+from astrai_batch.engine.device_choice import AUTO, resolve_device_name, resolve_dtype_name
 from astrai_batch.errors import ConfigError
 
 OURS = "astrai"
@@ -44,8 +45,8 @@ class BenchConfig:
     questions_per_prompt: int | None = None
     system_prompt_words: int | None = None
     seed: int = 0
-    device: str = "cpu"
-    dtype: str = "float32"
+    device: str = AUTO  # resolved in __post_init__: cuda when available, else cpu
+    dtype: str = AUTO  # resolved: bfloat16 on CUDA, float32 elsewhere
     revision: str | None = None
     trust_remote_code: bool = False
     threads: int | None = None
@@ -60,6 +61,8 @@ class BenchConfig:
             value = getattr(self, name)
             if not isinstance(value, str) or not value:
                 raise ConfigError(f"{name} must be a non-empty string, got {value!r}")
+        object.__setattr__(self, "device", resolve_device_name(self.device))
+        object.__setattr__(self, "dtype", resolve_dtype_name(self.dtype, self.device))
         if self.revision is not None and (not isinstance(self.revision, str) or not self.revision):
             raise ConfigError(f"revision must be a non-empty string, got {self.revision!r}")
         if not isinstance(self.trust_remote_code, bool):

@@ -1,136 +1,116 @@
-"""The device check: exactness, the shared-prefix bench, CUDA graphs on and off, host time and
-memory, as JSON files.
+"""The device check: every promise judged on the device, each step a JSON file with its
+verdict, figures and time, then `summary.json` listing them (`check_steps`).
+
+Steps: float32 greedy token for token with transformers; bfloat16 agreement (judged against a
+floor: rounding flips near-ties, a broken path agrees on almost nothing); the bench against
+transformers `generate` and `generate_batch`; CUDA graphs on vs the real eager path (same
+tokens); batch invariance on the device (the crowd test, logits bitwise); each installed
+kernel against sdpa; host ms per step; peak memory against the budget the engine planned;
+the whole run within its time limit (8 minutes on one H200).
 
 Built for a GPU machine that receives only our source tree: models are built from configs
 with random weights on the device (`random_models`), prompts are token ids, the tokenizer is
-trained in code. With `device="cpu"` the same steps run on the tiny model in seconds, so the
-check itself is tested. Each step writes one JSON file under the output directory as soon as
-it is done (a check cut short by a time limit keeps what it finished), then `summary.json`.
+trained in code. With `device="cpu"` the same steps run on the tiny model, so the check
+itself is tested.
 """
 
 from __future__ import annotations
 
-import json
+import argparse
 import random
-import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 import torch
 
+from astrai_batch.bench.check_steps import CheckRun
+from astrai_batch.bench.gpu_check_plan import (
+    BF16_MIN_AGREEMENT,
+    CPU_PLAN,
+    GPU_PLAN,
+    STEPS,
+    CheckPlan,
+)
 from astrai_batch.bench.gpu_kernels import check_kernel_backends
 from astrai_batch.bench.graph_check import graphs_on_off
 from astrai_batch.bench.greedy_agreement import agreement, engine_greedy, hf_greedy
 from astrai_batch.bench.host_overhead import measure_host_overhead
+from astrai_batch.bench.invariance_check import batch_invariance
 from astrai_batch.bench.machine import machine_info
 from astrai_batch.bench.ours import run_ours
 from astrai_batch.bench.peers import BatchSizeChoice, run_hf_generate, run_hf_generate_batch
 from astrai_batch.bench.prompts import BenchPrompts, random_shared_prefix_ids
-from astrai_batch.bench.random_models import LLAMA_1B, SMOLLM2_135M, TINY, ModelShape, build_model
+from astrai_batch.bench.random_models import TINY, ModelShape, build_model
 from astrai_batch.engine.config import EngineConfig
 from astrai_batch.engine.model.loaded import LoadedModel
 from astrai_batch.jobs.planning.prefix_stats import ideal_prefix_stats
 
 
-@dataclass(frozen=True)
-class CheckPlan:
-    """Sizes of every step; one plan per kind of device."""
-
-    exact_shapes: tuple[ModelShape, ...]
-    exact_prompts: int
-    exact_tokens: int
-    bench_shape: ModelShape
-    bench_dtype: torch.dtype
-    system_prompts: int
-    questions_per_prompt: int
-    system_tokens: int
-    question_tokens: int
-    bench_tokens: int
-    host_seqs: int
-    host_context: int
-    host_steps: int
-
-
-GPU_PLAN = CheckPlan(
-    exact_shapes=(SMOLLM2_135M, LLAMA_1B),
-    exact_prompts=8,
-    exact_tokens=32,
-    bench_shape=LLAMA_1B,
-    bench_dtype=torch.bfloat16,
-    system_prompts=8,
-    questions_per_prompt=32,
-    system_tokens=256,
-    question_tokens=24,
-    bench_tokens=64,
-    host_seqs=256,
-    host_context=512,
-    host_steps=32,
-)
-CPU_PLAN = CheckPlan(
-    exact_shapes=(TINY,),
-    exact_prompts=4,
-    exact_tokens=8,
-    bench_shape=TINY,
-    bench_dtype=torch.float32,
-    system_prompts=2,
-    questions_per_prompt=2,
-    system_tokens=24,
-    question_tokens=6,
-    bench_tokens=4,
-    host_seqs=16,
-    host_context=64,
-    host_steps=4,
-)
-
-
-def run_gpu_check(out_dir: Path, device: str, log: Callable[[str], None] = print) -> dict:
-    """Runs every step on `device` ("cuda" or "cpu"), writing JSON files; returns the summary."""
+def run_gpu_check(
+    out_dir: Path,
+    device: str,
+    log: Callable[[str], None] = print,
+    only: Sequence[str] = STEPS,
+    plan: CheckPlan | None = None,
+) -> dict:
+    """Runs the steps named in `only` on `device` ("cuda" or "cpu"); returns the summary."""
     target = torch.device(device)
-    plan = GPU_PLAN if target.type == "cuda" else CPU_PLAN
-    out_dir.mkdir(parents=True, exist_ok=True)
-    started = time.perf_counter()
-    files: dict[str, Any] = {}
+    if plan is None:
+        plan = GPU_PLAN if target.type == "cuda" else CPU_PLAN
+    run = CheckRun(out_dir, target, log, plan.time_limit_seconds)
+    if "machine" in only:
+        run.step("machine", lambda: {"machine": machine_info(target).to_dict(), "passed": True})
+    if "exactness" in only:
+        for shape in plan.exact_shapes:
+            for dtype in (torch.float32, torch.bfloat16):
+                name = f"exactness_{shape.name}_{str(dtype).removeprefix('torch.')}"
+                run.step(name, lambda s=shape, d=dtype: _exactness(s, d, target, plan))
+    if "bench_shared_prefix" in only:
+        run.step("bench_shared_prefix", lambda: _bench(plan, target))
+    if "cuda_graphs" in only:
+        run.step("cuda_graphs", lambda: _graphs(plan, target))
+    if "batch_invariance" in only:
+        run.step(
+            "batch_invariance",
+            lambda: batch_invariance(
+                plan.exact_shapes[0],
+                plan.bench_dtype,
+                target,
+                plan.invariance_prompts,
+                plan.exact_tokens,
+            ),
+        )
+    if "host_overhead" in only:
+        run.step("host_overhead", lambda: _host(plan, target))
+    if "attention_backends" in only:
+        run.step("attention_backends", lambda: _kernels(plan, target))
+    if "memory" in only:
+        run.step("memory", lambda: _memory(plan, target))
+    return run.summary()
 
-    def step(name: str, body: Callable[[], dict]) -> None:
-        log(f"gpu_check: {name} ...")
-        began = time.perf_counter()
-        _reset_peak(target)
-        result = body()
-        result["seconds"] = round(time.perf_counter() - began, 3)
-        result["peak_device_memory_bytes"] = _peak(target)
-        _write(out_dir / f"{name}.json", result)
-        files[name] = result.get("passed")
-        log(f"gpu_check: {name} done in {result['seconds']} s")
 
-    step("machine", lambda: {"machine": machine_info(target).to_dict()})
-    for shape in plan.exact_shapes:
-        for dtype in (torch.float32, torch.bfloat16):
-            name = f"exactness_{shape.name}_{str(dtype).removeprefix('torch.')}"
-            step(name, lambda s=shape, d=dtype: _exactness(s, d, target, plan))
-    step("bench_shared_prefix", lambda: _bench(plan, target))
-    step(
-        "cuda_graphs",
-        lambda: graphs_on_off(
-            plan.bench_shape,
-            plan.bench_dtype,
-            _shared_prefix_prompts(plan),
-            plan.bench_tokens,
-            _bench_engine(target),
-            target,
-        ),
+def main(argv: Sequence[str], run: Callable[..., dict] = run_gpu_check) -> int:
+    """`scripts/gpu_check OUT_DIR [--device cuda|cpu] [--only STEP ...]`: 0 when every
+    step passed, 1 when any failed, 2 when the device is missing."""
+    import sys
+
+    parser = argparse.ArgumentParser(description="Check the engine's promises on a device.")
+    parser.add_argument("out_dir", type=Path)
+    default = "cuda" if torch.cuda.is_available() else "cpu"
+    parser.add_argument("--device", choices=("cuda", "cpu"), default=default)
+    parser.add_argument("--only", nargs="+", choices=STEPS, default=list(STEPS))
+    args = parser.parse_args(list(argv))
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("gpu_check: --device cuda but CUDA is not available", file=sys.stderr)
+        return 2
+    summary = run(
+        args.out_dir, args.device, log=lambda m: print(m, file=sys.stderr), only=args.only
     )
-    step("host_overhead", lambda: _host(plan, target))
-    step("attention_backends", lambda: _kernels(plan, target))
-    summary = {
-        "device": str(target),
-        "files": files,
-        "passed": all(value is not False for value in files.values()),
-        "seconds": round(time.perf_counter() - started, 3),
-    }
-    _write(out_dir / "summary.json", summary)
-    return summary
+    if summary["passed"]:
+        print(f"gpu_check: passed; results in {args.out_dir}")
+        return 0
+    print(f"gpu_check: FAILED ({', '.join(summary['failed'])}); results in {args.out_dir}")
+    return 1
 
 
 def _exactness(shape: ModelShape, dtype: torch.dtype, device: torch.device, plan: CheckPlan):
@@ -147,6 +127,9 @@ def _exactness(shape: ModelShape, dtype: torch.dtype, device: torch.device, plan
     }
     if dtype == torch.float32:
         result["passed"] = result["exact_rows"] == result["rows"]
+    else:
+        result["min_token_agreement"] = BF16_MIN_AGREEMENT
+        result["passed"] = result["token_agreement"] >= BF16_MIN_AGREEMENT
     _release(loaded, device)
     return result
 
@@ -189,7 +172,14 @@ def _bench(plan: CheckPlan, device: torch.device) -> dict:
         / generate.generated_tokens_per_second,
         "ratio_vs_generate_batch": ours.generated_tokens_per_second
         / batch.generated_tokens_per_second,
+        "min_ratio_vs_generate": plan.min_ratio_vs_generate,
+        "min_ratio_vs_generate_batch": plan.min_ratio_vs_generate_batch,
     }
+    result["passed"] = (
+        all(run.generated_tokens_per_second > 0 for run in runs.values())
+        and result["ratio_vs_generate"] >= plan.min_ratio_vs_generate
+        and result["ratio_vs_generate_batch"] >= plan.min_ratio_vs_generate_batch
+    )
     _release(loaded, device)
     return result
 
@@ -251,8 +241,46 @@ def _host(plan: CheckPlan, device: torch.device) -> dict:
         loaded, num_seqs=plan.host_seqs, context=plan.host_context, steps=plan.host_steps
     ).to_dict()
     result["model"] = TINY.name
+    result["host_ms_budget"] = plan.host_ms_budget
+    result["passed"] = result["host_ms_per_step"] <= plan.host_ms_budget
     _release(loaded, device)
     return result
+
+
+def _graphs(plan: CheckPlan, device: torch.device) -> dict:
+    return graphs_on_off(
+        plan.bench_shape,
+        plan.bench_dtype,
+        _shared_prefix_prompts(plan),
+        plan.bench_tokens,
+        _bench_engine(device),
+        device,
+    )
+
+
+def _memory(plan: CheckPlan, device: torch.device) -> dict:
+    """CUDA: the bench workload on an engine sized by `--gpu-memory-utilization` (weights, a
+    profiled step, the KV pool, the graph pool); the allocator's peak over the run must stay
+    within utilization x total. CPU: no device counters, so only the plan is reported."""
+    engine = _bench_engine(device)
+    if device.type != "cuda":
+        return {"measured": None, "why": "no device memory counters on cpu", "passed": True}
+    loaded = build_model(plan.bench_shape, device=device, dtype=plan.bench_dtype)
+    _, total = torch.cuda.mem_get_info(device)
+    allowed = int(total * engine.gpu_memory_utilization)
+    torch.cuda.reset_peak_memory_stats(device)
+    ours = run_ours(loaded, _bench_prompts(plan, engine.page_size), engine, repeat=None)
+    peak = torch.cuda.max_memory_allocated(device)
+    _release(loaded, device)
+    return {
+        "model": plan.bench_shape.name,
+        "gpu_memory_utilization": engine.gpu_memory_utilization,
+        "total_bytes": total,
+        "allowed_bytes": allowed,
+        "kv_pool_pages": ours.engine.kv_pool_pages,
+        "peak_allocated_bytes": peak,
+        "passed": peak <= allowed,
+    }
 
 
 def _release(loaded: LoadedModel, device: torch.device) -> None:
@@ -264,18 +292,3 @@ def _empty_cache(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.empty_cache()
-
-
-def _reset_peak(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-
-
-def _peak(device: torch.device) -> int | None:
-    return torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
-
-
-def _write(path: Path, value: dict) -> None:
-    temp = path.with_suffix(".json.tmp")
-    temp.write_text(json.dumps(value, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    temp.replace(path)

@@ -1,11 +1,12 @@
 """Decode-only steps as CUDA graphs vs eager, on one workload in one process.
 
-Each mode gets its own engine; the workload runs once to warm up (every bucket the timed
-run needs is captured here, and the capture's cost is reported on its own), then once
+Each mode gets its own engine (graphs are captured when it is built); the workload runs once
+to warm up (the capture's cost is reported on its own), then once
 timed. Reported per mode: throughput, host milliseconds per step (engine time outside the
-forward), the share of steps that ran at a bucket's shape; and whether both modes produced
-the same greedy tokens. On a CPU nothing is captured: "graphs on" is the same static,
-bucketed forward run eagerly, which is what the CUDA graphs replay.
+forward), the share of steps that ran at a bucket's shape; and whether graphs on produced the
+greedy tokens of the real eager path (no static decode: what a job without graphs runs).
+On a CPU nothing is captured: "graphs on" is the same static, bucketed forward run eagerly,
+which is what the CUDA graphs replay.
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ from astrai_batch.engine.model.loaded import LoadedModel
 from astrai_batch.engine.sampling.params import SamplingParams
 from astrai_batch.engine.types import GenerationRequest
 
+# Fast numerics: the graphed decode is a masked SDPA over the padded context, eager a packed
+# one; their sums differ in order, and a near-tie may flip a row's continuation.
+MIN_FAST_SAME_ROWS = 0.9
+
 
 def graphs_on_off(
     shape: ModelShape,
@@ -32,14 +37,21 @@ def graphs_on_off(
     engine: EngineConfig,
     device: torch.device,
 ) -> dict:
-    """`compare_graphs` on a model of `shape` with random weights. On CPU it must give the
-    same tokens in both modes (invariant numerics: the static path gives the eager bits)."""
+    """`compare_graphs` on a model of `shape` with random weights, judged on every device:
+    graphs on must give the real eager path's tokens for every row (invariant numerics: the
+    static path gives the eager bits; fast numerics: at least MIN_FAST_SAME_ROWS of them),
+    and on CUDA every bucketed step must have been captured without a failure."""
     loaded = build_model(shape, device=device, dtype=dtype)
     result = compare_graphs(loaded, prompts, max_tokens, engine)
     result["model"] = shape.name
     result["dtype"] = str(dtype).removeprefix("torch.")
-    if device.type == "cpu" and engine.numerics == "invariant":
-        result["passed"] = result["same_tokens_rows"] == result["prompts"]
+    share = result["same_tokens_rows"] / result["prompts"]
+    same = share == 1.0 if engine.numerics == "invariant" else share >= MIN_FAST_SAME_ROWS
+    on = result["graphs_on"]
+    captured = device.type != "cuda" or (
+        on.get("captured") is True and on.get("captures", 0) > 0 and not on["capture_failure"]
+    )
+    result["passed"] = same and captured
     del loaded
     if device.type == "cuda":
         torch.cuda.synchronize(device)

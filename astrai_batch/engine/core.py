@@ -13,6 +13,7 @@ import torch
 
 from astrai_batch.engine.config import EngineConfig
 from astrai_batch.engine.engine_setup import assemble_engine
+from astrai_batch.engine.invariance_probe import check_invariance_at_start
 from astrai_batch.engine.model.loaded import LoadedModel
 from astrai_batch.engine.request_checks import fallback_seed, why_never_fits
 from astrai_batch.engine.runner.forward_timer import ForwardTimer
@@ -41,10 +42,16 @@ from astrai_batch.engine.types import (
 class EngineCore:
     """`static_decode=True` runs decode-only steps through the CUDA-graph path's static,
     bucketed forward even where nothing is captured (on CPU): how tests compare that path
-    with the normal one. Graphs themselves follow `config.cuda_graphs`."""
+    with the normal one. Graphs themselves follow `config.cuda_graphs`. Under invariant
+    numerics the engine checks them at start (`invariance_probe`) unless told not to."""
 
     def __init__(
-        self, loaded: LoadedModel, config: EngineConfig, *, static_decode: bool = False
+        self,
+        loaded: LoadedModel,
+        config: EngineConfig,
+        *,
+        static_decode: bool = False,
+        invariance_probe: bool = True,
     ) -> None:
         self.loaded = loaded
         self.config = config
@@ -56,6 +63,8 @@ class EngineCore:
         self.cache = parts.cache
         self.runner = parts.runner
         self._usable_pages = parts.usable_pages
+        if invariance_probe and config.numerics == "invariant":
+            check_invariance_at_start(loaded, config, static_decode=static_decode)
         # (request id, sample index, logits row) of every sampled position; tests of the
         # batch-invariance promise compare these bitwise
         self.logits_observer: Callable[[Hashable, int, torch.Tensor], None] | None = None

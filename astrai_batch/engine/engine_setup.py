@@ -73,6 +73,8 @@ def assemble_engine(
                         max_num_batched_tokens=config.max_num_batched_tokens,
                         max_num_seqs=config.max_num_seqs,
                         max_model_len=max_model_len,
+                        numerics=config.numerics,
+                        graphs=capture,
                     ),
                 ),
                 bytes_per_page=KVPool.bytes_per_page(**page_args),
@@ -103,6 +105,8 @@ def assemble_engine(
         attention_kernel=make_kernel(backend, param.device),
         graphs=graphs,
     )
+    if capture:  # every bucket now, before the first step: none is captured mid-job
+        runner.decode_graphs.capture_up_front()
     return EngineParts(
         max_model_len=max_model_len,
         attention_backend=backend,

@@ -230,6 +230,8 @@ class _Report:
             run_wall_seconds=time.monotonic() - self.started,
             message=message,
             attention_backend=self.attention_backend,
+            device=self.config.device,
+            dtype=self.config.dtype,
         )
 
     def completed(self, run: ExecutionResult | None) -> JobSummary:

@@ -33,6 +33,9 @@ class JobSummary:
     message: str | None = None
     # the backend this process resolved `--attention-backend` to; None where workers resolve it
     attention_backend: str | None = None
+    # the device and dtype the job ran on: `auto` resolved (`engine.device_choice`)
+    device: str | None = None
+    dtype: str | None = None
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -50,6 +53,8 @@ class JobSummary:
             "stats_output": self.stats_output,
             "output_format": self.output_format,
             "model": self.model,
+            "device": self.device,
+            "dtype": self.dtype,
             "attention_backend": self.attention_backend,
             "rows": self.total_rows,
             "rows_done": totals.input_rows,

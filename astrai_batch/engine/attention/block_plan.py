@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from astrai_batch.engine.attention.cascade import partition_rows
+from astrai_batch.engine.attention.host_staging import HostStaging
 from astrai_batch.engine.attention.page_gather import PageGatherer
 from astrai_batch.engine.blas_rows import ROWS_AT_LEAST_TWO, RowScheme
 
@@ -120,7 +121,7 @@ def plan_blocks(
     spans: Sequence[QuerySpan],
     page_size: int,
     use_cascade: bool,
-    device: torch.device,
+    staging: HostStaging,
     decodes: DecodeRows | None = None,
 ) -> tuple[list[BlockRun], PrivateUnits]:
     """Runs and private units covering blocks 0..last of every query row.
@@ -136,7 +137,7 @@ def plan_blocks(
         run
         for span in spans
         if span.length > 1
-        for run in _prefill_runs(span, block, per_block, device)
+        for run in _prefill_runs(span, block, per_block, staging)
     ]
     if decodes is None:
         decodes = DecodeRows.from_spans([s for s in spans if s.length == 1])
@@ -150,13 +151,13 @@ def plan_blocks(
             members = np.asarray(members)
             # the shared blocks end before every member's own token: nothing to mask
             table = decodes.tables[members[0], None, : shared * per_block]
-            rows = torch.from_numpy(decodes.rows[members]).to(device)
-            runs.append(BlockRun(rows, torch.from_numpy(table).to(device), shared, None))
+            rows = staging.array(decodes.rows[members])
+            runs.append(BlockRun(rows, staging.array(table), shared, None))
             first_private[members] = shared
-    return runs, _private_units(decodes, first_private, block, per_block, device)
+    return runs, _private_units(decodes, first_private, block, per_block, staging)
 
 
-def _prefill_runs(span: QuerySpan, block: int, per_block: int, device: torch.device):
+def _prefill_runs(span: QuerySpan, block: int, per_block: int, staging: HostStaging):
     """A prefill chunk as runs of up to RUN_SEGMENT_BLOCKS blocks of its rows' positions."""
     segment = block * RUN_SEGMENT_BLOCKS
     end = span.start + span.length
@@ -165,25 +166,25 @@ def _prefill_runs(span: QuerySpan, block: int, per_block: int, device: torch.dev
         last = min(end, (first // segment + 1) * segment)  # exclusive
         blocks = (last - 1) // block + 1
         rows = range(span.row + first - span.start, span.row + last - span.start)
-        table = _table(span.pages, blocks * per_block, device)
-        yield _run(rows, range(first, last), table, blocks, block, device)
+        table = _table(span.pages, blocks * per_block, staging)
+        yield _run(rows, range(first, last), table, blocks, block, staging)
         first = last
 
 
-def _run(rows, positions, table: torch.Tensor, blocks: int, block: int, device) -> BlockRun:
+def _run(rows, positions, table: torch.Tensor, blocks: int, block: int, staging) -> BlockRun:
     keys = torch.arange(blocks * block)
     positions = torch.from_numpy(np.asarray(positions, dtype=np.int64))
     masked = keys.unsqueeze(0) > positions.unsqueeze(1)
     return BlockRun(
-        rows=torch.from_numpy(np.asarray(rows, dtype=np.int64)).to(device),
+        rows=staging.array(np.asarray(rows, dtype=np.int64)),
         page_table=table,
         num_blocks=blocks,
-        key_masked=masked.view(-1, blocks, 1, 1, block).to(device),
+        key_masked=staging.tensor(masked.view(-1, blocks, 1, 1, block)),
     )
 
 
 def _private_units(
-    decodes: DecodeRows, first_private: np.ndarray, block: int, per_block: int, device
+    decodes: DecodeRows, first_private: np.ndarray, block: int, per_block: int, staging
 ) -> PrivateUnits:
     """One unit per (decode, block) from its first private block to the block of its
     position, sorted by block, decodes in step order within a block.
@@ -212,15 +213,18 @@ def _private_units(
     else:
         pages = np.zeros((0, per_block), dtype=np.int64)
     starts = [0, *np.cumsum(covered.sum(axis=1)).tolist()]
+    if not len(owner):  # a step without decodes copies nothing for them
+        none = torch.empty(0, dtype=torch.long, device=staging.device)
+        return PrivateUnits(none, none.view(0, per_block), none, starts)
     return PrivateUnits(
-        rows=torch.from_numpy(decodes.rows[owner]).to(device),
-        page_tables=torch.from_numpy(pages).to(device),
-        key_limit=torch.from_numpy(positions[owner] - blocks * block).to(device),
+        rows=staging.array(decodes.rows[owner]),
+        page_tables=staging.array(pages),
+        key_limit=staging.array(positions[owner] - blocks * block),
         block_starts=starts,
     )
 
 
-def _table(pages: Sequence[int], count: int, device: torch.device) -> torch.Tensor:
+def _table(pages: Sequence[int], count: int, staging: HostStaging) -> torch.Tensor:
     table = [int(p) for p in pages[:count]]
     table += [0] * (count - len(table))
-    return torch.tensor(table, dtype=torch.long, device=device).unsqueeze(0)
+    return staging.values(table, torch.long).unsqueeze(0)

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from astrai_batch.engine.attention.host_staging import HostStaging
+
 MAX_SLOTS = 64  # queries of one prefix batch row; bounds the padding of uneven groups
 PREFIX_SPREAD = 2  # a bucket's longest prefix is at most this many times its shortest
 
@@ -45,7 +47,7 @@ def plan_cascade(
     tables: list[list[int]],
     lengths: list[int],
     page_size: int,
-    device: torch.device,
+    staging: HostStaging,
 ) -> CascadeBatch | None:
     """`groups` as from `partition_decodes`: (decode indices, shared page count)."""
     if not groups:
@@ -62,11 +64,11 @@ def plan_cascade(
     tail_lengths = [lengths[i] - shared * page_size for group, shared in groups for i in group]
     tail_tables, tail_mask = padded_tables(tails, tail_lengths, page_size)
     return CascadeBatch(
-        token_index=torch.tensor([rows[i] for i in members], device=device),
-        tail_tables=tail_tables.to(device),
-        tail_mask=additive(tail_mask).to(device),
+        token_index=staging.values([rows[i] for i in members], torch.long),
+        tail_tables=staging.tensor(tail_tables),
+        tail_mask=staging.tensor(additive(tail_mask)),
         buckets=[
-            _bucket(bucket, tables, slots, page_size, device) for bucket in _by_prefix(chunks)
+            _bucket(bucket, tables, slots, page_size, staging) for bucket in _by_prefix(chunks)
         ],
     )
 
@@ -88,7 +90,7 @@ def _bucket(
     tables: list[list[int]],
     slots: int,
     page_size: int,
-    device: torch.device,
+    staging: HostStaging,
 ) -> PrefixBucket:
     prefixes = [tables[first][:shared] for _, shared, first in chunks]
     prefix_tables, prefix_mask = padded_tables(
@@ -104,12 +106,12 @@ def _bucket(
             member_slots.append(row * slots + offset)
             served.append(member)
     return PrefixBucket(
-        prefix_tables=prefix_tables.to(device),
-        prefix_mask=additive(prefix_mask).to(device),
-        slot_members=torch.tensor(slot_members, device=device),
+        prefix_tables=staging.tensor(prefix_tables),
+        prefix_mask=staging.tensor(additive(prefix_mask)),
+        slot_members=staging.values(slot_members, torch.long),
         slots=slots,
-        member_slots=torch.tensor(member_slots, device=device),
-        members=torch.tensor(served, device=device),
+        member_slots=staging.values(member_slots, torch.long),
+        members=staging.values(served, torch.long),
     )
 
 

@@ -26,23 +26,30 @@ the CPU tests check everything except the capture itself.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from astrai_batch.cache.kv_pool import KVPool
 from astrai_batch.engine.attention.backends import BACKEND_SPECS
 from astrai_batch.engine.attention.block_plan import block_tokens_for
+from astrai_batch.engine.attention.host_staging import HostStaging
 from astrai_batch.engine.attention.paged_attention import BATCH_KWARG
 from astrai_batch.engine.attention.static_decode import StaticDecodeBatch
-from astrai_batch.engine.attention.step_arrays import StepArrays, to_device
+from astrai_batch.engine.attention.step_arrays import StepArrays
 from astrai_batch.engine.blas_rows import ROWS_AT_LEAST_TWO, RowScheme
 from astrai_batch.engine.runner.forward_timer import ForwardTimer
 from astrai_batch.engine.runner.graph_buckets import GraphBuckets
 from astrai_batch.errors import ConfigError
 
+_LOG = logging.getLogger(__name__)
+# a step of no rows: staging it fills a bucket's inputs with padding rows only
+_NONE = np.zeros(0, dtype=np.int64)
+_EMPTY_STEP = StepArrays(*[_NONE] * 7, np.zeros((0, 0), dtype=np.int64), _NONE, 0)
 WARMUP_RUNS = 2  # lazy initializations (cuBLAS handles, workspaces) happen outside the graph
 INPUT_ROWS = 3  # token ids, positions, write slots; then the page tables
 
@@ -95,8 +102,10 @@ class DecodeGraphs:
         *,
         invariant: bool,
         gemm_rows: RowScheme = ROWS_AT_LEAST_TWO,
+        staging: HostStaging | None = None,
     ) -> None:
         self.device = pool.key_cache[0].device
+        self.staging = HostStaging(self.device) if staging is None else staging
         if spec.capture and self.device.type != "cuda":
             raise ConfigError(f"CUDA graphs need a CUDA device; the pool is on {self.device.type}")
         if not 0 <= spec.scratch_page < pool.num_pages:
@@ -140,10 +149,10 @@ class DecodeGraphs:
         self._stage(step, *bucket)
         run = self._entries.get(bucket)
         if run is None:
-            run = self._prepare(*bucket)
-            if run is None:
+            if self.spec.capture:  # not captured up front: this step runs eagerly
                 return None
-        wanted = None if len(step.logit_rows) == rows else to_device(step.logit_rows, self.device)
+            run = self._prepare(*bucket)
+        wanted = None if len(step.logit_rows) == rows else self.staging.array(step.logit_rows)
 
         def forward(timer: ForwardTimer) -> torch.Tensor:
             timer.start()
@@ -153,6 +162,22 @@ class DecodeGraphs:
             return logits[:rows] if wanted is None else logits.index_select(0, wanted)
 
         return forward
+
+    def capture_up_front(self, progress: Callable[[str], None] = _LOG.info) -> None:
+        """Captures every bucket of `GraphBuckets.capture_order` before the first step (with
+        a progress line per tenth); a failure leaves every step eager (`stats.failure`)."""
+        order = self.buckets.capture_order()
+        tenth = max(1, len(order) // 10)
+        for done, (batch, width) in enumerate(order, start=1):
+            self._stage(_EMPTY_STEP, batch, width)  # padding rows only: the scratch page
+            if self._prepare(batch, width) is None:
+                progress(f"CUDA graphs: capture failed ({self.stats.failure}); running eagerly")
+                return
+            if done % tenth == 0 or done == len(order):
+                progress(
+                    f"CUDA graphs: captured {done}/{len(order)} buckets in "
+                    f"{self.stats.capture_seconds:.1f} s"
+                )
 
     # -- static inputs -----------------------------------------------------------------------
 
@@ -182,9 +207,9 @@ class DecodeGraphs:
         tables[:n, held:] = 0
         tables[n:] = 0
         tables[n:, 0] = scratch  # a padding row's one key: its own, in the scratch page
+        size = self._input_size(batch, width)
+        self.staging.into(self._inputs[:size], self._staging[:size])
         if self._copied is not None:
-            size = self._input_size(batch, width)
-            self._inputs[:size].copy_(self._staging[:size], non_blocking=True)
             self._copied.record()
 
     def _views(self, batch: int, width: int):

@@ -7,6 +7,12 @@ sizes: 1, 2, 4, 8, 16, 24, 32, then steps of 16 up to `max_num_seqs` (a padded r
 little beside a step's weights, but a graph per size would cost capture time and memory).
 Widths, in key blocks of `block_tokens` positions: powers of two up to the longest context,
 so a step of short contexts never attends over `max_model_len`.
+
+Graphs are captured when the engine is built, never mid-job (`capture_order`): at most
+`MAX_CAPTURED` buckets, the smallest by padded size (batch x width) when there are more
+(small steps are launch-bound, where a graph pays; a large step's kernels hide their
+launches, and it runs eagerly at its bucket's shape), captured largest first as vLLM does, so
+the smaller graphs reuse the largest one's memory pool.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from dataclasses import dataclass
 
 SMALL_BATCHES = (1, 2, 4, 8, 16, 24, 32)
 BATCH_STEP = 16
+MAX_CAPTURED = 64
 
 
 @dataclass(frozen=True)
@@ -59,3 +66,12 @@ class GraphBuckets:
     @property
     def max_width(self) -> int:
         return self.widths[-1]
+
+    def capture_order(self, cap: int = MAX_CAPTURED) -> list[tuple[int, int]]:
+        """The (batch size, width) buckets to capture up front, in capture order: the `cap`
+        smallest by batch x width (ties: the smaller batch), largest first."""
+        if cap < 1:
+            raise ValueError(f"cap must be positive, got {cap}")
+        every = [(b, w) for b in self.batch_sizes for w in self.widths]
+        kept = sorted(every, key=lambda bw: (bw[0] * bw[1], bw[0]))[:cap]
+        return sorted(kept, key=lambda bw: (bw[0] * bw[1], bw[0]), reverse=True)

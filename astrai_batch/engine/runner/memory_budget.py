@@ -1,10 +1,10 @@
 """How many bytes the KV pool gets when `--kv-cache-memory` does not say.
 
 On CUDA, vLLM's rule (and the meaning of its `--gpu-memory-utilization`): the pool takes what
-is left of `utilization x total GPU memory` once the weights and the activation peak of the
-largest step are paid for. The peak is profiled: one forward of a step as large as the
-scheduler can make (`max_num_batched_tokens` tokens over up to `max_num_seqs` sequences, every
-one wanting logits), over a scratch pool, measured with the allocator's peak counter.
+is left of `utilization x total GPU memory` once the weights, the activation peak of the
+worst step and the CUDA graphs' pool are paid for. The peak is profiled
+(`profile_activation_peak`): the largest prefill and the worst decode step the configuration
+allows, over scratch pools, measured with the allocator's peak counter.
 
 On CPU, a share of the RAM available when the engine starts (MemAvailable: free plus
 reclaimable page cache), so a 24 GiB machine does not preempt on a fixed 2 GiB pool and a
@@ -109,13 +109,37 @@ def profile_activation_peak(
     max_num_batched_tokens: int,
     max_num_seqs: int,
     max_model_len: int,
+    numerics: str = "invariant",
+    graphs: bool = False,
 ) -> int:
-    """CUDA: the bytes a largest step allocates beyond what is allocated before it.
+    """The bytes the worst step allocates beyond what is allocated before it, plus the CUDA
+    graphs' memory pool when graphs are captured (`profile_step_peaks`). The graphs' pool
+    holds the activations of the largest bucket, which is the worst decode step: it is
+    reserved once more."""
+    prefill, decode = profile_step_peaks(
+        model,
+        pool_args,
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_num_seqs=max_num_seqs,
+        max_model_len=max_model_len,
+        numerics=numerics,
+    )
+    return max(prefill, decode) + (decode if graphs else 0)
 
-    The step is `max_num_batched_tokens` tokens split over up to `max_num_seqs` sequences, all
-    wanting logits (so the LM head's output is as large as it gets), over a scratch pool that
-    is freed afterwards.
-    """
+
+def profile_step_peaks(
+    model: torch.nn.Module,
+    pool_args: dict,
+    *,
+    max_num_batched_tokens: int,
+    max_num_seqs: int,
+    max_model_len: int,
+    numerics: str = "invariant",
+) -> tuple[int, int]:
+    """(prefill, decode): the peak bytes of the largest prefill (`max_num_batched_tokens`
+    tokens over up to `max_num_seqs` sequences, all wanting logits, so the LM head's output is
+    as large as it gets) and of the worst decode (`worst_decode_chunks`, the cascade off so
+    nothing is shared), each over a scratch pool freed afterwards (`measure_peak`)."""
     from astrai_batch.cache.kv_pool import KVPool
     from astrai_batch.engine.runner.model_runner import ModelRunner, ScheduledChunk
 
@@ -124,18 +148,55 @@ def profile_activation_peak(
     seqs = max(1, min(max_num_seqs, max_num_batched_tokens))
     per_seq = min(-(-max_num_batched_tokens // seqs), max_model_len)
     pages_per_seq = -(-per_seq // page_size)
-    scratch = KVPool(num_pages=seqs * pages_per_seq, **pool_args)
-    runner = ModelRunner(model, scratch)
-    chunks = [
+    prefill = [
         ScheduledChunk([0] * per_seq, 0, range(i * pages_per_seq, (i + 1) * pages_per_seq), True)
         for i in range(seqs)
     ]
-    torch.cuda.synchronize(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    before = torch.cuda.memory_allocated(device)
-    runner.forward(chunks)
-    torch.cuda.synchronize(device)
-    peak = torch.cuda.max_memory_allocated(device) - before
-    del runner, scratch
-    torch.cuda.empty_cache()
+    pages, decode = worst_decode_chunks(max_num_seqs, max_model_len, page_size)
+    peaks = []
+    for num_pages, chunks in ((seqs * pages_per_seq, prefill), (pages, decode)):
+        scratch = KVPool(num_pages=num_pages, **pool_args)
+        runner = ModelRunner(model, scratch, numerics=numerics, use_cascade=False)
+        peaks.append(measure_peak(device, lambda r=runner, c=chunks: r.forward(c)))
+        del runner, scratch
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return peaks[0], peaks[1]
+
+
+def measure_peak(device: torch.device, run: Callable[[], object]) -> int:
+    """The most bytes `run` holds allocated at once beyond what was allocated before it:
+    the CUDA allocator's peak counter, or on CPU torch's profiler's allocation events."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+        run()
+        torch.cuda.synchronize(device)
+        return torch.cuda.max_memory_allocated(device) - before
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        result = run()
+        del result  # what the step returns counts until it is dropped, as on CUDA
+    held = peak = 0
+    for event in sorted(prof.events(), key=lambda e: e.time_range.start):
+        held += event.self_cpu_memory_usage
+        peak = max(peak, held)
     return peak
+
+
+def worst_decode_chunks(max_num_seqs: int, max_model_len: int, page_size: int):
+    """(pages, chunks): the decode step with the most key/value gathers the configuration
+    allows, `max_num_seqs` decodes at position `max_model_len - 1`. Every sequence's table
+    names the same pages, so the scratch pool is one context long; what is measured is the
+    gathers, which copy each sequence's context whoever else reads it."""
+    from astrai_batch.engine.runner.model_runner import ScheduledChunk
+
+    pages = -(-max_model_len // page_size)
+    table = range(pages)
+    chunks = [
+        ScheduledChunk([0], max_model_len - 1, table, True, seq_key=i, pages_version=0)
+        for i in range(max_num_seqs)
+    ]
+    return pages, chunks

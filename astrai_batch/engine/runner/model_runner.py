@@ -26,6 +26,7 @@ from astrai_batch.engine.attention.block_plan import (
 )
 from astrai_batch.engine.attention.cascade import DecodePartition, partition_rows
 from astrai_batch.engine.attention.cascade_plan import CascadeBatch, plan_cascade
+from astrai_batch.engine.attention.host_staging import HostStaging
 from astrai_batch.engine.attention.kernels.interface import KernelBatch, PagedKernel
 from astrai_batch.engine.attention.kernels.paged_kv_metadata import paged_kv_metadata
 from astrai_batch.engine.attention.page_gather import PageGatherer
@@ -38,7 +39,7 @@ from astrai_batch.engine.attention.paged_attention import (
     offset_causal_mask,
     register_paged_attention,
 )
-from astrai_batch.engine.attention.step_arrays import StepArrays, to_device
+from astrai_batch.engine.attention.step_arrays import StepArrays
 from astrai_batch.engine.blas_rows import ROWS_AT_LEAST_TWO, attention_row_scheme
 from astrai_batch.engine.runner.decode_graphs import DecodeGraphs, GraphSpec
 from astrai_batch.engine.runner.forward_timer import ForwardTimer
@@ -115,12 +116,18 @@ class ModelRunner:
         self.use_cascade = use_cascade
         self.attention_kernel = attention_kernel
         self.gatherer = PageGatherer()
+        self.staging = HostStaging(self.device)  # every per-step host-to-device copy
         self.buffers = StepBuffers(self.page_size)
         self.decode_graphs = (
             None
             if graphs is None
             else DecodeGraphs(
-                model, pool, graphs, invariant=numerics == "invariant", gemm_rows=self.gemm_rows
+                model,
+                pool,
+                graphs,
+                invariant=numerics == "invariant",
+                gemm_rows=self.gemm_rows,
+                staging=self.staging,
             )
         )
 
@@ -153,9 +160,10 @@ class ModelRunner:
                 return staged
         device = self.device
         page = self.page_size
-        input_ids = to_device(step.token_ids, device)
-        position_ids = to_device(step.positions, device)
-        rows = to_device(step.logit_rows, device)
+        stage = self.staging.array
+        input_ids = stage(step.token_ids)
+        position_ids = stage(step.positions)
+        rows = stage(step.logit_rows)
         if self.numerics == "invariant":
             batch = self._block_batch(chunks, step)
             return batch, input_ids, position_ids, rows
@@ -169,7 +177,7 @@ class ModelRunner:
                 prefills.append(PrefillSpan(row, row + n, 0, None, None))
             else:
                 needed = -(-(start + n) // page)
-                table = to_device(step.page_tables[i, :needed], device)
+                table = stage(step.page_tables[i, :needed])
                 mask = offset_causal_mask(n, start + n, device)
                 prefills.append(PrefillSpan(row, row + n, start, table, mask))
         decode, cascade = self._decode_groups(step)
@@ -177,7 +185,7 @@ class ModelRunner:
             key_cache=self.pool.key_cache,
             value_cache=self.pool.value_cache,
             page_size=page,
-            write_slots=to_device(step.write_slots, device),
+            write_slots=stage(step.write_slots),
             longest_context=step.longest_context,
             decode=decode,
             cascade=cascade,
@@ -202,13 +210,13 @@ class ModelRunner:
                 for i in np.flatnonzero(step.num_tokens > 1).tolist()
             ]
             decodes = DecodeRows(step.token_start[d], step.context_start[d], step.page_tables[d])
-        runs, units = plan_blocks(spans, self.page_size, self.use_cascade, self.device, decodes)
+        runs, units = plan_blocks(spans, self.page_size, self.use_cascade, self.staging, decodes)
         return BlockBatch(
             key_cache=self.pool.key_cache,
             value_cache=self.pool.value_cache,
             page_size=self.page_size,
             block_tokens=block_tokens_for(self.page_size),
-            write_slots=to_device(step.write_slots, self.device),
+            write_slots=self.staging.array(step.write_slots),
             longest_context=step.longest_context,
             runs=runs,
             units=units,
@@ -223,7 +231,7 @@ class ModelRunner:
             key_cache=self.pool.key_cache,
             value_cache=self.pool.value_cache,
             page_size=self.page_size,
-            write_slots=to_device(step.write_slots, self.device),
+            write_slots=self.staging.array(step.write_slots),
             longest_context=step.longest_context,
             kernel=kernel,
         )
@@ -233,7 +241,7 @@ class ModelRunner:
         decodes = step.decodes
         if len(decodes) == 0:
             return None, None
-        device = self.device
+        stage = self.staging.array
         page = self.page_size
         tables = step.page_tables[decodes]
         lengths = step.lengths[decodes]
@@ -247,7 +255,7 @@ class ModelRunner:
             needed = step.pages_needed(page)[decodes]
             exact = [tables[i, : needed[i]] for i in range(len(decodes))]
             cascade = plan_cascade(
-                partition.groups, token_rows.tolist(), exact, lengths.tolist(), page, device
+                partition.groups, token_rows.tolist(), exact, lengths.tolist(), page, self.staging
             )
         if not partition.rest:
             return None, cascade
@@ -256,9 +264,9 @@ class ModelRunner:
         width = int(-(-rest_lengths.max() // page))
         key_mask = np.arange(width * page) < rest_lengths[:, None]
         decode = DecodeGroup(
-            token_index=to_device(token_rows[rest], device),
-            page_tables=to_device(tables[rest, :width], device),
-            key_mask=to_device(key_mask, device).view(len(rest), 1, 1, -1),
+            token_index=stage(token_rows[rest]),
+            page_tables=stage(tables[rest, :width]),
+            key_mask=stage(key_mask).view(len(rest), 1, 1, -1),
         )
         return decode, cascade
 

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 import torch
 
+from astrai_batch.engine.attention.host_staging import HostStaging
 from astrai_batch.engine.sampling.sequence_sampler import SequenceSampler, draw_uniforms
 
 if TYPE_CHECKING:
@@ -192,18 +193,17 @@ def filter_scores(scaled: torch.Tensor, samplers: Sequence[SequenceSampler]) -> 
     top_ks = [min(sampler.params.top_k, vocab) for sampler in samplers]
     if any(top_ks):
         kth_largest = torch.topk(scaled, max(top_ks), dim=-1).values
-        positions = torch.tensor([max(k, 1) - 1 for k in top_ks], device=device)
+        positions = _index([max(k, 1) - 1 for k in top_ks], device)
         thresholds = kth_largest.gather(1, positions[:, None])
-        off = torch.tensor([k == 0 for k in top_ks], device=device)[:, None]
+        off = HostStaging(device).values([k == 0 for k in top_ks], torch.bool)[:, None]
         thresholds = thresholds.masked_fill(off, float("-inf"))
         scaled = scaled.masked_fill(scaled < thresholds, float("-inf"))
     if any(sampler.params.top_p < 1.0 for sampler in samplers):
         # 1 - top_p in double precision, then rounded, as transformers computes it; -1 keeps
         # every token of rows without top-p.
-        cutoffs = torch.tensor(
+        cutoffs = HostStaging(device).values(
             [1.0 - s.params.top_p if s.params.top_p < 1.0 else -1.0 for s in samplers],
-            dtype=torch.float32,
-            device=device,
+            torch.float32,
         )[:, None]
         scaled = scaled.masked_fill(_top_p_drop(scaled, cutoffs), float("-inf"))
     if any(sampler.params.min_p > 0.0 for sampler in samplers):
@@ -292,8 +292,9 @@ def _rows(tensor: torch.Tensor, rows: list[int]) -> torch.Tensor:
 
 def _column(samplers: Sequence[SequenceSampler], field: str, device: torch.device) -> torch.Tensor:
     values = [getattr(sampler.params, field) for sampler in samplers]
-    return torch.tensor(values, dtype=torch.float32, device=device)[:, None]
+    return HostStaging(device).values(values, torch.float32)[:, None]
 
 
 def _index(positions: list[int], device: torch.device) -> torch.Tensor:
-    return torch.tensor(positions, dtype=torch.long, device=device)
+    # pinned and non-blocking: a pageable copy would wait for the step's forward
+    return HostStaging(device).values(positions, torch.long)

@@ -16,6 +16,7 @@ from typing import Any
 from astrai_batch.checks import require_positive_int
 from astrai_batch.engine.attention.backends import check_backend_name, resolve_from_options
 from astrai_batch.engine.config import KV_LAYOUTS, check_utilization
+from astrai_batch.engine.device_choice import AUTO, resolve_device_name, resolve_dtype_name
 from astrai_batch.engine.sampling.params import SamplingParams
 from astrai_batch.errors import ConfigError
 from astrai_batch.jobs.options.constraint_options import CONSTRAINT_OPTIONS, job_constraint
@@ -50,8 +51,8 @@ class JobConfig:
     model: str = DEFAULT_MODEL
     revision: str | None = None
     trust_remote_code: bool = False
-    device: str = "cpu"
-    dtype: str = "float32"
+    device: str = AUTO  # resolved in __post_init__: cuda when available, else cpu
+    dtype: str = AUTO  # resolved: bfloat16 on CUDA, float32 elsewhere
     threads: int | None = None
     page_size: int = 16
     max_num_seqs: int = 256
@@ -99,6 +100,12 @@ class JobConfig:
             _check_type(name, getattr(self, name), str)
             if not getattr(self, name).strip():
                 raise ConfigError(f"{name} must not be empty")
+        # One concrete device and dtype from here on (identity, summary, loading). Ray
+        # workers get a GPU only through worker_gpus, so that decides `auto` there.
+        cuda = bool(self.worker_gpus) if self.executor == "ray" else None
+        device = resolve_device_name(self.device, cuda=cuda)
+        object.__setattr__(self, "device", device)
+        object.__setattr__(self, "dtype", resolve_dtype_name(self.dtype, device))
         for name in (
             "page_size",
             "max_num_seqs",

@@ -12,7 +12,6 @@ import random
 
 import numpy as np
 import pytest
-import torch
 
 from astrai_batch.engine.attention.block_plan import (
     DecodeRows,
@@ -20,6 +19,7 @@ from astrai_batch.engine.attention.block_plan import (
     block_tokens_for,
     plan_blocks,
 )
+from astrai_batch.engine.attention.host_staging import HostStaging
 
 PAGE = 16
 
@@ -57,7 +57,7 @@ def test_every_query_block_pair_is_computed_once_with_its_own_pages(
     rows = np.arange(prefill_length, prefill_length + len(positions), dtype=np.int64)
     spans = [QuerySpan(0, prefill_start, prefill_length, prefill_pages)]
     runs, units = plan_blocks(
-        spans, PAGE, use_cascade, torch.device("cpu"), DecodeRows(rows, positions, tables)
+        spans, PAGE, use_cascade, HostStaging("cpu"), DecodeRows(rows, positions, tables)
     )
 
     # the brute-force truth: each query row's position and table
@@ -118,6 +118,6 @@ def test_every_query_block_pair_is_computed_once_with_its_own_pages(
 
 def test_a_step_without_decodes_has_no_units() -> None:
     spans = [QuerySpan(0, 0, 5, [3])]
-    runs, units = plan_blocks(spans, PAGE, True, torch.device("cpu"), DecodeRows.from_spans([]))
+    runs, units = plan_blocks(spans, PAGE, True, HostStaging("cpu"), DecodeRows.from_spans([]))
     assert len(runs) == 1 and units.rows.numel() == 0 and units.block_starts == [0]
     assert units.masked_keys(block_tokens_for(PAGE)).shape == (0, 1, 1, 64)

@@ -9,6 +9,7 @@ from transformers import AutoModelForCausalLM
 from astrai_batch.cache import KVPool
 from astrai_batch.engine.attention.cascade import partition_decodes
 from astrai_batch.engine.attention.cascade_plan import plan_cascade
+from astrai_batch.engine.attention.host_staging import HostStaging
 from astrai_batch.engine.runner.model_runner import ModelRunner, ScheduledChunk
 
 
@@ -112,7 +113,7 @@ def test_plan_buckets_prefixes_and_splits_large_groups(monkeypatch):
     tables.append([3, 4, 5, 6, 10, 11, 12, 13, 15])
     lengths = [14, 15, 13, 35, 34]
     groups = [([0, 1, 2], 3), ([3, 4], 8)]
-    plan = plan_cascade(groups, [10, 11, 12, 13, 14], tables, lengths, 4, torch.device("cpu"))
+    plan = plan_cascade(groups, [10, 11, 12, 13, 14], tables, lengths, 4, HostStaging("cpu"))
     assert plan.token_index.tolist() == [10, 11, 12, 13, 14]
     assert plan.tail_tables.tolist() == [[9], [8], [7], [14], [15]]
     assert [b.prefix_tables.shape[0] for b in plan.buckets] == [2, 1]  # 3 pages vs 8 pages

@@ -29,6 +29,7 @@ from astrai_batch.engine.attention.block_plan import (
     block_tokens_for,
     plan_blocks,
 )
+from astrai_batch.engine.attention.host_staging import HostStaging
 from astrai_batch.engine.attention.page_gather import PageGatherer
 from astrai_batch.engine.attention.static_decode import StaticDecodeBatch, static_decode_attention
 from astrai_batch.engine.blas_rows import attention_row_scheme
@@ -165,7 +166,7 @@ def test_static_attention_is_block_attention_bitwise(q_heads, kv_heads):
     for count, blocks, padded in [(1, 1, 2), (3, 2, 4), (7, 4, 8), (5, 3, 16)]:
         decodes = random_decodes(rng, count, blocks * block, free)
         spans = [QuerySpan(i, pos, 1, table) for i, (pos, table) in enumerate(decodes)]
-        runs, units = plan_blocks(spans, PAGE, True, torch.device("cpu"))
+        runs, units = plan_blocks(spans, PAGE, True, HostStaging("cpu"))
         gatherer = PageGatherer()
         # the padding of small GEMMs the runner probes (two rows are not enough on every BLAS)
         rows = attention_row_scheme(dim, dim, block, 1024, torch.device("cpu"), torch.float32)
