@@ -75,7 +75,7 @@ def test_the_same_run_twice_is_never_a_difference(loaded, batch_dependent) -> No
 
 def test_probe_rows_fit_a_short_context() -> None:
     prompts = probe_prompts(100, PROBE_SEED, cap=20)
-    assert [len(p) for p in prompts] == [7, 20, 20, 20, 20, 20, 12, 20]
+    assert [len(p) for p in prompts] == [7, 20, 20, 20, 20, 12]
     assert all(3 <= t < 100 for p in prompts for t in p)
     assert prompts[3][:20] == prompts[2][:20]  # the first filler shares the last probe row
 
