@@ -37,3 +37,7 @@ class CacheCapacityError(AstraiBatchError):
 
 class JobAbortedError(AstraiBatchError):
     """The job stopped on purpose, e.g. more failed rows than --max-errors allows."""
+
+
+class AdapterError(ConfigError):
+    """A LoRA adapter cannot be read, is of an unsupported kind, or does not fit the model."""

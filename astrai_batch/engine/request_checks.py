@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Hashable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from astrai_batch.engine.lora.bank import LoraBank
 
 
 def why_never_fits(
@@ -42,3 +46,10 @@ def fallback_seed(engine_seed: int, seed_key: Hashable, sample_index: int) -> in
     batch: only the engine seed, the request's seed key and the sample index."""
     digest = hashlib.sha256(f"{engine_seed}:{seed_key!r}:{sample_index}".encode()).digest()
     return int.from_bytes(digest[:8], "little") >> 1
+
+
+def unknown_adapter_message(name: str, bank: LoraBank | None) -> str:
+    """The row error of a request naming an adapter the job did not load."""
+    if bank is None or not bank.names:
+        return f"unknown LoRA adapter {name!r}: the job has no adapters (--lora NAME=PATH)"
+    return f"unknown LoRA adapter {name!r}; this job's adapters: {', '.join(bank.names)}"
