@@ -105,7 +105,8 @@ class EngineCore:
         adapter = 0 if request.adapter is None else self._adapter_slot(request.adapter)
         if adapter is None:
             self._failed += params.n
-            message = unknown_adapter_message(request.adapter, self.lora)
+            known = () if self.lora is None else self.lora.names
+            message = unknown_adapter_message(request.adapter, known)
             return [error_result(request, message, i) for i in range(params.n)]
         compiled = None
         if params.constraint is not None:

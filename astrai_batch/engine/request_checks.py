@@ -4,11 +4,7 @@ ever run, and the seed of each unseeded sample."""
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Hashable
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from astrai_batch.engine.lora.bank import LoraBank
+from collections.abc import Hashable, Sequence
 
 
 def why_never_fits(
@@ -48,8 +44,8 @@ def fallback_seed(engine_seed: int, seed_key: Hashable, sample_index: int) -> in
     return int.from_bytes(digest[:8], "little") >> 1
 
 
-def unknown_adapter_message(name: str, bank: LoraBank | None) -> str:
+def unknown_adapter_message(name: str, known: Sequence[str]) -> str:
     """The row error of a request naming an adapter the job did not load."""
-    if bank is None or not bank.names:
+    if not known:
         return f"unknown LoRA adapter {name!r}: the job has no adapters (--lora NAME=PATH)"
-    return f"unknown LoRA adapter {name!r}; this job's adapters: {', '.join(bank.names)}"
+    return f"unknown LoRA adapter {name!r}; this job's adapters: {', '.join(known)}"

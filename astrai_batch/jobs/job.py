@@ -29,8 +29,15 @@ from astrai_batch.errors import AstraiBatchError, ConfigError, JobAbortedError, 
 from astrai_batch.io import open_input
 from astrai_batch.io.filesystems import Location, resolve
 from astrai_batch.jobs.executors.local_execution import ExecutionResult, JobExecution
+from astrai_batch.jobs.job_adapters import (
+    adapter_identity,
+    install_job_adapters,
+    read_job_adapters,
+    with_lora_column,
+)
 from astrai_batch.jobs.options.config import JobConfig
 from astrai_batch.jobs.output.assembly import (
+    checkpoint_adapter_counts,
     output_metadata,
     output_run_id,
     remove_stale_temp_files,
@@ -112,7 +119,7 @@ def _run(
         id_column=config.id_column,
         keep_columns=config.keep_columns,
     )
-    kept = source.kept_schema()
+    kept = with_lora_column(source.kept_schema(), config)
     schema = part_schema(kept)
     final_schema = output_schema(
         kept, save_tokens=config.save_tokens, logprobs=config.sampling.logprobs
@@ -121,8 +128,10 @@ def _run(
     progress.message(f"{total_rows} rows ({source.shape}) in {paths.input.shown}")
     threads = set_cpu_threads(config.threads)
     keep_freed_memory()
+    adapters = read_job_adapters(config)  # a bad adapter is refused before the model loads
     progress.message(f"loading model {config.model} ({describe_threads(threads)})")
     loaded = load_model(config.model, **config.model_options())
+    install_job_adapters(loaded, adapters, config)
     if config.max_model_len is not None and config.max_model_len > loaded.max_model_len:
         raise ConfigError(
             f"--max-model-len {config.max_model_len} exceeds the context of model "
@@ -131,7 +140,7 @@ def _run(
     if source.shape == "messages":
         require_chat_template(loaded)
     input_fingerprint = source.fingerprint()
-    identity = job_identity(config, input_fingerprint, loaded)
+    identity = job_identity(config, input_fingerprint, loaded, adapter_identity(adapters))
     checkpoint = Checkpoint.open(
         paths.checkpoint, identity, planning=config.planning_options(), restart=config.restart
     )
@@ -226,7 +235,14 @@ class _Report:
             run_wall_seconds=time.monotonic() - self.started,
             message=message,
             attention_backend=self.attention_backend,
+            lora=self._adapter_counts(),
         )
+
+    def _adapter_counts(self) -> list[dict] | None:
+        if not self.config.lora:
+            return None
+        names = [name for name, _ in self.config.lora]
+        return checkpoint_adapter_counts(self.checkpoint, names)
 
     def completed(self, run: ExecutionResult | None) -> JobSummary:
         """Exit 0, or 3 with --fail-on-row-errors when some rows failed, or 1 (status
@@ -287,7 +303,8 @@ def _write_outputs(
     metadata: dict[str, str],
     loaded: LoadedModel,
 ) -> None:
-    write_stats(checkpoint, paths.stats, metadata)
+    adapters = [name for name, _ in config.lora] if config.lora else None
+    write_stats(checkpoint, paths.stats, metadata, adapters)
     if config.output_format == "parquet":
         write_parquet_output(
             checkpoint, paths.output, final_schema, metadata, overwrite=config.overwrite

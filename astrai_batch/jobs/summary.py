@@ -33,6 +33,8 @@ class JobSummary:
     message: str | None = None
     # the backend this process resolved `--attention-backend` to; None where workers resolve it
     attention_backend: str | None = None
+    # a LoRA job's per-adapter counts (`jobs/output/lora_stats`); None without adapters
+    lora: list[dict[str, Any]] | None = None
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -66,7 +68,7 @@ class JobSummary:
             "mask_fill_seconds": totals.mask_fill_seconds,
             "wall_seconds": self.run_wall_seconds,
             "tokens_per_second": rate,
-        }
+        } | ({} if self.lora is None else {"lora": self.lora})
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=False)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -201,3 +202,17 @@ def _read(location: Location, path: str) -> bytes:
         return location.read_bytes()
     except OSError as exc:
         raise AdapterError(f"cannot read {location.shown}: {exc}") from exc
+
+
+def read_adapters(specs: Sequence[tuple[str, str]], *, max_rank: int) -> list[AdapterFiles]:
+    """Every adapter of a job, read and checked as far as the files alone can say (kind,
+    rank), so a bad adapter is refused before the model loads."""
+    adapters = []
+    for name, path in specs:
+        adapter = read_adapter(name, path)
+        if adapter.config.rank > max_rank:
+            raise AdapterError(
+                f"adapter {name!r} has rank {adapter.config.rank}, above --max-lora-rank {max_rank}"
+            )
+        adapters.append(adapter)
+    return adapters

@@ -37,6 +37,7 @@ from astrai_batch.jobs.executors.ray_stages import (
 from astrai_batch.jobs.executors.ray_worker import ShardWorker
 from astrai_batch.jobs.executors.shard_store import ShardInfo, ShardStore, job_hash
 from astrai_batch.jobs.executors.sharded_output import write_sharded_outputs
+from astrai_batch.jobs.job_adapters import adapter_identity, read_job_adapters, with_lora_column
 from astrai_batch.jobs.options.config import JobConfig
 from astrai_batch.jobs.output.assembly import (
     RUN_ID_KEY,
@@ -100,7 +101,7 @@ def _run_locked(
     started: float,
 ) -> JobSummary:
     source = open_input(input_path, **config.input_options())
-    kept = source.kept_schema()
+    kept = with_lora_column(source.kept_schema(), config)
     final_schema = output_schema(
         kept, save_tokens=config.save_tokens, logprobs=config.sampling.logprobs
     )
@@ -127,6 +128,9 @@ def _run_locked(
         "shards": config.workers,
         "sharding": SHARDING_VERSION,
     }
+    adapters = read_job_adapters(config)  # refused here, before any worker starts
+    if adapters:
+        identity["adapters"] = adapter_identity(adapters)
     store = ShardStore(checkpoint_dir_for(output), job_hash(identity), config.workers)
     if _already_written(output, store, config):
         store.remove()

@@ -9,7 +9,7 @@ output is committed last, so a visible output always has its stats file beside i
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -21,6 +21,7 @@ from astrai_batch.errors import OutputError
 from astrai_batch.io import OpenAIBatchWriter, openai_response_body
 from astrai_batch.io.filesystems import AtomicObject, Location, write_table_at
 from astrai_batch.jobs.output.checkpoint import Checkpoint
+from astrai_batch.jobs.output.lora_stats import SOURCE_COLUMNS, adapter_counts, with_adapter_rows
 from astrai_batch.jobs.output.records import CUSTOM_ID_COLUMN, INDEX_COLUMN, KIND_COLUMN
 from astrai_batch.jobs.output.run_lock import process_alive
 from astrai_batch.jobs.output.stats import stats_table
@@ -205,14 +206,27 @@ def _write_openai_row(
     writer.write_response(custom_id, body, index=index)
 
 
-def write_stats(checkpoint: Checkpoint, target: Location, metadata: Mapping[str, str]) -> None:
-    """The stats file; always replaced, since it belongs to the output being written."""
+def write_stats(
+    checkpoint: Checkpoint,
+    target: Location,
+    metadata: Mapping[str, str],
+    adapters: Sequence[str] | None = None,
+) -> None:
+    """The stats file; always replaced, since it belongs to the output being written.
+    With `adapters` (a LoRA job's names), one more row per adapter (`lora_stats`)."""
+    table = stats_table(checkpoint.stats_by_window())
+    if adapters is not None:
+        table = with_adapter_rows(table, checkpoint_adapter_counts(checkpoint, adapters))
     try:
-        write_table_at(
-            target, stats_table(checkpoint.stats_by_window()), metadata=metadata, overwrite=True
-        )
+        write_table_at(target, table, metadata=metadata, overwrite=True)
     except OSError as exc:
         raise OutputError(f"cannot write {target.shown}: {exc.strerror or exc}") from exc
+
+
+def checkpoint_adapter_counts(
+    checkpoint: Checkpoint, adapters: Sequence[str]
+) -> list[dict[str, Any]]:
+    return adapter_counts(window_tables(checkpoint, SOURCE_COLUMNS), adapters)
 
 
 def remove_stale_temp_files(target: Location) -> list[str]:

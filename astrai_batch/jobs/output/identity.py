@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from astrai_batch.io.fingerprint import directory_fingerprint, same_content
+from astrai_batch.jobs.job_adapters import adapter_differences
 
 if TYPE_CHECKING:  # loading torch is not needed to compare identities
     from astrai_batch.engine.model.loaded import LoadedModel
@@ -22,13 +23,21 @@ if TYPE_CHECKING:  # loading torch is not needed to compare identities
 
 
 def job_identity(
-    config: JobConfig, input_fingerprint: Mapping[str, Any], loaded: LoadedModel
+    config: JobConfig,
+    input_fingerprint: Mapping[str, Any],
+    loaded: LoadedModel,
+    adapters: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    return {
+    """`adapters`: {LoRA adapter name: digest of its files}, present only when the job has
+    adapters (a job without keeps the identity it always had)."""
+    identity = {
         "input": dict(input_fingerprint),
         "model": model_identity(loaded, config.revision),
         "options": config.result_options(),
     }
+    if adapters:
+        identity["adapters"] = dict(adapters)
+    return identity
 
 
 def model_identity(loaded: LoadedModel, revision: str | None) -> dict[str, Any]:
@@ -50,6 +59,7 @@ def job_differences(saved: Mapping[str, Any], current: Mapping[str, Any]) -> lis
     saved, current = json.loads(json.dumps(saved)), json.loads(json.dumps(current))
     out = _input_differences(saved.get("input") or {}, current.get("input") or {})
     out += _model_differences(saved.get("model") or {}, current.get("model") or {})
+    out += adapter_differences(saved.get("adapters") or {}, current.get("adapters") or {})
     saved_options, options = saved.get("options") or {}, current.get("options") or {}
     for name in sorted(set(saved_options) | set(options)):
         before, after = saved_options.get(name), options.get(name)
