@@ -100,28 +100,45 @@ def test_rows_equal_peft_and_keep_their_adapter(tiny_llama_dir, adapters, tmp_pa
     ] == [(e["adapter"], e["rows"], e["prompt_tokens"], e["cached_tokens"]) for e in expected]
 
 
-def test_mixed_job_equals_per_adapter_jobs(tiny_llama_dir, adapters, tmp_path):
-    """Bitwise (logprobs compared as floats). Without the prefix cache: with it, decodes
-    sharing prefix pages go through the cascade, whose rows are not batch-invariant on every
-    machine even without adapters (see /work/notes/lora.md); adapters add nothing to that."""
-    rows = prompts(16, seed=3)
-    lines = [
-        {"id": f"r{i}", "prompt_token_ids": p, "lora": NAMES[i % 4]} for i, p in enumerate(rows)
-    ]
-    mixed_out = tmp_path / "mixed.parquet"
-    source = write_jsonl(tmp_path / "mixed.jsonl", lines)
-    no_cache = "--no-prefix-cache"
-    assert run_cli(*run_args(tiny_llama_dir, source, mixed_out, adapters, no_cache)).exit_code == 0
+def split_differences(model_dir, adapters, lines, tmp_path, label) -> list[str]:
+    """Ids of rows whose output (tokens, logprobs as floats) differs between one job of all
+    `lines` and one job per value of their `group`."""
+    mixed_out = tmp_path / f"{label}-mixed.parquet"
+    source = write_jsonl(tmp_path / f"{label}-mixed.jsonl", [strip(x) for x in lines])
+    assert run_cli(*run_args(model_dir, source, mixed_out, adapters)).exit_code == 0
     mixed = {row["id"]: row for row in read_rows(mixed_out)}
-    for name in NAMES:
-        own = [line for line in lines if line["lora"] == name]
-        source = write_jsonl(tmp_path / f"{name}.jsonl", own)
-        out = tmp_path / f"{name}.parquet"
-        assert run_cli(*run_args(tiny_llama_dir, source, out, adapters, no_cache)).exit_code == 0
+    differing = []
+    for group in sorted({x["group"] for x in lines}):
+        own = [strip(x) for x in lines if x["group"] == group]
+        source = write_jsonl(tmp_path / f"{label}-{group}.jsonl", own)
+        out = tmp_path / f"{label}-{group}.parquet"
+        assert run_cli(*run_args(model_dir, source, out, adapters)).exit_code == 0
         for row in read_rows(out):
             other = mixed[row["id"]]
-            for key in ("completion_token_ids", "logprobs", "completion", "lora"):
-                assert row[key] == other[key], (name, row["id"], key)
+            keys = ("completion_token_ids", "logprobs", "completion", "lora")
+            if any(row[key] != other[key] for key in keys):
+                differing.append(row["id"])
+    return differing
+
+
+def strip(line: dict) -> dict:
+    return {k: v for k, v in line.items() if k != "group"}
+
+
+def test_mixed_job_equals_per_adapter_jobs(tiny_llama_dir, adapters, tmp_path):
+    """Bitwise (logprobs compared as floats): 3 adapters and the base, interleaved, in one
+    job and in one job each. Guarded: the same split of the same rows all on the base model
+    must agree first, else the base engine is not batch-invariant on this machine (see
+    /work/notes/lora.md) and adapters cannot be judged by it."""
+    rows = prompts(16, seed=3)
+    base_lines = [
+        {"id": f"r{i}", "prompt_token_ids": p, "lora": None, "group": i % 4}
+        for i, p in enumerate(rows)
+    ]
+    if split_differences(tiny_llama_dir, adapters, base_lines, tmp_path, "base"):
+        pytest.skip("the base model's rows are not batch-invariant here (base jobs differ)")
+    lines = [{**x, "lora": NAMES[x["group"]]} for x in base_lines]
+    assert split_differences(tiny_llama_dir, adapters, lines, tmp_path, "lora") == []
 
 
 def test_cache_never_hits_across_adapters(tiny_llama_dir, adapters, tmp_path):
