@@ -65,6 +65,15 @@ def _run_options(function: Any) -> Any:
         *_model_source_options(),
         _option("--device", AUTO, DEVICE_HELP),
         _option("--dtype", AUTO, DTYPE_HELP),
+        _option(
+            "--lora",
+            None,
+            "LoRA adapter NAME=PATH (a PEFT adapter directory or URI; repeatable); rows pick "
+            "one by their lora field.",
+            multiple=True,
+        ),
+        _option("--max-loras", d.max_loras, "Most LoRA adapters in a job.", type=int),
+        _option("--max-lora-rank", d.max_lora_rank, "Largest LoRA rank accepted.", type=int),
         # Where the job runs.
         _option(
             "--executor",

@@ -46,3 +46,7 @@ class NumericsUnavailableError(AstraiBatchError):
 
 class ExecutorError(AstraiBatchError):
     """The executor failed under the job (a Ray worker, the cluster, a task)."""
+
+
+class AdapterError(ConfigError):
+    """A LoRA adapter cannot be read, is of an unsupported kind, or does not fit the model."""

@@ -48,11 +48,15 @@ class KVLayout(Protocol):
         max_cached_tokens: int,
         *,
         count_lookup: bool = True,
+        namespace: int = 0,
     ) -> int:
-        """Register a request; returns how many leading tokens it found cached."""
+        """Register a request; returns how many leading tokens it found cached (only pages
+        cached in the same `namespace`, a LoRA adapter's, can hit)."""
         ...
 
-    def cached_prefix_length(self, tokens: Sequence[int], max_cached_tokens: int) -> int: ...
+    def cached_prefix_length(
+        self, tokens: Sequence[int], max_cached_tokens: int, namespace: int = 0
+    ) -> int: ...
 
     def reserve(self, request_id: Hashable, num_tokens: int) -> bool:
         """Cover positions `[0, num_tokens)` with pages; False (nothing taken) when out of room."""

@@ -55,8 +55,10 @@ class KVCacheManager:
         max_cached_tokens: int,
         *,
         count_lookup: bool = True,
+        namespace: int = 0,
     ) -> int:
         """Register a request and give it the cached pages of its prompt; returns hit tokens.
+        Only pages cached in the same `namespace` (a LoRA adapter; 0 the base) can hit.
 
         Only `tokens[:max_cached_tokens]` may hit (the engine keeps at least one prompt token to
         compute), and only whole pages, so the result is a multiple of `page_size`.
@@ -73,7 +75,7 @@ class KVCacheManager:
         match: PrefixMatch | None = None
         pages: list[int] = []
         if self.index is not None:
-            match = self.index.match(tokens, max_cached_tokens)
+            match = self.index.match(tokens, max_cached_tokens, namespace)
             self.allocator.incref(match.pages)
             pages = list(match.pages)
         hit = 0 if match is None else match.num_tokens
@@ -81,13 +83,15 @@ class KVCacheManager:
         self._requests[request_id] = OpenRequest(match, pages, lookup, self._next_version())
         return hit
 
-    def cached_prefix_length(self, tokens: Sequence[int], max_cached_tokens: int) -> int:
+    def cached_prefix_length(
+        self, tokens: Sequence[int], max_cached_tokens: int, namespace: int = 0
+    ) -> int:
         """The hit `open` would give these tokens now; pins, counts and touches nothing."""
         if max_cached_tokens < 0:
             raise CacheUsageError(f"max_cached_tokens must be >= 0, got {max_cached_tokens}")
         if self.index is None:
             return 0
-        return self.index.cached_prefix_length(tokens, max_cached_tokens)
+        return self.index.cached_prefix_length(tokens, max_cached_tokens, namespace)
 
     def reserve(self, request_id: Hashable, num_tokens: int) -> bool:
         """Make the request's pages cover positions `[0, num_tokens)`, evicting if needed.

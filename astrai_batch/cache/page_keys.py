@@ -22,11 +22,20 @@ def full_pages(
     return zip(*[source] * page_size, strict=False)
 
 
-def prefix_page_hashes(tokens: Sequence[int], page_size: int) -> list[int]:
-    """For each full page, a hash of it and every page before it: the prefix-tree node's name."""
+def prefix_page_hashes(tokens: Sequence[int], page_size: int, namespace: int = 0) -> list[int]:
+    """For each full page, a hash of it and every page before it: the prefix-tree node's name.
+    `namespace` (a LoRA adapter: its keys and values differ) starts the chain elsewhere."""
     hashes = []
-    running = 0
+    running = 0 if namespace == 0 else hash(("namespace", namespace))
     for page in full_pages(tokens, page_size):
         running = hash((running, page))
         hashes.append(running)
     return hashes
+
+
+def namespaced_key(page: tuple[int, ...], namespace: int) -> tuple[int, ...]:
+    """The prefix tree's key of a sequence's first page: the page's tokens, preceded by the
+    namespace unless it is 0 (the base model). A namespaced key is one longer than a page, so
+    it never equals a base key, and every later page hangs below it: two namespaces share no
+    node."""
+    return page if namespace == 0 else (namespace, *page)

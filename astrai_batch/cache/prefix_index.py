@@ -3,7 +3,9 @@
 Each node is one full page: its key is the tuple of that page's `page_size` token ids and its
 value the physical page that holds their K/V. A page's K/V depends on every token before it, so
 a node is only reachable through the exact tokens of all earlier pages; matching is plain
-dictionary lookups of page-sized tuples, never per-token Python work.
+dictionary lookups of page-sized tuples, never per-token Python work. A `namespace` (a LoRA
+adapter, whose K/V differ from the base model's for the same tokens) is part of the first
+page's key (`page_keys.namespaced_key`), so two namespaces never share a node.
 
 Reference counting: the index holds one allocator reference on every page it caches. Pinning:
 a match pins every node on its path (root to deepest hit) until it is unpinned, so a node is
@@ -24,7 +26,7 @@ from collections.abc import Iterator, Sequence
 from astrai_batch.cache.allocator import PageAllocator
 from astrai_batch.cache.errors import CacheUsageError
 from astrai_batch.cache.eviction_queue import EvictionQueue
-from astrai_batch.cache.page_keys import full_pages
+from astrai_batch.cache.page_keys import full_pages, namespaced_key
 from astrai_batch.cache.radix_node import PrefixMatch, RadixNode, as_token_sequence
 from astrai_batch.checks import require_positive_int
 
@@ -54,14 +56,16 @@ class PrefixIndex:
         """Pin count of every cached page, by page id."""
         return {page: node.pins for page, node in self._node_by_page.items()}
 
-    def match(self, tokens: Sequence[int], max_tokens: int | None = None) -> PrefixMatch:
+    def match(
+        self, tokens: Sequence[int], max_tokens: int | None = None, namespace: int = 0
+    ) -> PrefixMatch:
         """The longest run of cached full pages that `tokens[:max_tokens]` starts with, pinned.
 
         Only whole pages match, so at most `len(tokens) // page_size` pages. Every node on the
         path is pinned until `unpin`, which also stamps the path's LRU time: a pinned node
         cannot be evicted, so the moment its last user lets go is what recency should mean.
         """
-        page_keys = self._page_keys(tokens, max_tokens)
+        page_keys = self._page_keys(tokens, max_tokens, namespace)
         children = self._roots
         node: RadixNode | None = None
         pages: list[int] = []
@@ -77,9 +81,11 @@ class PrefixIndex:
             node = child
             children = child.children
         self._num_pinned += newly_pinned
-        return PrefixMatch(pages, len(pages) * self.page_size, node)
+        return PrefixMatch(pages, len(pages) * self.page_size, node, namespace)
 
-    def cached_prefix_length(self, tokens: Sequence[int], max_tokens: int | None = None) -> int:
+    def cached_prefix_length(
+        self, tokens: Sequence[int], max_tokens: int | None = None, namespace: int = 0
+    ) -> int:
         """How many leading tokens `match` would hit now; pins, touches and counts nothing.
 
         For scoring waiting requests: a pin or LRU stamp there would let requests that were
@@ -87,7 +93,7 @@ class PrefixIndex:
         """
         children = self._roots
         num_pages = 0
-        for key in self._page_keys(tokens, max_tokens):
+        for key in self._page_keys(tokens, max_tokens, namespace):
             child = children.get(key)
             if child is None:
                 break
@@ -133,13 +139,17 @@ class PrefixIndex:
             )
         if match.node is not None:
             last_key = tuple(tokens[(first - 1) * page_size : first * page_size])
+            if first == 1:
+                last_key = namespaced_key(last_key, match.namespace)
             if match.node.key != last_key:
                 raise CacheUsageError("extend got tokens that do not continue the matched prefix")
         self._check_enough_pages(pages, num_full)
         self._clock += 1
-        new_pages, deepest = self._add_path(match.node, first, tokens, num_full, pages, pin=True)
+        new_pages, deepest = self._add_path(
+            match.node, first, tokens, num_full, pages, pin=True, namespace=match.namespace
+        )
         match.active = False
-        return PrefixMatch(match.pages + new_pages, num_full * page_size, deepest)
+        return PrefixMatch(match.pages + new_pages, num_full * page_size, deepest, match.namespace)
 
     def evict(self, num_pages: int) -> list[int]:
         """Evict unpinned leaves, least recently used first, until `num_pages` pages are freed.
@@ -174,7 +184,9 @@ class PrefixIndex:
             parent, children = pending.pop()
             for key, node in children.items():
                 where = f"node of page {node.page}"
-                if node.key != key or len(key) != self.page_size:
+                # a first page may carry a namespace before its tokens
+                key_len = len(key) - (parent is None and len(key) == self.page_size + 1)
+                if node.key != key or key_len != self.page_size:
                     raise CacheUsageError(f"{where} is filed under a key that is not its own")
                 if node.parent is not parent:
                     raise CacheUsageError(f"{where} does not point back to its parent")
@@ -214,11 +226,14 @@ class PrefixIndex:
         pages: Sequence[int],
         *,
         pin: bool,
+        namespace: int = 0,
     ) -> tuple[list[int], RadixNode | None]:
         """Walk/extend the path below `start` for pages `first..num_full-1`; canonical pages."""
         page_size = self.page_size
         span = tokens[first * page_size : num_full * page_size]
         page_keys = full_pages(span, page_size)
+        if first == 0:
+            page_keys = _first_namespaced(page_keys, namespace)
         children = self._roots if start is None else start.children
         existing: list[RadixNode] = []
         new_keys: list[tuple[int, ...]] = []
@@ -263,13 +278,13 @@ class PrefixIndex:
         return canonical, node
 
     def _page_keys(
-        self, tokens: Sequence[int], max_tokens: int | None
+        self, tokens: Sequence[int], max_tokens: int | None, namespace: int = 0
     ) -> Iterator[tuple[int, ...]]:
-        """The full pages of `tokens[:max_tokens]` as tuples, lazily."""
+        """The keys of the full pages of `tokens[:max_tokens]`, lazily."""
         tokens = as_token_sequence(tokens)
         if max_tokens is not None and max_tokens < 0:
             raise CacheUsageError(f"max_tokens must be >= 0, got {max_tokens}")
-        return full_pages(tokens, self.page_size, max_tokens)
+        return _first_namespaced(full_pages(tokens, self.page_size, max_tokens), namespace)
 
     def _check_new_pages(self, new_pages: list[int]) -> None:
         if len(set(new_pages)) != len(new_pages):
@@ -313,3 +328,16 @@ class PrefixIndex:
             f"PrefixIndex(page_size={self.page_size}, cached={self.num_cached_pages()}, "
             f"evictable={self.num_evictable_pages()})"
         )
+
+
+def _first_namespaced(keys: Iterator[tuple[int, ...]], namespace: int) -> Iterator[tuple[int, ...]]:
+    if namespace == 0:
+        return keys
+    return _prefixed(keys, namespace)
+
+
+def _prefixed(keys: Iterator[tuple[int, ...]], namespace: int) -> Iterator[tuple[int, ...]]:
+    for first in keys:
+        yield namespaced_key(first, namespace)
+        break
+    yield from keys

@@ -45,12 +45,15 @@ class PrefixMatch:
     matches by their node (see `PrefixIndex._check_owned_and_active`).
     """
 
-    __slots__ = ("active", "node", "num_tokens", "pages")
+    __slots__ = ("active", "namespace", "node", "num_tokens", "pages")
 
-    def __init__(self, pages: list[int], num_tokens: int, node: RadixNode | None) -> None:
+    def __init__(
+        self, pages: list[int], num_tokens: int, node: RadixNode | None, namespace: int = 0
+    ) -> None:
         self.pages = pages
         self.num_tokens = num_tokens
         self.node = node
+        self.namespace = namespace  # see page_keys.namespaced_key
         self.active = True
 
     def __repr__(self) -> str:

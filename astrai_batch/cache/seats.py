@@ -68,6 +68,7 @@ class SeatTable:
         max_cached_tokens: int,
         *,
         count_lookup: bool = True,
+        namespace: int = 0,
     ) -> int:
         """Give the request a free seat; nothing is ever cached, so the hit is 0.
 
@@ -88,7 +89,9 @@ class SeatTable:
         self._peak_seats = max(self._peak_seats, len(self._seat_of))
         return 0
 
-    def cached_prefix_length(self, tokens: Sequence[int], max_cached_tokens: int) -> int:
+    def cached_prefix_length(
+        self, tokens: Sequence[int], max_cached_tokens: int, namespace: int = 0
+    ) -> int:
         if max_cached_tokens < 0:
             raise CacheUsageError(f"max_cached_tokens must be >= 0, got {max_cached_tokens}")
         return 0

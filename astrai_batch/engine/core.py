@@ -15,7 +15,11 @@ from astrai_batch.engine.config import EngineConfig
 from astrai_batch.engine.engine_setup import assemble_engine
 from astrai_batch.engine.invariance_probe import check_invariance_at_start
 from astrai_batch.engine.model.loaded import LoadedModel
-from astrai_batch.engine.request_checks import fallback_seed, why_never_fits
+from astrai_batch.engine.request_checks import (
+    fallback_seed,
+    unknown_adapter_message,
+    why_never_fits,
+)
 from astrai_batch.engine.runner.forward_timer import ForwardTimer
 from astrai_batch.engine.sampling.constraints.backend import (
     ConstraintBackend,
@@ -62,6 +66,7 @@ class EngineCore:
         self.pool = parts.pool
         self.cache = parts.cache
         self.runner = parts.runner
+        self.lora = self.runner.lora  # the model's LoRA adapters, or None
         self._usable_pages = parts.usable_pages
         if invariance_probe and config.numerics == "invariant":
             check_invariance_at_start(loaded, config, static_decode=static_decode)
@@ -106,6 +111,12 @@ class EngineCore:
         if problem is not None:
             self._failed += params.n
             return [error_result(request, problem, i) for i in range(params.n)]
+        adapter = 0 if request.adapter is None else self._adapter_slot(request.adapter)
+        if adapter is None:
+            self._failed += params.n
+            known = () if self.lora is None else self.lora.names
+            message = unknown_adapter_message(request.adapter, known)
+            return [error_result(request, message, i) for i in range(params.n)]
         compiled = None
         if params.constraint is not None:
             try:
@@ -135,6 +146,7 @@ class EngineCore:
                 arrival=self._arrivals,
                 page_size=self.config.page_size,
                 max_model_len=self.max_model_len,
+                adapter=adapter,
             )
             if params.stop:
                 self._outputs[seq_id] = StopStringTracker(
@@ -144,6 +156,9 @@ class EngineCore:
                 self.constraints.attach(seq_id, compiled)
             self.scheduler.add(seq)
         return []
+
+    def _adapter_slot(self, name: str) -> int | None:
+        return None if self.lora is None else self.lora.slot(name)
 
     # -- one step ------------------------------------------------------------------------
 

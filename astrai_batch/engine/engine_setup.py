@@ -16,6 +16,7 @@ from astrai_batch.cache import KVLayout, KVPool, make_layout
 from astrai_batch.engine.attention.backends import resolve_attention_backend
 from astrai_batch.engine.attention.kernels.factory import make_kernel
 from astrai_batch.engine.config import EngineConfig
+from astrai_batch.engine.lora.bank import find_bank
 from astrai_batch.engine.model.loaded import LoadedModel
 from astrai_batch.engine.runner.decode_graphs import GraphSpec, resolve_cuda_graphs
 from astrai_batch.engine.runner.memory_budget import (
@@ -49,6 +50,9 @@ def assemble_engine(
         dtype=param.dtype,
     )
     capture = resolve_cuda_graphs(config.cuda_graphs, param.device, backend=backend)
+    if find_bank(loaded.model) is not None:
+        # a graph replays fixed kernels: per-row adapter deltas run eagerly
+        capture = static_decode = False
     pool_args = dict(
         num_layers=loaded.num_layers,
         num_kv_heads=loaded.num_kv_heads,

@@ -4,7 +4,7 @@ ever run, and the seed of each unseeded sample."""
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 
 
 def why_never_fits(
@@ -42,3 +42,10 @@ def fallback_seed(engine_seed: int, seed_key: Hashable, sample_index: int) -> in
     batch: only the engine seed, the request's seed key and the sample index."""
     digest = hashlib.sha256(f"{engine_seed}:{seed_key!r}:{sample_index}".encode()).digest()
     return int.from_bytes(digest[:8], "little") >> 1
+
+
+def unknown_adapter_message(name: str, known: Sequence[str]) -> str:
+    """The row error of a request naming an adapter the job did not load."""
+    if not known:
+        return f"unknown LoRA adapter {name!r}: the job has no adapters (--lora NAME=PATH)"
+    return f"unknown LoRA adapter {name!r}; this job's adapters: {', '.join(known)}"

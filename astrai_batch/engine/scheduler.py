@@ -179,6 +179,7 @@ class Scheduler:
                 seq.tokens,
                 max_cached_tokens=seq.num_tokens - 1,
                 count_lookup=seq.cached_tokens is None,
+                namespace=seq.adapter,
             )
             num = min(seq.num_tokens - hit, budget)
             if not self.cache.reserve(seq.seq_id, hit + num):
@@ -210,7 +211,7 @@ class Scheduler:
         """
         scored = []
         for seq in self.waiting:
-            cached = self.cache.cached_prefix_length(seq.tokens, seq.num_tokens - 1)
+            cached = self.cache.cached_prefix_length(seq.tokens, seq.num_tokens - 1, seq.adapter)
             scored.append(((0 if self._is_aged(seq) else 1, -cached, seq.arrival), seq, cached))
         scored.sort(key=lambda item: item[0])
         return [(seq, cached) for _, seq, cached in scored]
@@ -257,7 +258,13 @@ def chunk_for(item: ScheduledWork, cache: KVLayout) -> ScheduledChunk:
     start = seq.num_computed
     end = start + num_tokens
     pages, version = cache.pages_and_version(seq.seq_id)
-    # positional: token_ids, start, pages, wants_logits, seq_key, pages_version
+    # positional: token_ids, start, pages, wants_logits, seq_key, pages_version, adapter
     return ScheduledChunk(
-        seq.tokens[start:end], start, pages, end == len(seq.tokens), seq.seq_id, version
+        seq.tokens[start:end],
+        start,
+        pages,
+        end == len(seq.tokens),
+        seq.seq_id,
+        version,
+        seq.adapter,
     )

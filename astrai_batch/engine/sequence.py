@@ -30,6 +30,7 @@ class Sequence:
     # forward has swept the caches; slots keep them in the object itself, not in a dict
     __slots__ = (
         "_page_hashes",
+        "adapter",
         "admissions_waited",
         "admitted_at",
         "arrival",
@@ -63,6 +64,7 @@ class Sequence:
         arrival: int,
         page_size: int,
         max_model_len: int | None = None,
+        adapter: int = 0,
     ) -> None:
         self.seq_id = seq_id
         self.request_id = request_id
@@ -81,7 +83,9 @@ class Sequence:
         self.first_token_at: float | None = None
         self.admissions_waited = 0
         self.was_preempted = False
-        self._page_hashes = prefix_page_hashes(prompt_token_ids, page_size)
+        # the LoRA adapter slot (0: the base); also the namespace of its cached pages
+        self.adapter = adapter
+        self._page_hashes = prefix_page_hashes(prompt_token_ids, page_size, adapter)
         # What the engine checks after each token, decided once: the length at which the
         # sequence ends, and whether anything besides a token id (a stop string, a grammar)
         # can end it. A token that is neither an early stop id nor at the limit, in a

@@ -18,13 +18,15 @@ class GenerationRequest:
 
     An unseeded sampled request draws from a generator seeded by the engine seed, `seed_key`
     (the request id when None) and the sample index: jobs pass the row's id, so a row keeps
-    its samples when its dataset is split, sharded or reordered.
+    its samples when its dataset is split, sharded or reordered. `adapter` names a LoRA adapter
+    installed in the model (`engine.lora.bank`); None is the base model.
     """
 
     request_id: Hashable
     prompt_token_ids: Sequence[int]
     params: SamplingParams = field(default_factory=SamplingParams)
     seed_key: Hashable | None = None
+    adapter: str | None = None
 
 
 @dataclass(frozen=True)

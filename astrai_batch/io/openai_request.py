@@ -115,6 +115,13 @@ def parse_openai_request(
     return content, overrides, kwargs
 
 
+def body_model(record: Mapping[str, Any]) -> str | None:
+    """``body.model`` of a line `parse_openai_request` accepted, when it is a string: jobs
+    run the line with the LoRA adapter of that name, if the job has one (vLLM's rule)."""
+    model = _body_object(record.get("body")).get("model")
+    return model if isinstance(model, str) else None
+
+
 def _body_object(body: Any) -> Mapping[str, Any]:
     if body is None:
         raise RowProblem("body is missing")

@@ -12,15 +12,17 @@ from collections.abc import Mapping
 from typing import Any
 
 from astrai_batch.io.constraint_fields import constraint_override
-from astrai_batch.io.openai_request import parse_openai_request
+from astrai_batch.io.openai_request import body_model, parse_openai_request
 from astrai_batch.io.row_ids import DuplicateIds, row_identity
 from astrai_batch.io.row_validation import (
     collect_overrides,
     kept_values,
+    validate_adapter_name,
     validate_content,
     validate_template_kwargs,
 )
 from astrai_batch.io.rows import (
+    LORA_FIELD,
     OVERRIDE_FIELDS,
     TEMPLATE_KWARGS_FIELD,
     InputRow,
@@ -49,6 +51,7 @@ def parse_record(
         missing_name=missing_name,
     )
     ids = {"index": index, "id": identity.id, "custom_id": identity.custom_id, "kept": kept}
+    adapter: dict[str, str | None] = {}
     try:
         if identity.error is not None:
             raise RowProblem(identity.error)
@@ -56,6 +59,7 @@ def parse_record(
             raise RowProblem(NO_SHAPE_MESSAGE)
         if shape == "openai":
             content, overrides, kwargs = parse_openai_request(record)
+            adapter["model"] = body_model(record)
         else:
             field_name = plan.prompt_column or shape
             content = validate_content(shape, record.get(field_name), field_name)
@@ -63,11 +67,12 @@ def parse_record(
             kwargs = validate_template_kwargs(
                 record.get(TEMPLATE_KWARGS_FIELD), TEMPLATE_KWARGS_FIELD
             )
+            adapter["lora"] = validate_adapter_name(record.get(LORA_FIELD), LORA_FIELD)
     except RowProblem as problem:
         return InputRow(**ids, error=str(problem))
     if "messages" not in content:
         kwargs = None  # only a chat template reads them
-    return InputRow(**ids, overrides=overrides, chat_template_kwargs=kwargs, **content)
+    return InputRow(**ids, overrides=overrides, chat_template_kwargs=kwargs, **adapter, **content)
 
 
 def unreadable_row(index: int, message: str, plan: RowPlan) -> InputRow:

@@ -141,3 +141,14 @@ def validate_template_kwargs(value: Any, field_name: str) -> dict[str, Any] | No
     except ValueError as exc:
         raise RowProblem(str(exc)) from None
     return {str(key): item for key, item in variables.items() if item is not None}
+
+
+def validate_adapter_name(value: Any, field_name: str) -> str | None:
+    """A row's LoRA adapter: a non-empty name, or null for the base model (whether the job
+    has an adapter of that name is the job's to say)."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        shown = "an empty string" if value == "" else json_type(value)
+        raise RowProblem(f"{field_name} must be an adapter name or null, got {shown}")
+    return value

@@ -46,6 +46,8 @@ OVERRIDE_FIELDS = (
 )
 # Extra variables for the chat template of this row, merged over --chat-template-kwargs.
 TEMPLATE_KWARGS_FIELD = "chat_template_kwargs"
+# The LoRA adapter a plain row runs with (null or missing: the base model).
+LORA_FIELD = "lora"
 
 # Per-row output constraints of plain rows (io/constraint_fields.py reads them).
 CONSTRAINT_COLUMNS = ("json_schema", "regex", "choice", "grammar")
@@ -73,6 +75,8 @@ class InputRow:
     error: str | None = None
     custom_id: str | None = None
     chat_template_kwargs: Mapping[str, Any] | None = None
+    lora: str | None = None  # the row's `lora` field: an adapter name
+    model: str | None = None  # an OpenAI line's body.model (an adapter's name picks it)
 
     def __post_init__(self) -> None:
         if self.index < 0:
@@ -143,6 +147,7 @@ class RowPlan:
             *OVERRIDE_FIELDS,
             *CONSTRAINT_COLUMNS,
             TEMPLATE_KWARGS_FIELD,
+            LORA_FIELD,
             *self.id_fields,
             "custom_id",
         ]

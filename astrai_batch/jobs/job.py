@@ -24,9 +24,11 @@ from astrai_batch.errors import AstraiBatchError, JobAbortedError, OutputError
 from astrai_batch.io import open_input
 from astrai_batch.io.filesystems import Location, resolve
 from astrai_batch.jobs.executors.base import ExecutionResult, Executor
+from astrai_batch.jobs.job_adapters import adapter_identity, read_job_adapters, with_lora_column
 from astrai_batch.jobs.job_commit import write_outputs
 from astrai_batch.jobs.options.config import JobConfig
 from astrai_batch.jobs.output.assembly import (
+    checkpoint_adapter_counts,
     output_metadata,
     stats_location,
 )
@@ -112,20 +114,23 @@ def _run(
     attention = config.resolved_attention_backend()  # a bad choice fails before anything loads
     already_written = _check_output(paths, config)
     source = open_input(paths.input, **config.input_options())
-    kept = source.kept_schema()
+    kept = with_lora_column(source.kept_schema(), config)
     schema = part_schema(kept)
     final_schema = output_schema(
         kept, save_tokens=config.save_tokens, logprobs=config.sampling.logprobs
     )
     total_rows = source.count_rows()
     progress.message(f"{total_rows} rows ({source.shape}) in {paths.input.shown}")
-    model = executor.prepare(source, progress)
+    adapters = read_job_adapters(config)  # a bad adapter is refused before the model loads
+    model = executor.prepare(source, progress, adapters)
     input_fingerprint = source.fingerprint()
     identity = {
         "input": dict(input_fingerprint),
         "model": model.identity,
         "options": config.result_options(),
     }
+    if adapters:  # a job without adapters keeps the identity it always had
+        identity["adapters"] = adapter_identity(adapters)
     checkpoint = Checkpoint.open(
         paths.checkpoint,
         identity,
@@ -232,7 +237,14 @@ class _Report:
             attention_backend=self.attention_backend,
             device=self.config.device,
             dtype=self.config.dtype,
+            lora=self._adapter_counts(),
         )
+
+    def _adapter_counts(self) -> list[dict] | None:
+        if not self.config.lora:
+            return None
+        names = [name for name, _ in self.config.lora]
+        return checkpoint_adapter_counts(self.checkpoint, names)
 
     def completed(self, run: ExecutionResult | None) -> JobSummary:
         """Exit 0, or 3 with --fail-on-row-errors when some rows failed, or 1 (status

@@ -35,7 +35,8 @@ def write_outputs(
     model: ModelFacts,
     total_rows: int,
 ) -> None:
-    write_stats(checkpoint, stats, {**metadata, **shards_metadata(checkpoint)})
+    adapters = [name for name, _ in config.lora] if config.lora else None
+    write_stats(checkpoint, stats, {**metadata, **shards_metadata(checkpoint)}, adapters)
     crash_point("stats_written")
     if config.output_format == "parquet":
         tables = ordered_tables(checkpoint, final_schema.names, total_rows)

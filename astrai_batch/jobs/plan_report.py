@@ -39,6 +39,9 @@ class PlanReport:
     constrained_rows: int = 0  # rows with their own output constraint
     distinct_constraints: int = 0  # grammars `run` would compile for them
     shards: ShardPrediction | None = None  # with --workers
+    # rows naming a LoRA adapter (`lora`): each adapter's own prefix statistics, since the
+    # cache never shares pages across adapters; the base model's rows under None
+    adapters: dict[str | None, PrefixStats] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         stats = self.stats.to_dict()
@@ -54,7 +57,20 @@ class PlanReport:
             "constrained_rows": self.constrained_rows,
             "distinct_constraints": self.distinct_constraints,
             **({"shards": self.shards.to_dict()} if self.shards else {}),
+            **({"adapters": self._adapter_dicts()} if self.adapters else {}),
         }
+
+    def _adapter_dicts(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "adapter": name,
+                "rows": stats.rows,
+                "prompt_tokens": stats.prompt_tokens,
+                "reusable_tokens": stats.reusable_tokens,
+                "predicted_prefill_saving": stats.predicted_prefill_saving,
+            }
+            for name, stats in (self.adapters or {}).items()
+        ]
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict())
@@ -71,6 +87,19 @@ class PlanReport:
             f"tokens to prefill         {stats.unique_tokens:,}",
             f"predicted prefill saving  {stats.predicted_prefill_saving:.1%}",
         ]
+        if self.adapters:
+            total = sum(s.prompt_tokens for s in self.adapters.values())
+            reusable = sum(s.reusable_tokens for s in self.adapters.values())
+            lines.append(
+                f"with LoRA adapters        {reusable:,} reusable tokens, predicted saving "
+                f"{reusable / total if total else 0.0:.1%} (no page shared across adapters)"
+            )
+            for entry in self._adapter_dicts():
+                name = entry["adapter"] or "(base)"
+                lines.append(
+                    f"  {name:<23} {entry['rows']:,} rows, {entry['prompt_tokens']:,} prompt "
+                    f"tokens, {entry['predicted_prefill_saving']:.1%} reusable"
+                )
         if self.constrained_rows:
             lines.append(
                 f"output constraints        {self.distinct_constraints:,} distinct"
@@ -126,12 +155,17 @@ def plan_input(
     bad_rows = 0
     constraints = ConstraintCounter()
     keyed: list[KeyedRow] = []
+    by_adapter: dict[str | None, PrefixStatsBuilder] = {}
     for batch in _batches(source.iter_rows()):
         for row, encoding in zip(batch, encoder.encode(batch), strict=True):
             if encoding.token_ids is None:
                 bad_rows += 1
             else:
                 builder.add(encoding.token_ids)
+                adapter = by_adapter.get(row.lora)
+                if adapter is None:
+                    adapter = by_adapter[row.lora] = PrefixStatsBuilder(page_size, top)
+                adapter.add(encoding.token_ids)
                 constraints.add(row)
                 if workers is not None:
                     keyed.append(KeyedRow(row.index, encoding.token_ids, DEFAULT_MAX_TOKENS))
@@ -149,7 +183,16 @@ def plan_input(
         constrained_rows=constraints.rows,
         distinct_constraints=len(constraints.digests),
         shards=predict_shards(keyed, workers, page_size) if workers is not None else None,
+        adapters=(
+            {name: part.result() for name, part in sorted(by_adapter.items(), key=_base_first)}
+            if set(by_adapter) - {None}
+            else None
+        ),
     )
+
+
+def _base_first(item: tuple[str | None, Any]) -> tuple[bool, str]:
+    return item[0] is not None, item[0] or ""
 
 
 class ConstraintCounter:

@@ -36,6 +36,8 @@ class JobSummary:
     # the device and dtype the job ran on: `auto` resolved (`engine.device_choice`)
     device: str | None = None
     dtype: str | None = None
+    # a LoRA job's per-adapter counts (`jobs/output/lora_stats`); None without adapters
+    lora: list[dict[str, Any]] | None = None
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -71,7 +73,7 @@ class JobSummary:
             "mask_fill_seconds": totals.mask_fill_seconds,
             "wall_seconds": self.run_wall_seconds,
             "tokens_per_second": rate,
-        }
+        } | ({} if self.lora is None else {"lora": self.lora})
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=False)

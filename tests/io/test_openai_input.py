@@ -42,6 +42,7 @@ def test_chat_and_completion_requests(write_jsonl) -> None:
             messages=({"role": "user", "content": "Hello"},),
             overrides={"temperature": 0.2},
             custom_id="chat-1",
+            model="m",  # body.model: a job runs the line with the adapter of that name
         ),
         InputRow(
             index=1,
@@ -49,6 +50,7 @@ def test_chat_and_completion_requests(write_jsonl) -> None:
             prompt="Once upon",
             overrides={"max_tokens": 9},
             custom_id="text-1",
+            model="m",
         ),
         InputRow(index=2, id="bare", prompt="No url", custom_id="bare"),
     ]

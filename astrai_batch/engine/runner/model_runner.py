@@ -41,6 +41,7 @@ from astrai_batch.engine.attention.paged_attention import (
 )
 from astrai_batch.engine.attention.step_arrays import StepArrays
 from astrai_batch.engine.blas_rows import ROWS_AT_LEAST_TWO, attention_row_scheme
+from astrai_batch.engine.lora.bank import find_bank
 from astrai_batch.engine.runner.decode_graphs import DecodeGraphs, GraphSpec
 from astrai_batch.engine.runner.forward_timer import ForwardTimer
 from astrai_batch.engine.runner.invariant_linear import row_scheme_for, set_row_tiling
@@ -63,6 +64,7 @@ class ScheduledChunk(NamedTuple):
     # table is written for this step only.
     seq_key: Hashable | None = None
     pages_version: int | None = None
+    adapter: int = 0  # the sequence's LoRA adapter slot (`lora.bank`); 0: the base model
 
 
 @dataclass(frozen=True)
@@ -118,6 +120,7 @@ class ModelRunner:
         self.gatherer = PageGatherer()
         self.staging = HostStaging(self.device)  # every per-step host-to-device copy
         self.buffers = StepBuffers(self.page_size)
+        self.lora = find_bank(model)  # None: no adapters installed
         self.decode_graphs = (
             None
             if graphs is None
@@ -140,14 +143,26 @@ class ModelRunner:
         if callable(built):  # a decode-only step staged for its bucket's graph
             return ForwardOutput(logits=built(timer), timer=timer)
         batch, input_ids, positions, logit_rows = built
+        lora = self.lora
+        if lora is not None:
+            lora.begin_step(
+                [c.adapter for c in chunks],
+                [len(c.token_ids) for c in chunks],
+                invariant=self.numerics == "invariant",
+                device=self.device,
+            )
         timer.start()
-        outputs = self.model(
-            input_ids=input_ids.unsqueeze(0),
-            position_ids=positions.unsqueeze(0),
-            use_cache=False,
-            logits_to_keep=logit_rows,
-            **{BATCH_KWARG: batch},
-        )
+        try:
+            outputs = self.model(
+                input_ids=input_ids.unsqueeze(0),
+                position_ids=positions.unsqueeze(0),
+                use_cache=False,
+                logits_to_keep=logit_rows,
+                **{BATCH_KWARG: batch},
+            )
+        finally:
+            if lora is not None:
+                lora.end_step()
         logits = outputs.logits[0].float()
         timer.stop()
         return ForwardOutput(logits=logits, timer=timer)

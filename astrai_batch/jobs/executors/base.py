@@ -8,8 +8,9 @@ planned rows of an open checkpoint into committed parts: `local` in this process
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pyarrow as pa
 
@@ -17,6 +18,9 @@ from astrai_batch.io import InputSource
 from astrai_batch.jobs.executors.local_execution import ExecutionResult
 from astrai_batch.jobs.output.checkpoint import Checkpoint, ExecutorMark
 from astrai_batch.jobs.progress import Progress
+
+if TYPE_CHECKING:
+    from astrai_batch.engine.lora.adapter_files import AdapterFiles
 
 __all__ = ["ExecutionResult", "Executor", "ModelFacts"]
 
@@ -38,8 +42,11 @@ class Executor(Protocol):
         """Which parts this executor writes (recorded in the checkpoint's manifest)."""
         ...
 
-    def prepare(self, source: InputSource, progress: Progress) -> ModelFacts:
-        """Load what the job needs before its checkpoint opens; refuse what cannot run."""
+    def prepare(
+        self, source: InputSource, progress: Progress, adapters: Sequence[AdapterFiles] = ()
+    ) -> ModelFacts:
+        """Load what the job needs before its checkpoint opens; refuse what cannot run.
+        `adapters`: the job's LoRA adapters, read and checked by the flow."""
         ...
 
     def execute(

@@ -198,6 +198,7 @@ class JobExecution:
                 page_size=self.planning.page_size,
                 group_offset=group_offset,
                 grouping=self.planning.grouping,
+                adapters=tuple(name for name, _ in self.config.lora),
             )
 
         return await anyio.to_thread.run_sync(work)

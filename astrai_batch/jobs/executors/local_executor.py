@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import anyio
 import pyarrow as pa
@@ -17,10 +19,14 @@ from astrai_batch.errors import ConfigError
 from astrai_batch.io import InputSource
 from astrai_batch.jobs.executors.base import ModelFacts
 from astrai_batch.jobs.executors.local_execution import ExecutionResult, JobExecution
+from astrai_batch.jobs.job_adapters import install_job_adapters
 from astrai_batch.jobs.options.config import JobConfig
 from astrai_batch.jobs.output.checkpoint import Checkpoint, ExecutorMark
 from astrai_batch.jobs.output.identity import model_identity
 from astrai_batch.jobs.progress import Progress
+
+if TYPE_CHECKING:
+    from astrai_batch.engine.lora.adapter_files import AdapterFiles
 
 if sys.version_info < (3, 11):  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup
@@ -34,12 +40,15 @@ class LocalExecutor:
     def mark(self) -> ExecutorMark:
         return ExecutorMark("local")
 
-    def prepare(self, source: InputSource, progress: Progress) -> ModelFacts:
+    def prepare(
+        self, source: InputSource, progress: Progress, adapters: Sequence[AdapterFiles] = ()
+    ) -> ModelFacts:
         config = self.config
         threads = set_cpu_threads(config.threads)
         keep_freed_memory()
         progress.message(f"loading model {config.model} ({describe_threads(threads)})")
         loaded = load_model(config.model, **config.model_options())
+        install_job_adapters(loaded, list(adapters), config)
         if config.max_model_len is not None and config.max_model_len > loaded.max_model_len:
             raise ConfigError(
                 f"--max-model-len {config.max_model_len} exceeds the context of model "

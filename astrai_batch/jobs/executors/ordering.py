@@ -2,7 +2,7 @@
 
 `SampleCollector` holds the samples of rows still generating and releases a row once all of
 its samples are in. Input order is restored when the output is assembled, window by window
-(see `output.window_tables`): checkpoint parts keep rows in finishing order, so a part can be
+(see `output.part_tables`): checkpoint parts keep rows in finishing order, so a part can be
 saved at any moment without waiting for the slowest row of the window.
 """
 

@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
@@ -48,6 +49,9 @@ from astrai_batch.jobs.output.stats import total
 from astrai_batch.jobs.planning.sharding import SHARDING_VERSION, assign_shards
 from astrai_batch.jobs.progress import Progress
 
+if TYPE_CHECKING:
+    from astrai_batch.engine.lora.adapter_files import AdapterFiles
+
 RAY_MISSING = "--executor ray needs Ray, which is not installed: pip install 'astrai-batch[ray]'"
 CHUNKS_PER_CPU = 2
 MIN_CHUNK_ROWS = 256
@@ -69,7 +73,10 @@ class RayExecutor:
     def mark(self) -> ExecutorMark:
         return ExecutorMark("ray", self.config.workers, SHARDING_VERSION)
 
-    def prepare(self, source: InputSource, progress: Progress) -> ModelFacts:
+    def prepare(
+        self, source: InputSource, progress: Progress, adapters: Sequence[AdapterFiles] = ()
+    ) -> ModelFacts:
+        """`adapters` are checked by the flow; every worker reads them from their paths."""
         require_ray()
         from astrai_batch.engine import load_tokenizer
         from astrai_batch.engine.model.spec import resolve_model_spec

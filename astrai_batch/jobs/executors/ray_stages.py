@@ -97,6 +97,7 @@ class ChunkReader:
                 page_size=config.page_size,
                 group_offset=0,
                 grouping=config.grouping,
+                adapters=tuple(name for name, _ in config.lora),
             )
             out.extend(keyed_record(row, config.page_size) for row in window.rows)
         return pa.Table.from_pylist(out, schema=KEYED_SCHEMA)

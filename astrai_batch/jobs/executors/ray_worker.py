@@ -16,6 +16,7 @@ import pyarrow as pa
 from astrai_batch.jobs.executors.ray_stages import shard_rows
 from astrai_batch.jobs.executors.shard_run import run_shard
 from astrai_batch.jobs.executors.shard_store import ShardInfo, ShardStore
+from astrai_batch.jobs.job_adapters import load_job_adapters
 from astrai_batch.jobs.options.config import JobConfig
 from astrai_batch.jobs.output.records import records_table
 
@@ -34,6 +35,7 @@ class ShardWorker:
         self.store = store
         self.part_schema = part_schema
         self.loaded = load_model(config.model, **config.model_options())
+        load_job_adapters(self.loaded, config)  # every worker reads them from their paths
         self.model: dict[str, Any] = {
             "name": self.loaded.name,
             "source": self.loaded.source,

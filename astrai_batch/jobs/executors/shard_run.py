@@ -38,7 +38,10 @@ def shard_requests(rows: Sequence[PreparedRow], page_size: int, grouping: bool) 
     """Positions in `rows` of the runnable rows, in the order the engine gets them."""
     runnable = [p for p, row in enumerate(rows) if row.token_ids is not None]
     plan = plan_window(
-        [rows[p].token_ids or () for p in runnable], page_size=page_size, enable_grouping=grouping
+        [rows[p].token_ids or () for p in runnable],
+        page_size=page_size,
+        enable_grouping=grouping,
+        adapters=[rows[p].adapter for p in runnable],
     )
     return [runnable[p] for p in plan.order]
 
@@ -67,6 +70,7 @@ async def _run_shard(
             rows[p].token_ids,  # type: ignore[arg-type]
             rows[p].params,  # type: ignore[arg-type]
             seed_key=rows[p].id,
+            adapter=rows[p].adapter,
         )
         for p in order
     ]

@@ -20,6 +20,12 @@ from astrai_batch.engine.device_choice import AUTO, resolve_device_name, resolve
 from astrai_batch.engine.sampling.params import SamplingParams
 from astrai_batch.errors import ConfigError
 from astrai_batch.jobs.options.constraint_options import CONSTRAINT_OPTIONS, job_constraint
+from astrai_batch.jobs.options.lora_options import (
+    DEFAULT_MAX_LORA_RANK,
+    DEFAULT_MAX_LORAS,
+    check_lora_options,
+    parse_lora,
+)
 from astrai_batch.jobs.options.option_groups import (
     OBJECT_OPTIONS,
     PLANNING_OPTIONS,
@@ -94,6 +100,10 @@ class JobConfig:
     workers: int = 1
     worker_threads: int = 1
     worker_gpus: float = 0.0
+    # LoRA adapters by name, in the order given (`--lora NAME=PATH`, or a [lora] table)
+    lora: tuple[tuple[str, str], ...] = ()
+    max_loras: int = DEFAULT_MAX_LORAS
+    max_lora_rank: int = DEFAULT_MAX_LORA_RANK
 
     def __post_init__(self) -> None:
         for name in ("model", "device", "dtype"):
@@ -113,8 +123,11 @@ class JobConfig:
             "group_window",
             "workers",
             "worker_threads",
+            "max_loras",
+            "max_lora_rank",
         ):
             require_positive_int(name, getattr(self, name))
+        check_lora_options(self.lora, self.max_loras)
         require_positive_int("checkpoint_rows", self.checkpoint_rows)
         for name in ("kv_cache_memory", "threads", "max_model_len"):
             if getattr(self, name) is not None:
@@ -217,6 +230,8 @@ class JobConfig:
             values["max_errors"] = ErrorLimit.parse(values["max_errors"])
         if "keep_columns" in values:
             values["keep_columns"] = parse_columns(values["keep_columns"])
+        if "lora" in values:
+            values["lora"] = parse_lora(values["lora"])
         for name in OBJECT_OPTIONS:
             if values.get(name) is not None:
                 values[name] = parse_json_object(values[name], name)
@@ -279,6 +294,8 @@ class JobConfig:
                 out.update({k: v for k, v in value.to_dict().items() if k in SAMPLING_OPTIONS})
             elif f.name == "max_errors":
                 out[f.name] = None if value is None else value.describe()
+            elif f.name == "lora":
+                out[f.name] = dict(value)
             else:
                 out[f.name] = list(value) if isinstance(value, tuple) else value
         return out

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from astrai_batch.errors import ConfigError
-from astrai_batch.jobs.options.option_groups import OBJECT_OPTIONS
+from astrai_batch.jobs.options.option_groups import TABLE_OPTIONS
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -34,7 +34,7 @@ def load_toml_options(path: str | Path) -> dict[str, Any]:
     tables = sorted(
         key
         for key, value in data.items()
-        if isinstance(value, dict) and key.replace("-", "_") not in OBJECT_OPTIONS
+        if isinstance(value, dict) and key.replace("-", "_") not in TABLE_OPTIONS
     )
     if tables:
         raise ConfigError(

@@ -24,6 +24,8 @@ SAMPLING_OPTIONS = (
 )
 # Options whose value is a JSON object (a TOML table).
 OBJECT_OPTIONS = ("chat_template_kwargs",)
+# Options a TOML config file may give as a table: the JSON objects, and adapters by name.
+TABLE_OPTIONS = (*OBJECT_OPTIONS, "lora")
 
 # What a checkpoint shares with the run that resumes it; every option is in exactly one of
 # the three lists (a test checks it), so a new option must be placed deliberately.
@@ -84,4 +86,8 @@ RUN_OPTIONS = (
     "workers",
     "worker_threads",
     "worker_gpus",
+    # adapters are compared by their files' digests (`identity`), not by their paths
+    "lora",
+    "max_loras",
+    "max_lora_rank",
 )

@@ -9,7 +9,7 @@ output is committed last, so a visible output always has its stats file beside i
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -19,8 +19,9 @@ import pyarrow.parquet as pq
 from astrai_batch import __version__
 from astrai_batch.errors import OutputError
 from astrai_batch.io import OpenAIBatchWriter, openai_response_body
-from astrai_batch.io.filesystems import AtomicObject, Location, write_table_at
+from astrai_batch.io.filesystems import Location, write_table_at
 from astrai_batch.jobs.output.checkpoint import Checkpoint
+from astrai_batch.jobs.output.lora_stats import SOURCE_COLUMNS, adapter_counts, with_adapter_rows
 from astrai_batch.jobs.output.records import CUSTOM_ID_COLUMN, INDEX_COLUMN, KIND_COLUMN
 from astrai_batch.jobs.output.run_lock import process_alive
 from astrai_batch.jobs.output.stats import stats_table
@@ -61,31 +62,6 @@ def output_metadata(
     }
 
 
-def window_tables(checkpoint: Checkpoint, columns: list[str]) -> Iterator[pa.Table]:
-    """Each window's records in input order, with `columns` (plus nothing else)."""
-    wanted = list(dict.fromkeys([*columns, INDEX_COLUMN, "sample_index"]))
-    for number in checkpoint.windows():
-        paths = checkpoint.part_paths(number)
-        if not paths:
-            continue
-        table = pa.concat_tables(path.read_parquet(wanted) for path in paths)
-        table = table.sort_by([(INDEX_COLUMN, "ascending"), ("sample_index", "ascending")])
-        yield table.select(columns)
-
-
-def write_parquet_output(
-    checkpoint: Checkpoint,
-    target: Location,
-    schema: pa.Schema,
-    metadata: Mapping[str, str],
-    *,
-    overwrite: bool,
-) -> int:
-    """The Parquet output; returns its row count."""
-    output = AtomicObject(target, overwrite=overwrite)
-    return write_parquet_stream(output, window_tables(checkpoint, schema.names), schema, metadata)
-
-
 def write_parquet_stream(
     output: Any, tables: Iterable[pa.Table], schema: pa.Schema, metadata: Mapping[str, str]
 ) -> int:
@@ -120,25 +96,6 @@ OPENAI_COLUMNS = [
     KIND_COLUMN,
     CUSTOM_ID_COLUMN,
 ]
-
-
-def write_openai_output(
-    checkpoint: Checkpoint,
-    target: Location,
-    *,
-    model_name: str,
-    tokenizer: Any,
-    overwrite: bool,
-) -> int:
-    """OpenAI Batch output lines, one per input row; returns the line count."""
-    return write_openai_tables(
-        window_tables(checkpoint, OPENAI_COLUMNS),
-        target,
-        model_name=model_name,
-        tokenizer=tokenizer,
-        overwrite=overwrite,
-        created=checkpoint.created,
-    )
 
 
 def write_openai_tables(
@@ -205,14 +162,29 @@ def _write_openai_row(
     writer.write_response(custom_id, body, index=index)
 
 
-def write_stats(checkpoint: Checkpoint, target: Location, metadata: Mapping[str, str]) -> None:
-    """The stats file; always replaced, since it belongs to the output being written."""
+def write_stats(
+    checkpoint: Checkpoint,
+    target: Location,
+    metadata: Mapping[str, str],
+    adapters: Sequence[str] | None = None,
+) -> None:
+    """The stats file; always replaced, since it belongs to the output being written.
+    With `adapters` (a LoRA job's names), one more row per adapter (`lora_stats`)."""
+    table = stats_table(checkpoint.stats_by_window())
+    if adapters is not None:
+        table = with_adapter_rows(table, checkpoint_adapter_counts(checkpoint, adapters))
     try:
-        write_table_at(
-            target, stats_table(checkpoint.stats_by_window()), metadata=metadata, overwrite=True
-        )
+        write_table_at(target, table, metadata=metadata, overwrite=True)
     except OSError as exc:
         raise OutputError(f"cannot write {target.shown}: {exc.strerror or exc}") from exc
+
+
+def checkpoint_adapter_counts(
+    checkpoint: Checkpoint, adapters: Sequence[str]
+) -> list[dict[str, Any]]:
+    # counts need no order: every part as it is (a local run's windows, a Ray run's shards)
+    tables = (path.read_parquet(SOURCE_COLUMNS) for path in checkpoint.part_paths())
+    return adapter_counts(tables, adapters)
 
 
 def remove_stale_temp_files(target: Location) -> list[str]:

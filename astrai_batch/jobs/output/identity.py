@@ -23,13 +23,21 @@ if TYPE_CHECKING:  # loading torch is not needed to compare identities
 
 
 def job_identity(
-    config: JobConfig, input_fingerprint: Mapping[str, Any], loaded: LoadedModel
+    config: JobConfig,
+    input_fingerprint: Mapping[str, Any],
+    loaded: LoadedModel,
+    adapters: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    return {
+    """`adapters`: {LoRA adapter name: digest of its files}, present only when the job has
+    adapters (a job without keeps the identity it always had)."""
+    identity = {
         "input": dict(input_fingerprint),
         "model": model_identity(loaded, config.revision),
         "options": config.result_options(),
     }
+    if adapters:
+        identity["adapters"] = dict(adapters)
+    return identity
 
 
 def model_identity(loaded: LoadedModel, revision: str | None) -> dict[str, Any]:
@@ -71,6 +79,7 @@ def job_differences(saved: Mapping[str, Any], current: Mapping[str, Any]) -> lis
     saved, current = json.loads(json.dumps(saved)), json.loads(json.dumps(current))
     out = _input_differences(saved.get("input") or {}, current.get("input") or {})
     out += _model_differences(saved.get("model") or {}, current.get("model") or {})
+    out += adapter_differences(saved.get("adapters") or {}, current.get("adapters") or {})
     saved_options, options = saved.get("options") or {}, current.get("options") or {}
     for name in sorted(set(saved_options) | set(options)):
         before, after = saved_options.get(name), options.get(name)
@@ -118,3 +127,15 @@ def _paths(files: list[Mapping[str, Any]]) -> str:
 
 def _show(value: Any) -> str:
     return "unset" if value is None else repr(value)
+
+
+def adapter_differences(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+    out = []
+    for name in sorted(set(saved) | set(current)):
+        if name not in saved:
+            out.append(f"LoRA adapter {name!r} added")
+        elif name not in current:
+            out.append(f"LoRA adapter {name!r} removed")
+        elif saved[name] != current[name]:
+            out.append(f"LoRA adapter {name!r} has different files")
+    return out

@@ -109,6 +109,7 @@ def plan_window(
     page_size: int,
     group_offset: int = 0,
     enable_grouping: bool = True,
+    adapters: Sequence[str | None] | None = None,
 ) -> WindowPlan:
     """Plan one window of tokenized prompts.
 
@@ -116,18 +117,27 @@ def plan_window(
     order (the sort is stable). With grouping off, rows run in input order, and prefix
     groups are still reported (numbered in that order) so outputs stay comparable.
     Pass `group_offset` = the previous windows' total `num_groups` to keep ids unique
-    across windows.
+    across windows. `adapters` (each row's LoRA adapter, None the base) come first in the
+    sort key and in a prefix group's key: an adapter's rows run together and share pages only
+    with each other, as the prefix cache keys pages by adapter too.
     """
     require_positive_int("page_size", page_size)
     if group_offset < 0:
         raise ConfigError(f"group_offset must be >= 0, got {group_offset}")
     prompts = [tuple(ids) for ids in token_ids]
+    names = [None] * len(prompts) if adapters is None else list(adapters)
+    if len(names) != len(prompts):
+        raise ConfigError(f"{len(names)} adapters for {len(prompts)} prompts")
     if enable_grouping:
-        order = tuple(sorted(range(len(prompts)), key=prompts.__getitem__))
+        keys = [
+            (name is not None, name or "", prompt)
+            for name, prompt in zip(names, prompts, strict=True)
+        ]
+        order = tuple(sorted(range(len(prompts)), key=keys.__getitem__))
     else:
         order = tuple(range(len(prompts)))
 
-    group_of_first_page: dict[tuple[int, ...], int] = {}
+    group_of_first_page: dict[tuple[str | None, tuple[int, ...]], int] = {}
     prefix_group = [0] * len(prompts)
     next_group = group_offset
     for position in order:
@@ -136,7 +146,7 @@ def plan_window(
             prefix_group[position] = next_group
             next_group += 1
             continue
-        first_page = prompt[:page_size]
+        first_page = (names[position], prompt[:page_size])
         group = group_of_first_page.get(first_page)
         if group is None:
             group = next_group

@@ -8,16 +8,19 @@ every row the prefix group an uninterrupted run would have given it.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from astrai_batch.engine.request_checks import unknown_adapter_message
 from astrai_batch.engine.sampling.params import SamplingParams
 from astrai_batch.engine.types import GenerationRequest
 from astrai_batch.errors import AstraiBatchError, ConfigError
 from astrai_batch.io import InputRow
 from astrai_batch.jobs.planning.prefix_order import plan_window
 from astrai_batch.jobs.planning.tokenize import PromptEncoder
+
+LORA_COLUMN = "lora"  # the output column of a job with adapters
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +36,7 @@ class PreparedRow:
     params: SamplingParams | None
     error: str | None
     prefix_group: int | None  # None for rows that failed before planning
+    adapter: str | None = None  # the LoRA adapter the row runs with; None: the base model
 
     def __post_init__(self) -> None:
         runnable = self.token_ids is not None and self.params is not None
@@ -71,7 +75,9 @@ class PreparedWindow:
                 continue
             # seeded by the row id (the row number where the input has none), not its
             # position: a row keeps its samples when the input is split or reordered
-            yield GenerationRequest(row.index, row.token_ids, row.params, seed_key=row.id)
+            yield GenerationRequest(
+                row.index, row.token_ids, row.params, seed_key=row.id, adapter=row.adapter
+            )
 
     def check_invariants(self) -> None:
         indices = [row.index for row in self.rows]
@@ -88,6 +94,16 @@ class PreparedWindow:
             or max(groups) != self.group_offset + self.num_groups - 1  # type: ignore[operator]
         ):
             raise AstraiBatchError(f"window {self.number} prefix groups are out of range")
+
+
+def row_adapter(row: InputRow, adapters: Sequence[str]) -> str | None:
+    """The adapter a row asks for: its `lora` field, else an OpenAI line's body.model when
+    it names one of the job's adapters (any other model name is the base model)."""
+    if row.lora is not None:
+        return row.lora
+    if row.model is not None and row.model in adapters:
+        return row.model
+    return None
 
 
 def read_window(rows: Iterator[InputRow], size: int) -> list[InputRow]:
@@ -115,10 +131,13 @@ def prepare_window(
     page_size: int,
     group_offset: int,
     grouping: bool,
+    adapters: Sequence[str] = (),
 ) -> PreparedWindow:
     """Tokenize, resolve per-row sampling parameters and plan one window (CPU work: run it
     in a worker thread). Rows without a ``custom_id`` of their own use their row id as one
-    in OpenAI output; the input guarantees both are unique (`io.row_ids`)."""
+    in OpenAI output; the input guarantees both are unique (`io.row_ids`). `adapters`: the
+    job's LoRA adapter names (a row names one by `lora`, or an OpenAI line by body.model);
+    with any, each row's adapter is kept in a `lora` column."""
     encodings = encoder.encode(input_rows)
     staged: list[tuple[InputRow, tuple[int, ...] | None, SamplingParams | None, str | None]] = []
     for row, encoding in zip(input_rows, encodings, strict=True):
@@ -130,7 +149,10 @@ def prepare_window(
             staged.append((row, None, None, encoding.error))
             continue
         params = row_params(base_params, row.overrides)
-        if isinstance(params, str):
+        adapter = row_adapter(row, adapters)
+        if adapter is not None and adapter not in adapters:
+            staged.append((row, None, None, unknown_adapter_message(adapter, adapters)))
+        elif isinstance(params, str):
             staged.append((row, None, None, params))
         else:
             staged.append((row, encoding.token_ids, params, None))
@@ -140,6 +162,7 @@ def prepare_window(
         page_size=page_size,
         group_offset=group_offset,
         enable_grouping=grouping,
+        adapters=[row_adapter(staged[position][0], adapters) for position in runnable],
     )
     group_of = {runnable[p]: plan.prefix_group[p] for p in range(len(runnable))}
     rows = tuple(
@@ -148,11 +171,12 @@ def prepare_window(
             id=row.id,
             custom_id=row.id if row.custom_id is None else row.custom_id,
             kind=row.kind,
-            kept=row.kept,
+            kept={**row.kept, LORA_COLUMN: row_adapter(row, adapters)} if adapters else row.kept,
             token_ids=token_ids,
             params=params,
             error=error,
             prefix_group=group_of.get(position),
+            adapter=None if error is not None else row_adapter(row, adapters),
         )
         for position, (row, token_ids, params, error) in enumerate(staged)
     )
