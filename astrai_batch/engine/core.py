@@ -25,7 +25,11 @@ from astrai_batch.engine.sampling.constraints.sequence_matchers import SequenceM
 from astrai_batch.engine.sampling.sequence_sampler import SequenceSampler
 from astrai_batch.engine.sampling.stop_strings import StopStringTracker
 from astrai_batch.engine.sampling.token_sampling import sample_token_ids
+from astrai_batch.engine.sampling.params import SamplingParams
+from astrai_batch.engine.sampling.prompt_logprobs import record_rows, with_logit_spans
 from astrai_batch.engine.scheduler import ScheduledWork, Scheduler, chunk_for
+from astrai_batch.engine.scoring import ScoreGroups
+from astrai_batch.engine.scoring_types import score_problem
 from astrai_batch.engine.sequence import Sequence
 from astrai_batch.engine.types import (
     EngineStats,
@@ -36,6 +40,10 @@ from astrai_batch.engine.types import (
     as_token_tuple,
     error_result,
 )
+
+
+# a scoring sequence samples nothing; its sampler exists because every sequence has one
+SCORING_PARAMS = SamplingParams(max_tokens=1)
 
 
 class EngineCore:
@@ -62,6 +70,7 @@ class EngineCore:
         self.scheduler = Scheduler(config, self.cache)
         self._outputs: dict[int, StopStringTracker] = {}
         self.constraints = SequenceMatchers(self._constraint_backend)
+        self.scoring = ScoreGroups(self.scheduler, self.cache, self.pool, self._scoring_sequence)
         self._next_seq_id = 0
         self._arrivals = 0
         self._steps = 0
@@ -86,6 +95,8 @@ class EngineCore:
         """Queues a request; returns error results at once when it can never run."""
         params = request.params
         prompt = as_token_tuple(request.prompt_token_ids)
+        if request.score is not None:
+            return self._add_score(request, prompt)
         problem = why_never_fits(
             prompt,
             params.max_tokens,
@@ -151,6 +162,7 @@ class EngineCore:
             return []
         cache = self.cache
         chunks = [chunk_for(item, cache) for item in plan.work]
+        chunks, logit_rows = with_logit_spans(plan.work, chunks)
         work = zip(plan.work, chunks, strict=True)
         sampling = [item for item, chunk in work if chunk.wants_logits]
         # Grammar masks are filled in a worker thread while the forward runs.
@@ -163,14 +175,76 @@ class EngineCore:
         self._steps += 1
         self.scheduler.after_step(plan.work)
         self._pending_timers.append(output.timer)
+        logits = output.logits
+        if logit_rows is not None:
+            record_rows(logits[len(sampling) :], logit_rows)
+            logits = logits[: len(sampling)]
         if sampling:
-            results = self._sample(sampling, output.logits, masks)
+            results = self._sample(sampling, logits, masks)
             # on CUDA the tokens' read waited for this forward (and every earlier one), so
             # reading the timers costs no synchronization
             self._read_timers()
         else:
             results = []
+        if self.scoring.active:
+            results.extend(self._scored(plan.work))
         self._busy_seconds += time.perf_counter() - started
+        return results
+
+    # -- scoring requests (see `scoring`) ----------------------------------------------------
+
+    def _add_score(self, request: GenerationRequest, context: tuple[int, ...]):
+        score = request.score
+        problem = score_problem(
+            context,
+            score,
+            vocab_size=self.loaded.model.config.vocab_size,
+            max_model_len=self.max_model_len,
+        )
+        if problem is not None:
+            self._failed += 1
+            return [error_result(request, problem)]
+        self._arrivals += 1
+        self.scoring.add(request.request_id, context, score)
+        return []
+
+    def _scoring_sequence(self, request_id, tokens, targets) -> Sequence:
+        params = SCORING_PARAMS
+        seq_id = self._next_seq_id
+        self._next_seq_id += 1
+        seq = Sequence(
+            seq_id=seq_id,
+            request_id=request_id,
+            sample_index=0,
+            prompt_token_ids=tokens,
+            params=params,
+            sampler=SequenceSampler(
+                params, tokens, sample_index=0, eos_token_ids=(), fallback_seed=0
+            ),
+            arrival=self._arrivals,
+            page_size=self.config.page_size,
+            max_model_len=self.max_model_len,
+        )
+        seq.targets = targets
+        return seq
+
+    def _scored(self, work: list[ScheduledWork]) -> list[GenerationResult]:
+        results = []
+        for request_id, context_len, cached, scores in self.scoring.after_step(work):
+            self._finished += 1
+            results.append(
+                GenerationResult(
+                    request_id=request_id,
+                    sample_index=0,
+                    token_ids=(),
+                    text="",
+                    finish_reason="stop",
+                    prompt_tokens=context_len,
+                    cached_tokens=cached,
+                    completion_tokens=0,
+                    scores=scores,
+                )
+            )
         return results
 
     def _sample(

@@ -8,6 +8,8 @@ from typing import Literal
 
 from astrai_batch.cache import CacheStats
 from astrai_batch.engine.sampling.params import SamplingParams
+from astrai_batch.engine.sampling.prompt_logprobs import TokenLogprob
+from astrai_batch.engine.scoring_types import ContinuationScore, ScoreRequest
 
 FinishReason = Literal["stop", "length", "error"]
 
@@ -25,6 +27,8 @@ class GenerationRequest:
     prompt_token_ids: Sequence[int]
     params: SamplingParams = field(default_factory=SamplingParams)
     seed_key: Hashable | None = None
+    # a scoring request: no decode, `GenerationResult.scores` per continuation (`scoring`)
+    score: ScoreRequest | None = None
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,11 @@ class GenerationResult:
     logprobs: tuple[float, ...] | None = None
     error: str | None = None
     timings: Timings | None = None
+    scores: tuple[ContinuationScore, ...] | None = None  # a scoring request's answer
+    # per prompt token (the first None) its TokenLogprob, with `params.prompt_logprobs`
+    prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
+    # per generated token its TokenLogprob, with `params.top_logprobs`
+    top_logprobs: tuple[TokenLogprob, ...] | None = None
 
 
 @dataclass(frozen=True)
