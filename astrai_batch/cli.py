@@ -18,7 +18,7 @@ from astrai_batch import __version__
 from astrai_batch.engine.attention.backends import ATTENTION_BACKENDS
 from astrai_batch.engine.config import KV_LAYOUTS
 from astrai_batch.errors import AstraiBatchError, ConfigError
-from astrai_batch.jobs.options.config import DEFAULT_MODEL, OUTPUT_FORMATS, JobConfig
+from astrai_batch.jobs.options.config import DEFAULT_MODEL, OUTPUT_FORMATS, TASKS, JobConfig
 from astrai_batch.jobs.options.config_file import load_toml_options
 
 EXIT_INTERRUPTED_SIGINT = 130
@@ -170,6 +170,9 @@ def _run_options(function: Any) -> Any:
         _option("--choice", None, "Outputs are exactly one of these comma-separated strings."),
         _option("--grammar", None, "Outputs follow this EBNF grammar file (rule root)."),
         _option("--seed", d.seed, "Job seed: sampled rows reproduce for a given seed.", type=int),
+        _option(
+            "--task", d.task, "generate, or score (log-likelihoods).", type=click.Choice(TASKS)
+        ),
         # Output.
         _option("--output-format", d.output_format, type=click.Choice(list(OUTPUT_FORMATS))),
         _option("--save-tokens", help="Add completion_token_ids.", **flag),

@@ -22,11 +22,11 @@ from astrai_batch.engine.sampling.constraints.backend import (
 )
 from astrai_batch.engine.sampling.constraints.mask_filler import StepMasks
 from astrai_batch.engine.sampling.constraints.sequence_matchers import SequenceMatchers
+from astrai_batch.engine.sampling.params import SamplingParams
+from astrai_batch.engine.sampling.prompt_logprobs import record_rows, with_logit_spans
 from astrai_batch.engine.sampling.sequence_sampler import SequenceSampler
 from astrai_batch.engine.sampling.stop_strings import StopStringTracker
 from astrai_batch.engine.sampling.token_sampling import sample_token_ids
-from astrai_batch.engine.sampling.params import SamplingParams
-from astrai_batch.engine.sampling.prompt_logprobs import record_rows, with_logit_spans
 from astrai_batch.engine.scheduler import ScheduledWork, Scheduler, chunk_for
 from astrai_batch.engine.scoring import ScoreGroups
 from astrai_batch.engine.scoring_types import score_problem
@@ -40,7 +40,6 @@ from astrai_batch.engine.types import (
     as_token_tuple,
     error_result,
 )
-
 
 # a scoring sequence samples nothing; its sampler exists because every sequence has one
 SCORING_PARAMS = SamplingParams(max_tokens=1)

@@ -22,13 +22,14 @@ context's partial page recomputed): same values, since positions are recorded by
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
+
 import torch
 
 from astrai_batch.cache import KVPool
 from astrai_batch.cache.layout import KVLayout
 from astrai_batch.engine.sampling.prompt_logprobs import PositionTargets
-from astrai_batch.engine.scoring_types import ContinuationScore, ScoreRequest
 from astrai_batch.engine.scheduler import ScheduledWork, Scheduler
+from astrai_batch.engine.scoring_types import ContinuationScore, ScoreRequest
 from astrai_batch.engine.sequence import Sequence
 
 

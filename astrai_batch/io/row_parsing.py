@@ -28,6 +28,7 @@ from astrai_batch.io.rows import (
     RowProblem,
 )
 from astrai_batch.io.shape_detection import NO_SHAPE_MESSAGE, row_shape
+from astrai_batch.io.task_fields import task_fields
 
 
 def parse_record(
@@ -63,11 +64,18 @@ def parse_record(
             kwargs = validate_template_kwargs(
                 record.get(TEMPLATE_KWARGS_FIELD), TEMPLATE_KWARGS_FIELD
             )
+        continuations = task_fields(record, plan.task, shape)
     except RowProblem as problem:
         return InputRow(**ids, error=str(problem))
     if "messages" not in content:
         kwargs = None  # only a chat template reads them
-    return InputRow(**ids, overrides=overrides, chat_template_kwargs=kwargs, **content)
+    return InputRow(
+        **ids,
+        overrides=overrides,
+        chat_template_kwargs=kwargs,
+        continuations=continuations,
+        **content,
+    )
 
 
 def unreadable_row(index: int, message: str, plan: RowPlan) -> InputRow:

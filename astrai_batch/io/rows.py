@@ -44,6 +44,8 @@ OVERRIDE_FIELDS = (
     "repetition_penalty",
     "logprobs",
 )
+# Fields of one task only (see io/task_fields.py).
+TASK_FIELDS = ("continuations",)
 # Extra variables for the chat template of this row, merged over --chat-template-kwargs.
 TEMPLATE_KWARGS_FIELD = "chat_template_kwargs"
 
@@ -73,6 +75,7 @@ class InputRow:
     error: str | None = None
     custom_id: str | None = None
     chat_template_kwargs: Mapping[str, Any] | None = None
+    continuations: tuple[str, ...] | None = None  # a --task score row's continuations
 
     def __post_init__(self) -> None:
         if self.index < 0:
@@ -116,6 +119,7 @@ class RowPlan:
     has_ids: bool = False
     keep_columns: tuple[str, ...] = ()
     kept_as_json_text: bool = False
+    task: str = "generate"  # "score": rows also hold `continuations` (io/task_fields.py)
 
     def __post_init__(self) -> None:
         if self.prompt_column == "":
@@ -146,7 +150,7 @@ class RowPlan:
             *self.id_fields,
             "custom_id",
         ]
-        wanted += self.keep_columns
+        wanted += [*TASK_FIELDS, *self.keep_columns]
         present = set(available)
         return list(dict.fromkeys(name for name in wanted if name in present))
 

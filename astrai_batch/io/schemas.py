@@ -30,6 +30,14 @@ RESULT_SCHEMA = pa.schema(
 TOKEN_IDS_FIELD = pa.field("completion_token_ids", pa.list_(pa.int32()))
 LOGPROBS_FIELD = pa.field("logprobs", pa.list_(pa.float32()))
 
+# --task score: per continuation, in the row's order (lm-eval's loglikelihood answer)
+SCORE_FIELDS = (
+    pa.field("loglikelihoods", pa.list_(pa.float64())),
+    pa.field("continuation_tokens", pa.list_(pa.int32())),
+    pa.field("is_greedy", pa.list_(pa.bool_())),
+)
+TASK_FIELDS = {"score": SCORE_FIELDS}
+
 # One row per stats window plus one total row (window null, is_total true).
 STATS_SCHEMA = pa.schema(
     [
@@ -54,14 +62,18 @@ STATS_SCHEMA = pa.schema(
 )
 
 
-def result_schema(save_tokens: bool, logprobs: bool, kept: pa.Schema | None) -> pa.Schema:
-    """RESULT_SCHEMA plus, in this order, token ids, logprobs, and the kept input columns
-    (with their input types, nullable because a failed row may lack them)."""
+def result_schema(
+    save_tokens: bool, logprobs: bool, kept: pa.Schema | None, task: str = "generate"
+) -> pa.Schema:
+    """RESULT_SCHEMA plus, in this order, token ids, logprobs, the task's columns and the
+    kept input columns (with their input types, nullable because a failed row may lack
+    them)."""
     fields = list(RESULT_SCHEMA)
     if save_tokens:
         fields.append(TOKEN_IDS_FIELD)
     if logprobs:
         fields.append(LOGPROBS_FIELD)
+    fields.extend(TASK_FIELDS.get(task, ()))
     for kept_field in kept or pa.schema([]):
         if kept_field.name in {field.name for field in fields}:
             raise ConfigError(

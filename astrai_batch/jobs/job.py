@@ -105,17 +105,11 @@ def _run(
 ) -> JobSummary:
     attention = config.resolved_attention_backend()  # a bad choice fails before anything loads
     already_written = _check_output(paths, config)
-    source = open_input(
-        paths.input,
-        input_format=config.input_format,
-        prompt_column=config.prompt_column,
-        id_column=config.id_column,
-        keep_columns=config.keep_columns,
-    )
+    source = open_input(paths.input, **config.input_options())
     kept = source.kept_schema()
-    schema = part_schema(kept)
+    schema = part_schema(kept, config.task)
     final_schema = output_schema(
-        kept, save_tokens=config.save_tokens, logprobs=config.sampling.logprobs
+        kept, save_tokens=config.save_tokens, logprobs=config.sampling.logprobs, task=config.task
     )
     total_rows = source.count_rows()
     progress.message(f"{total_rows} rows ({source.shape}) in {paths.input.shown}")

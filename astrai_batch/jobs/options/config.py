@@ -31,6 +31,7 @@ from astrai_batch.jobs.options.option_values import (
     parse_json_object,
     parse_size,
 )
+from astrai_batch.jobs.options.task_options import check_task, task_prompt_column
 from astrai_batch.jobs.planning.prefix_order import PlanningOptions
 from astrai_batch.json_types import json_type
 
@@ -93,6 +94,7 @@ class JobConfig:
     workers: int = 1
     worker_threads: int = 1
     worker_gpus: float = 0.0
+    task: str = "generate"  # or "score": log-likelihoods of continuations (io/task_fields.py)
 
     def __post_init__(self) -> None:
         for name in ("model", "device", "dtype"):
@@ -182,6 +184,7 @@ class JobConfig:
             raise ConfigError(
                 f"sampling must be SamplingParams, got {type(self.sampling).__name__}"
             )
+        check_task(self.task, self.output_format, self.executor)
         if self.max_errors is not None and not isinstance(self.max_errors, ErrorLimit):
             raise ConfigError(f"max_errors must be an ErrorLimit, got {self.max_errors!r}")
 
@@ -219,9 +222,10 @@ class JobConfig:
         """Keyword arguments of `io.open_input` for this job's input."""
         return {
             "input_format": self.input_format,
-            "prompt_column": self.prompt_column,
+            "prompt_column": task_prompt_column(self.task, self.prompt_column),
             "id_column": self.id_column,
             "keep_columns": self.keep_columns,
+            "task": self.task,
         }
 
     def engine_options(self) -> dict[str, Any]:

@@ -48,6 +48,7 @@ RESULT_OPTIONS = (
     "id_column",
     "keep_columns",
     "chat_template_kwargs",
+    "task",
     *SAMPLING_OPTIONS,
 )
 # PLANNING_OPTIONS decide the windows and the prefix groups (the `prefix_group` column), not

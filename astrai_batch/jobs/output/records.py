@@ -17,6 +17,7 @@ import pyarrow as pa
 from astrai_batch.engine.types import GenerationResult
 from astrai_batch.errors import AstraiBatchError
 from astrai_batch.io import result_schema
+from astrai_batch.jobs.output.task_records import score_record
 from astrai_batch.jobs.planning.window import PreparedRow
 
 INDEX_COLUMN = "__astrai_row_index"
@@ -29,14 +30,16 @@ INTERNAL_FIELDS = (
 )
 
 
-def part_schema(kept: pa.Schema) -> pa.Schema:
+def part_schema(kept: pa.Schema, task: str = "generate") -> pa.Schema:
     """The schema of checkpoint parts for an input whose keep columns have `kept`'s types."""
-    return pa.schema([*result_schema(True, True, kept), *INTERNAL_FIELDS])
+    return pa.schema([*result_schema(True, True, kept, task), *INTERNAL_FIELDS])
 
 
-def output_schema(kept: pa.Schema, *, save_tokens: bool, logprobs: bool) -> pa.Schema:
+def output_schema(
+    kept: pa.Schema, *, save_tokens: bool, logprobs: bool, task: str = "generate"
+) -> pa.Schema:
     """The schema of the final Parquet output (a subset of the part schema's columns)."""
-    return result_schema(save_tokens, logprobs, kept)
+    return result_schema(save_tokens, logprobs, kept, task)
 
 
 def error_record(row: PreparedRow, message: str) -> dict[str, Any]:
@@ -73,6 +76,8 @@ def row_records(row: PreparedRow, samples: Sequence[GenerationResult]) -> list[d
     failed = next((sample for sample in samples if sample.finish_reason == "error"), None)
     if failed is not None:
         return [error_record(row, failed.error or "generation failed")]
+    if samples[0].scores is not None:
+        return [score_record(row, samples[0], error_record(row, ""))]
     return [
         {
             "id": row.id,

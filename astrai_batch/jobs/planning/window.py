@@ -13,10 +13,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from astrai_batch.engine.sampling.params import SamplingParams
+from astrai_batch.engine.scoring_types import ScoreRequest
 from astrai_batch.engine.types import GenerationRequest
 from astrai_batch.errors import AstraiBatchError, ConfigError
 from astrai_batch.io import InputRow
 from astrai_batch.jobs.planning.prefix_order import plan_window
+from astrai_batch.jobs.planning.score_pairs import score_encodings
 from astrai_batch.jobs.planning.tokenize import PromptEncoder
 
 
@@ -33,6 +35,8 @@ class PreparedRow:
     params: SamplingParams | None
     error: str | None
     prefix_group: int | None  # None for rows that failed before planning
+    # --task score: each continuation's tokens (`token_ids` holds the context's)
+    continuations: tuple[tuple[int, ...], ...] | None = None
 
     def __post_init__(self) -> None:
         runnable = self.token_ids is not None and self.params is not None
@@ -71,7 +75,10 @@ class PreparedWindow:
                 continue
             # seeded by the row id (the row number where the input has none), not its
             # position: a row keeps its samples when the input is split or reordered
-            yield GenerationRequest(row.index, row.token_ids, row.params, seed_key=row.id)
+            score = None if row.continuations is None else ScoreRequest(row.continuations)
+            yield GenerationRequest(
+                row.index, row.token_ids, row.params, seed_key=row.id, score=score
+            )
 
     def check_invariants(self) -> None:
         indices = [row.index for row in self.rows]
@@ -120,6 +127,7 @@ def prepare_window(
     in a worker thread). Rows without a ``custom_id`` of their own use their row id as one
     in OpenAI output; the input guarantees both are unique (`io.row_ids`)."""
     encodings = encoder.encode(input_rows)
+    scored = score_encodings(encoder, input_rows, encodings)
     staged: list[tuple[InputRow, tuple[int, ...] | None, SamplingParams | None, str | None]] = []
     for row, encoding in zip(input_rows, encodings, strict=True):
         if row.index != start + len(staged):
@@ -153,6 +161,7 @@ def prepare_window(
             params=params,
             error=error,
             prefix_group=group_of.get(position),
+            continuations=scored.get(position) if error is None else None,
         )
         for position, (row, token_ids, params, error) in enumerate(staged)
     )

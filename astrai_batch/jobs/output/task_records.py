@@ -1,0 +1,24 @@
+"""The records of rows of tasks other than generation (see `records`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from astrai_batch.engine.types import GenerationResult
+
+
+def score_record(row: Any, result: GenerationResult, base: dict[str, Any]) -> dict[str, Any]:
+    """A `--task score` row's record: `base` (the row's error record, for its identity and
+    kept columns) with the scores, one list entry per continuation."""
+    scores = result.scores or ()
+    return {
+        **base,
+        "finish_reason": result.finish_reason,
+        "error": None,
+        "prompt_tokens": result.prompt_tokens,
+        "cached_tokens": result.cached_tokens,
+        "completion_tokens": 0,
+        "loglikelihoods": [score.logprob for score in scores],
+        "continuation_tokens": [score.num_tokens for score in scores],
+        "is_greedy": [score.is_greedy for score in scores],
+    }
