@@ -18,8 +18,9 @@ from astrai_batch import __version__
 from astrai_batch.engine.attention.backends import ATTENTION_BACKENDS
 from astrai_batch.engine.config import KV_LAYOUTS
 from astrai_batch.errors import AstraiBatchError, ConfigError
-from astrai_batch.jobs.options.config import DEFAULT_MODEL, OUTPUT_FORMATS, TASKS, JobConfig
+from astrai_batch.jobs.options.config import DEFAULT_MODEL, OUTPUT_FORMATS, JobConfig
 from astrai_batch.jobs.options.config_file import load_toml_options
+from astrai_batch.jobs.options.task_options import TASKS
 
 EXIT_INTERRUPTED_SIGINT = 130
 
