@@ -23,7 +23,13 @@ from astrai_batch.engine.sampling.constraints.backend import (
 from astrai_batch.engine.sampling.constraints.mask_filler import StepMasks
 from astrai_batch.engine.sampling.constraints.sequence_matchers import SequenceMatchers
 from astrai_batch.engine.sampling.params import SamplingParams
-from astrai_batch.engine.sampling.prompt_logprobs import record_rows, with_logit_spans
+from astrai_batch.engine.sampling.prompt_logprobs import (
+    prompt_results,
+    prompt_targets,
+    record_rows,
+    record_top_logprobs,
+    with_logit_spans,
+)
 from astrai_batch.engine.sampling.sequence_sampler import SequenceSampler
 from astrai_batch.engine.sampling.stop_strings import StopStringTracker
 from astrai_batch.engine.sampling.token_sampling import sample_token_ids
@@ -79,6 +85,7 @@ class EngineCore:
         self._forward_seconds = 0.0
         self._pending_timers: list[ForwardTimer] = []  # forwards not yet read (see step)
         self._busy_seconds = 0.0
+        self._top_logprobs = 0  # requests that asked for top_logprobs (any: the check runs)
 
     # -- requests ------------------------------------------------------------------------
 
@@ -115,6 +122,7 @@ class EngineCore:
                 self._failed += params.n
                 return [error_result(request, str(exc), i) for i in range(params.n)]
         self._arrivals += 1
+        self._top_logprobs += params.top_logprobs > 0
         seed_key = request.request_id if request.seed_key is None else request.seed_key
         for sample_index in range(params.n):
             seq_id = self._next_seq_id
@@ -143,6 +151,7 @@ class EngineCore:
                 )
             if compiled is not None:
                 self.constraints.attach(seq_id, compiled)
+            seq.targets = prompt_targets(prompt, params.prompt_logprobs)
             self.scheduler.add(seq)
         return []
 
@@ -254,6 +263,8 @@ class EngineCore:
             for seq, row in zip(seqs, logits, strict=True):
                 self.logits_observer(seq.request_id, seq.sample_index, row)
         token_ids, logprobs = sample_token_ids(logits, [seq.sampler for seq in seqs], masks)
+        if self._top_logprobs:
+            record_top_logprobs(seqs, logits, token_ids)
         if self.constraints.active:
             self.constraints.accept([seq.seq_id for seq in seqs], token_ids)
         now = time.perf_counter()
@@ -318,6 +329,8 @@ class EngineCore:
             cached_tokens=seq.cached_tokens or 0,
             completion_tokens=len(ids),
             logprobs=tuple(seq.logprobs) if seq.params.logprobs else None,
+            prompt_logprobs=prompt_results(seq.targets),
+            top_logprobs=tuple(seq.top_logprobs) if seq.params.top_logprobs else None,
             timings=Timings(
                 queued_seconds=(seq.admitted_at or now) - seq.submitted_at,
                 first_token_seconds=(

@@ -50,6 +50,7 @@ class Sequence:
         "submitted_at",
         "targets",
         "tokens",
+        "top_logprobs",
         "was_preempted",
     )
 
@@ -93,6 +94,7 @@ class Sequence:
         self.ends_by_text_or_grammar = bool(params.stop) or params.constraint is not None
         # prompt positions whose logits are wanted (scoring, prompt logprobs), or None
         self.targets: PositionTargets | None = None
+        self.top_logprobs: list = []  # TokenLogprob per generated token (top_logprobs)
 
     @property
     def prompt_len(self) -> int:

@@ -143,3 +143,43 @@ def with_logit_spans(work: Sequence, chunks: list) -> tuple[list, LogitRows | No
     if out is chunks:
         return chunks, None
     return out, LogitRows(owners, positions)
+
+
+def prompt_targets(prompt: Sequence[int], top_n: int | None) -> PositionTargets | None:
+    """vLLM's prompt_logprobs: every prompt token but the first, scored at the position
+    before it; None when not asked for (or a one-token prompt: nothing to score)."""
+    if top_n is None or len(prompt) < 2:
+        return None
+    return PositionTargets(0, [(t,) for t in prompt[1:]], top_n=top_n, then_samples=True)
+
+
+def prompt_results(targets: PositionTargets | None) -> tuple[TokenLogprob | None, ...] | None:
+    """A generation's prompt logprobs: None for the first token, then each token's."""
+    if targets is None or not targets.then_samples:
+        return None
+    return (None, *(result[0] for result in targets.results))  # type: ignore[index]
+
+
+def record_top_logprobs(seqs: Sequence, logits: torch.Tensor, token_ids: Sequence[int]) -> None:
+    """OpenAI's top_logprobs of the tokens just sampled, from the model's distribution
+    (the raw logits' log-softmax, before penalties, temperature or masks, as vLLM's
+    default): the sampled token's logprob and rank, and the N most likely."""
+    rows = [i for i, seq in enumerate(seqs) if seq.params.top_logprobs]
+    if not rows:
+        return
+    index = torch.tensor(rows, device=logits.device)
+    logprobs = torch.log_softmax(logits[index].float(), dim=-1)
+    chosen = torch.tensor([token_ids[i] for i in rows], device=logits.device)
+    picked = logprobs[torch.arange(len(rows), device=logits.device), chosen]
+    ranks = ((logprobs > picked[:, None]).sum(dim=-1) + 1).tolist()
+    greedy = (logprobs.argmax(dim=-1) == chosen).tolist()
+    n = max(seqs[i].params.top_logprobs for i in rows)
+    values, ids = torch.topk(logprobs, n, dim=-1)
+    values, ids, picked_host = values.tolist(), ids.tolist(), picked.tolist()
+    for k, i in enumerate(rows):
+        seq = seqs[i]
+        m = seq.params.top_logprobs
+        top = tuple(zip(ids[k][:m], values[k][:m], strict=True))
+        seq.top_logprobs.append(
+            TokenLogprob(int(token_ids[i]), picked_host[k], ranks[k], bool(greedy[k]), top)
+        )
