@@ -178,6 +178,8 @@ def _run_options(function: Any) -> Any:
         _option("--output-format", d.output_format, type=click.Choice(list(OUTPUT_FORMATS))),
         _option("--save-tokens", help="Add completion_token_ids.", **flag),
         _option("--logprobs", help="Add the logprob of each generated token.", **flag),
+        _option("--top-logprobs", s.top_logprobs, "Per token its N likeliest (0-20).", type=int),
+        _option("--prompt-logprobs", None, "Per prompt token its logprob, N likeliest.", type=int),
         _option("--overwrite", help="Replace an existing output.", **flag),
         _option("--summary-json", None, "Also write the JSON summary to this file."),
         # Reliability and operation.

@@ -28,6 +28,7 @@ from astrai_batch.engine.sampling.prompt_logprobs import (
     prompt_targets,
     record_rows,
     record_top_logprobs,
+    token_texts,
     with_logit_spans,
 )
 from astrai_batch.engine.sampling.sequence_sampler import SequenceSampler
@@ -319,6 +320,8 @@ class EngineCore:
         else:
             text = self.tokenizer.decode(ids, skip_special_tokens=True)
         now = time.perf_counter()
+        prompt_logprobs = prompt_results(seq.targets)
+        top_logprobs = tuple(seq.top_logprobs) if seq.params.top_logprobs else None
         return GenerationResult(
             request_id=seq.request_id,
             sample_index=seq.sample_index,
@@ -329,8 +332,9 @@ class EngineCore:
             cached_tokens=seq.cached_tokens or 0,
             completion_tokens=len(ids),
             logprobs=tuple(seq.logprobs) if seq.params.logprobs else None,
-            prompt_logprobs=prompt_results(seq.targets),
-            top_logprobs=tuple(seq.top_logprobs) if seq.params.top_logprobs else None,
+            prompt_logprobs=prompt_logprobs,
+            top_logprobs=top_logprobs,
+            token_texts=token_texts(self.tokenizer, prompt_logprobs, top_logprobs),
             timings=Timings(
                 queued_seconds=(seq.admitted_at or now) - seq.submitted_at,
                 first_token_seconds=(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -56,6 +56,8 @@ class GenerationResult:
     prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
     # per generated token its TokenLogprob, with `params.top_logprobs`
     top_logprobs: tuple[TokenLogprob, ...] | None = None
+    # the text of every token id in prompt_logprobs / top_logprobs (each token decoded alone)
+    token_texts: Mapping[int, str] | None = None
 
 
 @dataclass(frozen=True)

@@ -70,7 +70,6 @@ NEUTRAL_BODY_VALUES = frozenset(
     {
         ("stream", "false"),
         ("logit_bias", "{}"),
-        ("top_logprobs", "0"),
         ("best_of", "1"),
         ("echo", "false"),
         ("suffix", '""'),

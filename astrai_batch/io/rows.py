@@ -43,6 +43,8 @@ OVERRIDE_FIELDS = (
     "frequency_penalty",
     "repetition_penalty",
     "logprobs",
+    "top_logprobs",
+    "prompt_logprobs",
 )
 # Fields of one task only (see io/task_fields.py).
 TASK_FIELDS = ("continuations",)

@@ -38,6 +38,23 @@ SCORE_FIELDS = (
 )
 TASK_FIELDS = {"score": SCORE_FIELDS}
 
+# top_logprobs (per generated token) and prompt_logprobs (per prompt token, the first null):
+# the token, its logprob and rank (1 + tokens strictly likelier) and the N likeliest
+ALTERNATIVE_TYPE = pa.struct(
+    [("token", pa.string()), ("token_id", pa.int32()), ("logprob", pa.float64())]
+)
+TOKEN_LOGPROB_TYPE = pa.struct(
+    [
+        ("token", pa.string()),
+        ("token_id", pa.int32()),
+        ("logprob", pa.float64()),
+        ("rank", pa.int32()),
+        ("top_logprobs", pa.list_(ALTERNATIVE_TYPE)),
+    ]
+)
+TOP_LOGPROBS_FIELD = pa.field("top_logprobs", pa.list_(TOKEN_LOGPROB_TYPE))
+PROMPT_LOGPROBS_FIELD = pa.field("prompt_logprobs", pa.list_(TOKEN_LOGPROB_TYPE))
+
 # One row per stats window plus one total row (window null, is_total true).
 STATS_SCHEMA = pa.schema(
     [
@@ -63,7 +80,13 @@ STATS_SCHEMA = pa.schema(
 
 
 def result_schema(
-    save_tokens: bool, logprobs: bool, kept: pa.Schema | None, task: str = "generate"
+    save_tokens: bool,
+    logprobs: bool,
+    kept: pa.Schema | None,
+    task: str = "generate",
+    *,
+    top_logprobs: bool = False,
+    prompt_logprobs: bool = False,
 ) -> pa.Schema:
     """RESULT_SCHEMA plus, in this order, token ids, logprobs, the task's columns and the
     kept input columns (with their input types, nullable because a failed row may lack
@@ -73,6 +96,10 @@ def result_schema(
         fields.append(TOKEN_IDS_FIELD)
     if logprobs:
         fields.append(LOGPROBS_FIELD)
+    if top_logprobs:
+        fields.append(TOP_LOGPROBS_FIELD)
+    if prompt_logprobs:
+        fields.append(PROMPT_LOGPROBS_FIELD)
     fields.extend(TASK_FIELDS.get(task, ()))
     for kept_field in kept or pa.schema([]):
         if kept_field.name in {field.name for field in fields}:

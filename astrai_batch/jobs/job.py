@@ -109,7 +109,12 @@ def _run(
     kept = source.kept_schema()
     schema = part_schema(kept, config.task)
     final_schema = output_schema(
-        kept, save_tokens=config.save_tokens, logprobs=config.sampling.logprobs, task=config.task
+        kept,
+        save_tokens=config.save_tokens,
+        logprobs=config.sampling.logprobs,
+        task=config.task,
+        top_logprobs=config.sampling.top_logprobs > 0,
+        prompt_logprobs=config.sampling.prompt_logprobs is not None,
     )
     total_rows = source.count_rows()
     progress.message(f"{total_rows} rows ({source.shape}) in {paths.input.shown}")

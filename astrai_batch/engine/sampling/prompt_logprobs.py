@@ -183,3 +183,17 @@ def record_top_logprobs(seqs: Sequence, logits: torch.Tensor, token_ids: Sequenc
         seq.top_logprobs.append(
             TokenLogprob(int(token_ids[i]), picked_host[k], ranks[k], bool(greedy[k]), top)
         )
+
+
+def token_texts(tokenizer, *entry_lists) -> dict[int, str] | None:
+    """Each token id named in the entries (and their alternatives), decoded alone."""
+    ids: set[int] = set()
+    for entries in entry_lists:
+        for entry in entries or ():
+            if entry is not None:
+                ids.add(entry.token_id)
+                ids.update(token for token, _ in entry.top)
+    if not ids:
+        return None
+    ordered = sorted(ids)
+    return dict(zip(ordered, tokenizer.batch_decode([[t] for t in ordered]), strict=True))

@@ -21,6 +21,8 @@ SAMPLING_OPTIONS = (
     "stop_token_ids",
     "ignore_eos",
     "logprobs",
+    "top_logprobs",
+    "prompt_logprobs",
 )
 # Options whose value is a JSON object (a TOML table).
 OBJECT_OPTIONS = ("chat_template_kwargs",)

@@ -116,6 +116,8 @@ OPENAI_COLUMNS = [
     "error",
     "completion_token_ids",
     "logprobs",
+    "top_logprobs",
+    "prompt_logprobs",
     INDEX_COLUMN,
     KIND_COLUMN,
     CUSTOM_ID_COLUMN,
@@ -193,6 +195,8 @@ def _write_openai_row(
         if record["logprobs"] is not None:
             sample["logprobs"] = record["logprobs"]
             sample["tokens"] = [tokenizer.decode([t]) for t in record["completion_token_ids"]]
+        if record.get("top_logprobs") is not None:
+            sample["top_logprobs"] = record["top_logprobs"]
         samples.append(sample)
     body = openai_response_body(
         first[KIND_COLUMN],
@@ -201,6 +205,7 @@ def _write_openai_row(
         first["prompt_tokens"],
         created,
         cached_tokens=first["cached_tokens"],
+        prompt_logprobs=first.get("prompt_logprobs"),
     )
     writer.write_response(custom_id, body, index=index)
 

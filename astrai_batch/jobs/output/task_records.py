@@ -22,3 +22,26 @@ def score_record(row: Any, result: GenerationResult, base: dict[str, Any]) -> di
         "continuation_tokens": [score.num_tokens for score in scores],
         "is_greedy": [score.is_greedy for score in scores],
     }
+
+
+def logprob_rows(entries, texts) -> list[dict[str, Any] | None] | None:
+    """TokenLogprobs as rows of `io.schemas.TOKEN_LOGPROB_TYPE` (None stays None: the
+    first prompt token has no logprob)."""
+    if entries is None:
+        return None
+    texts = texts or {}
+    return [
+        None
+        if entry is None
+        else {
+            "token": texts.get(entry.token_id),
+            "token_id": entry.token_id,
+            "logprob": entry.logprob,
+            "rank": entry.rank,
+            "top_logprobs": [
+                {"token": texts.get(token), "token_id": token, "logprob": value}
+                for token, value in entry.top
+            ],
+        }
+        for entry in entries
+    ]
