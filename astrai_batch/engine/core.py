@@ -12,6 +12,7 @@ from collections.abc import Callable, Hashable
 import torch
 
 from astrai_batch.engine.config import EngineConfig
+from astrai_batch.engine.embedding import EmbedTargets, HiddenCapture, store_hidden
 from astrai_batch.engine.engine_setup import assemble_engine
 from astrai_batch.engine.model.loaded import LoadedModel
 from astrai_batch.engine.request_checks import fallback_seed, why_never_fits
@@ -87,6 +88,8 @@ class EngineCore:
         self._pending_timers: list[ForwardTimer] = []  # forwards not yet read (see step)
         self._busy_seconds = 0.0
         self._top_logprobs = 0  # requests that asked for top_logprobs (any: the check runs)
+        self._embeds = 0  # embedding sequences in flight
+        self._hidden: HiddenCapture | None = None  # made at the first embedding request
 
     # -- requests ------------------------------------------------------------------------
 
@@ -104,6 +107,8 @@ class EngineCore:
         prompt = as_token_tuple(request.prompt_token_ids)
         if request.score is not None:
             return self._add_score(request, prompt)
+        if request.embed is not None:
+            return self._add_embed(request, prompt)
         problem = why_never_fits(
             prompt,
             params.max_tokens,
@@ -177,6 +182,9 @@ class EngineCore:
         # Grammar masks are filled in a worker thread while the forward runs.
         if self.constraints.active:
             self.constraints.start_step([item.seq.seq_id for item in sampling])
+        keeps_rows = logit_rows is not None and bool(logit_rows.positions)
+        if self._embeds:
+            self._hidden.armed = keeps_rows
         try:
             output = self.runner.forward(chunks)
         finally:
@@ -187,6 +195,8 @@ class EngineCore:
         logits = output.logits
         if logit_rows is not None:
             record_rows(logits[len(sampling) :], logit_rows)
+            if self._embeds and keeps_rows:
+                store_hidden(self._hidden.take()[len(sampling) :], logit_rows)
             logits = logits[: len(sampling)]
         if sampling:
             results = self._sample(sampling, logits, masks)
@@ -197,6 +207,8 @@ class EngineCore:
             results = []
         if self.scoring.active:
             results.extend(self._scored(plan.work))
+        if self._embeds:
+            results.extend(self._embedded(plan.work))
         self._busy_seconds += time.perf_counter() - started
         return results
 
@@ -216,6 +228,51 @@ class EngineCore:
         self._arrivals += 1
         self.scoring.add(request.request_id, context, score)
         return []
+
+    def _add_embed(self, request: GenerationRequest, prompt: tuple[int, ...]):
+        problem = why_never_fits(
+            prompt,
+            0,
+            vocab_size=self.loaded.model.config.vocab_size,
+            max_model_len=self.max_model_len,
+            page_size=self.config.page_size,
+            usable_pages=self._usable_pages,
+        )
+        if problem is not None:
+            self._failed += 1
+            return [error_result(request, problem)]
+        if self._hidden is None:
+            self._hidden = HiddenCapture(self.loaded.model)
+        self._arrivals += 1
+        self._embeds += 1
+        targets = EmbedTargets(len(prompt), request.embed)
+        self.scheduler.add(self._scoring_sequence(request.request_id, prompt, targets))
+        return []
+
+    def _embedded(self, work: list[ScheduledWork]) -> list[GenerationResult]:
+        results = []
+        for seq, _ in work:
+            targets = seq.targets
+            if not isinstance(targets, EmbedTargets) or seq.num_computed < len(seq.tokens):
+                continue
+            self.scheduler.finish(seq)
+            self._embeds -= 1
+            self._finished += 1
+            vector = targets.embedding()
+            results.append(
+                GenerationResult(
+                    request_id=seq.request_id,
+                    sample_index=0,
+                    token_ids=(),
+                    text="",
+                    finish_reason="stop",
+                    prompt_tokens=seq.prompt_len,
+                    cached_tokens=seq.cached_tokens or 0,
+                    completion_tokens=0,
+                    embedding=tuple(vector.tolist()),
+                )
+            )
+        return results
 
     def _scoring_sequence(self, request_id, tokens, targets) -> Sequence:
         params = SCORING_PARAMS

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from astrai_batch.cache import CacheStats
+from astrai_batch.engine.embedding_types import EmbedRequest
 from astrai_batch.engine.sampling.params import SamplingParams
 from astrai_batch.engine.sampling.prompt_logprobs import TokenLogprob
 from astrai_batch.engine.scoring_types import ContinuationScore, ScoreRequest
@@ -29,6 +30,8 @@ class GenerationRequest:
     seed_key: Hashable | None = None
     # a scoring request: no decode, `GenerationResult.scores` per continuation (`scoring`)
     score: ScoreRequest | None = None
+    # an embedding request: no decode, `GenerationResult.embedding` (`embedding`)
+    embed: EmbedRequest | None = None
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,7 @@ class GenerationResult:
     top_logprobs: tuple[TokenLogprob, ...] | None = None
     # the text of every token id in prompt_logprobs / top_logprobs (each token decoded alone)
     token_texts: Mapping[int, str] | None = None
+    embedding: tuple[float, ...] | None = None  # an embedding request's answer
 
 
 @dataclass(frozen=True)

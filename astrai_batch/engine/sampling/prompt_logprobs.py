@@ -92,8 +92,8 @@ def record_rows(logits: torch.Tensor, rows: LogitRows) -> None:
         for token in owner.targets[position - owner.lo]:
             row_of.append(row)
             target_ids.append(token)
-    row_index = torch.tensor(row_of, device=logprobs.device)
-    targets = torch.tensor(target_ids, device=logprobs.device)
+    row_index = torch.tensor(row_of, dtype=torch.long, device=logprobs.device)
+    targets = torch.tensor(target_ids, dtype=torch.long, device=logprobs.device)
     picked = logprobs[row_index, targets]
     greedy = logprobs.argmax(dim=-1)[row_index] == targets
     top_n = max(owner.top_n for owner in rows.owners)
