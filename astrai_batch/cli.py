@@ -17,6 +17,7 @@ from click.core import ParameterSource
 from astrai_batch import __version__
 from astrai_batch.engine.attention.backends import ATTENTION_BACKENDS
 from astrai_batch.engine.config import KV_LAYOUTS
+from astrai_batch.engine.embedding_types import POOLINGS
 from astrai_batch.errors import AstraiBatchError, ConfigError
 from astrai_batch.jobs.options.config import DEFAULT_MODEL, OUTPUT_FORMATS, JobConfig
 from astrai_batch.jobs.options.config_file import load_toml_options
@@ -171,9 +172,12 @@ def _run_options(function: Any) -> Any:
         _option("--choice", None, "Outputs are exactly one of these comma-separated strings."),
         _option("--grammar", None, "Outputs follow this EBNF grammar file (rule root)."),
         _option("--seed", d.seed, "Job seed: sampled rows reproduce for a given seed.", type=int),
-        _option(
-            "--task", d.task, "generate, or score (log-likelihoods).", type=click.Choice(TASKS)
+        _option("--task", d.task, "generate, score or embed.", type=click.Choice(TASKS)),
+        _option("--pooling", None, "embed: last, mean or cls.", type=click.Choice(POOLINGS)),
+        click.option(
+            "--normalize/--no-normalize", default=True, help="embed: unit L2 norm (default on)."
         ),
+        _option("--dimensions", None, "embed: keep the first N values.", type=int),
         # Output.
         _option("--output-format", d.output_format, type=click.Choice(list(OUTPUT_FORMATS))),
         _option("--save-tokens", help="Add completion_token_ids.", **flag),

@@ -30,6 +30,7 @@ def main() -> int:
     parser.add_argument("--peer-batch", type=int, default=8)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--fast-numerics", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     workload = ScoreWorkload(
@@ -40,7 +41,11 @@ def main() -> int:
     rows = workload.rows(ours_model.model.config.vocab_size)
     pairs = sum(len(c) for _, c in rows)
     ideal = ideal_tokens(rows)
-    config = EngineConfig(page_size=args.page_size, kv_cache_memory=512 * 2**20)
+    config = EngineConfig(
+        page_size=args.page_size,
+        kv_cache_memory=512 * 2**20,
+        numerics="fast" if args.fast_numerics else "invariant",
+    )
     ours_s, peer_s = [], []
     for _ in range(args.repeats):
         ours, stats, seconds = run_ours(ours_model, rows, config)

@@ -114,6 +114,11 @@ def parse_openai_request(
     return content, overrides, kwargs
 
 
+def request_body(body: Any) -> Mapping[str, Any]:
+    """A line's body as an object (JSON text is parsed); raises RowProblem."""
+    return _body_object(body)
+
+
 def _body_object(body: Any) -> Mapping[str, Any]:
     if body is None:
         raise RowProblem("body is missing")

@@ -12,7 +12,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from astrai_batch.io.constraint_fields import constraint_override
-from astrai_batch.io.openai_request import parse_openai_request
+from astrai_batch.io.openai_embeddings import EMBEDDINGS_URL, parse_embeddings_request
+from astrai_batch.io.openai_request import parse_openai_request, request_body
 from astrai_batch.io.row_ids import DuplicateIds, row_identity
 from astrai_batch.io.row_validation import (
     collect_overrides,
@@ -55,7 +56,10 @@ def parse_record(
             raise RowProblem(identity.error)
         if shape is None:
             raise RowProblem(NO_SHAPE_MESSAGE)
-        if shape == "openai":
+        if shape == "openai" and record.get("url") == EMBEDDINGS_URL:
+            content, overrides = parse_embeddings_request(_body(record))
+            kwargs = None
+        elif shape == "openai":
             content, overrides, kwargs = parse_openai_request(record)
         else:
             field_name = plan.prompt_column or shape
@@ -76,6 +80,10 @@ def parse_record(
         continuations=continuations,
         **content,
     )
+
+
+def _body(record: Mapping[str, Any]) -> Mapping[str, Any]:
+    return request_body(record.get("body"))
 
 
 def unreadable_row(index: int, message: str, plan: RowPlan) -> InputRow:

@@ -36,7 +36,10 @@ SCORE_FIELDS = (
     pa.field("continuation_tokens", pa.list_(pa.int32())),
     pa.field("is_greedy", pa.list_(pa.bool_())),
 )
-TASK_FIELDS = {"score": SCORE_FIELDS}
+# --task embed: the pooled vector (fixed_size_list<float32>[D] in the final output, D the
+# model's hidden size or --dimensions; parts hold list<float32>)
+EMBED_FIELDS = (pa.field("embedding", pa.list_(pa.float32())),)
+TASK_FIELDS = {"score": SCORE_FIELDS, "embed": EMBED_FIELDS}
 
 # top_logprobs (per generated token) and prompt_logprobs (per prompt token, the first null):
 # the token, its logprob and rank (1 + tokens strictly likelier) and the N likeliest
@@ -100,7 +103,10 @@ def result_schema(
         fields.append(TOP_LOGPROBS_FIELD)
     if prompt_logprobs:
         fields.append(PROMPT_LOGPROBS_FIELD)
-    fields.extend(TASK_FIELDS.get(task, ()))
+    if task == "all":  # checkpoint parts: every column any output format may read
+        fields.extend(field for task_fields in TASK_FIELDS.values() for field in task_fields)
+    else:
+        fields.extend(TASK_FIELDS.get(task, ()))
     for kept_field in kept or pa.schema([]):
         if kept_field.name in {field.name for field in fields}:
             raise ConfigError(

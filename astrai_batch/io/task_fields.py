@@ -18,12 +18,24 @@ from typing import Any
 from astrai_batch.io.rows import CONSTRAINT_COLUMNS, OVERRIDE_FIELDS, RowProblem
 from astrai_batch.json_types import json_type
 
-TASKS = ("generate", "score")
+TASKS = ("generate", "score", "embed")
 
 
 def task_fields(record: Mapping[str, Any], task: str, shape: str | None) -> tuple[str, ...] | None:
     """The row's continuations (score), or None (generate); raises RowProblem."""
     value = record.get("continuations")
+    if task == "embed":
+        if value is not None:
+            raise RowProblem("continuations is a field of --task score")
+        if shape != "openai":
+            for name in (*OVERRIDE_FIELDS, *CONSTRAINT_COLUMNS):
+                if record.get(name) is not None:
+                    raise RowProblem(f"{name} is not a field of --task embed")
+        elif record.get("url") != "/v1/embeddings":
+            raise RowProblem(f"--task embed reads /v1/embeddings lines, got {record.get('url')!r}")
+        return None
+    if shape == "openai" and record.get("url") == "/v1/embeddings":
+        raise RowProblem("/v1/embeddings lines need --task embed")
     if task != "score":
         if value is not None and shape != "openai":
             raise RowProblem("continuations is a field of --task score")

@@ -45,6 +45,7 @@ from astrai_batch.jobs.output.identity import job_identity
 from astrai_batch.jobs.output.output_lock import OutputLock, lock_for
 from astrai_batch.jobs.output.parquet_dir import check_output_location, write_parquet_dir
 from astrai_batch.jobs.output.records import output_schema, part_schema
+from astrai_batch.jobs.output.task_records import fixed_size_embedding
 from astrai_batch.jobs.progress import Progress, make_progress
 from astrai_batch.jobs.signals import interrupt_exit_code
 from astrai_batch.jobs.summary import JobSummary
@@ -187,6 +188,9 @@ def _run(
         run_id=checkpoint.run_id,
     )
     lock.verify()
+    if config.task == "embed":  # the vector's size is known once the model is
+        size = config.dimensions or loaded.model.config.hidden_size
+        final_schema = fixed_size_embedding(final_schema, size)
     _write_outputs(config, paths, checkpoint, final_schema, metadata, loaded)
     summary = report.completed(run)  # reads the checkpoint: before it is removed
     checkpoint.remove()

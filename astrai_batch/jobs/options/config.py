@@ -31,7 +31,11 @@ from astrai_batch.jobs.options.option_values import (
     parse_json_object,
     parse_size,
 )
-from astrai_batch.jobs.options.task_options import check_task, task_prompt_column
+from astrai_batch.jobs.options.task_options import (
+    check_embed_options,
+    check_task,
+    task_prompt_column,
+)
 from astrai_batch.jobs.planning.prefix_order import PlanningOptions
 from astrai_batch.json_types import json_type
 
@@ -95,6 +99,11 @@ class JobConfig:
     worker_threads: int = 1
     worker_gpus: float = 0.0
     task: str = "generate"  # or "score": log-likelihoods of continuations (io/task_fields.py)
+    # --task embed: pooling (None: the model's sentence-transformers config, else last),
+    # unit L2 norm, Matryoshka truncation
+    pooling: str | None = None
+    normalize: bool = True
+    dimensions: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("model", "device", "dtype"):
@@ -185,6 +194,7 @@ class JobConfig:
                 f"sampling must be SamplingParams, got {type(self.sampling).__name__}"
             )
         check_task(self.task, self.output_format, self.executor)
+        check_embed_options(self.pooling, self.normalize, self.dimensions)
         if self.max_errors is not None and not isinstance(self.max_errors, ErrorLimit):
             raise ConfigError(f"max_errors must be an ErrorLimit, got {self.max_errors!r}")
 

@@ -51,6 +51,9 @@ RESULT_OPTIONS = (
     "keep_columns",
     "chat_template_kwargs",
     "task",
+    "pooling",
+    "normalize",
+    "dimensions",
     *SAMPLING_OPTIONS,
 )
 # PLANNING_OPTIONS decide the windows and the prefix groups (the `prefix_group` column), not

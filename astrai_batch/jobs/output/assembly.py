@@ -20,6 +20,7 @@ from astrai_batch import __version__
 from astrai_batch.errors import OutputError
 from astrai_batch.io import OpenAIBatchWriter, openai_response_body
 from astrai_batch.io.filesystems import AtomicObject, Location, write_table_at
+from astrai_batch.io.openai_embeddings import embeddings_response_body
 from astrai_batch.jobs.output.checkpoint import Checkpoint
 from astrai_batch.jobs.output.records import CUSTOM_ID_COLUMN, INDEX_COLUMN, KIND_COLUMN
 from astrai_batch.jobs.output.run_lock import process_alive
@@ -118,6 +119,7 @@ OPENAI_COLUMNS = [
     "logprobs",
     "top_logprobs",
     "prompt_logprobs",
+    "embedding",
     INDEX_COLUMN,
     KIND_COLUMN,
     CUSTOM_ID_COLUMN,
@@ -184,6 +186,10 @@ def _write_openai_row(
     custom_id = first[CUSTOM_ID_COLUMN]
     if first["finish_reason"] == "error":
         writer.write_error(custom_id, code="invalid_request", message=first["error"], index=index)
+        return
+    if first.get("embedding") is not None:
+        body = embeddings_response_body(model_name, first["embedding"], first["prompt_tokens"])
+        writer.write_response(custom_id, body, index=index)
         return
     samples = []
     for record in records:

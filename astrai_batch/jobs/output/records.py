@@ -17,7 +17,7 @@ import pyarrow as pa
 from astrai_batch.engine.types import GenerationResult
 from astrai_batch.errors import AstraiBatchError
 from astrai_batch.io import result_schema
-from astrai_batch.jobs.output.task_records import logprob_rows, score_record
+from astrai_batch.jobs.output.task_records import embed_record, logprob_rows, score_record
 from astrai_batch.jobs.planning.window import PreparedRow
 
 INDEX_COLUMN = "__astrai_row_index"
@@ -31,8 +31,10 @@ INTERNAL_FIELDS = (
 
 
 def part_schema(kept: pa.Schema, task: str = "generate") -> pa.Schema:
-    """The schema of checkpoint parts for an input whose keep columns have `kept`'s types."""
-    fields = result_schema(True, True, kept, task, top_logprobs=True, prompt_logprobs=True)
+    """The schema of checkpoint parts for an input whose keep columns have `kept`'s types
+    (every task's columns: the OpenAI writer reads one column list whatever the task)."""
+    del task
+    fields = result_schema(True, True, kept, "all", top_logprobs=True, prompt_logprobs=True)
     return pa.schema([*fields, *INTERNAL_FIELDS])
 
 
@@ -92,6 +94,8 @@ def row_records(row: PreparedRow, samples: Sequence[GenerationResult]) -> list[d
         return [error_record(row, failed.error or "generation failed")]
     if samples[0].scores is not None:
         return [score_record(row, samples[0], error_record(row, ""))]
+    if samples[0].embedding is not None:
+        return [embed_record(samples[0], error_record(row, ""))]
     return [
         {
             "id": row.id,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pyarrow as pa
+
 from astrai_batch.engine.types import GenerationResult
 
 
@@ -45,3 +47,23 @@ def logprob_rows(entries, texts) -> list[dict[str, Any] | None] | None:
         }
         for entry in entries
     ]
+
+
+def embed_record(result: GenerationResult, base: dict[str, Any]) -> dict[str, Any]:
+    """A `--task embed` row's record: `base` (identity, kept columns) with its vector."""
+    return {
+        **base,
+        "finish_reason": result.finish_reason,
+        "error": None,
+        "prompt_tokens": result.prompt_tokens,
+        "cached_tokens": result.cached_tokens,
+        "completion_tokens": 0,
+        "embedding": list(result.embedding or ()),
+    }
+
+
+def fixed_size_embedding(schema: pa.Schema, size: int) -> pa.Schema:
+    """The output schema with its `embedding` column as fixed_size_list<float32>[size]."""
+    position = schema.get_field_index("embedding")
+    field = pa.field("embedding", pa.list_(pa.float32(), size))
+    return schema.set(position, field)

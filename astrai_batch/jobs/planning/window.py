@@ -12,11 +12,13 @@ from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from astrai_batch.engine.embedding_types import EmbedRequest
 from astrai_batch.engine.sampling.params import SamplingParams
 from astrai_batch.engine.scoring_types import ScoreRequest
 from astrai_batch.engine.types import GenerationRequest
 from astrai_batch.errors import AstraiBatchError, ConfigError
 from astrai_batch.io import InputRow
+from astrai_batch.jobs.planning.embed_rows import embed_row_problem
 from astrai_batch.jobs.planning.prefix_order import plan_window
 from astrai_batch.jobs.planning.score_pairs import score_encodings
 from astrai_batch.jobs.planning.tokenize import PromptEncoder
@@ -37,6 +39,7 @@ class PreparedRow:
     prefix_group: int | None  # None for rows that failed before planning
     # --task score: each continuation's tokens (`token_ids` holds the context's)
     continuations: tuple[tuple[int, ...], ...] | None = None
+    embed: EmbedRequest | None = None  # --task embed
 
     def __post_init__(self) -> None:
         runnable = self.token_ids is not None and self.params is not None
@@ -77,7 +80,7 @@ class PreparedWindow:
             # position: a row keeps its samples when the input is split or reordered
             score = None if row.continuations is None else ScoreRequest(row.continuations)
             yield GenerationRequest(
-                row.index, row.token_ids, row.params, seed_key=row.id, score=score
+                row.index, row.token_ids, row.params, seed_key=row.id, score=score, embed=row.embed
             )
 
     def check_invariants(self) -> None:
@@ -122,6 +125,7 @@ def prepare_window(
     page_size: int,
     group_offset: int,
     grouping: bool,
+    embed: EmbedRequest | None = None,
 ) -> PreparedWindow:
     """Tokenize, resolve per-row sampling parameters and plan one window (CPU work: run it
     in a worker thread). Rows without a ``custom_id`` of their own use their row id as one
@@ -137,7 +141,12 @@ def prepare_window(
         if encoding.error is not None:
             staged.append((row, None, None, encoding.error))
             continue
-        params = row_params(base_params, row.overrides)
+        params = row_params(base_params, row.overrides) if embed is None else base_params
+        if embed is not None:
+            problem = embed_row_problem(row.overrides, embed)
+            if problem is not None:
+                staged.append((row, None, None, problem))
+                continue
         if isinstance(params, str):
             staged.append((row, None, None, params))
         else:
@@ -162,6 +171,7 @@ def prepare_window(
             error=error,
             prefix_group=group_of.get(position),
             continuations=scored.get(position) if error is None else None,
+            embed=embed if error is None else None,
         )
         for position, (row, token_ids, params, error) in enumerate(staged)
     )
