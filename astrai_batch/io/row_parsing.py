@@ -56,7 +56,7 @@ def parse_record(
             raise RowProblem(identity.error)
         if shape is None:
             raise RowProblem(NO_SHAPE_MESSAGE)
-        if shape == "openai" and record.get("url") == EMBEDDINGS_URL:
+        if shape == "openai" and plan.task == "embed" and record.get("url") == EMBEDDINGS_URL:
             content, overrides = parse_embeddings_request(_body(record))
             kwargs = None
         elif shape == "openai":

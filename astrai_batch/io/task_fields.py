@@ -34,8 +34,6 @@ def task_fields(record: Mapping[str, Any], task: str, shape: str | None) -> tupl
         elif record.get("url") != "/v1/embeddings":
             raise RowProblem(f"--task embed reads /v1/embeddings lines, got {record.get('url')!r}")
         return None
-    if shape == "openai" and record.get("url") == "/v1/embeddings":
-        raise RowProblem("/v1/embeddings lines need --task embed")
     if task != "score":
         if value is not None and shape != "openai":
             raise RowProblem("continuations is a field of --task score")
