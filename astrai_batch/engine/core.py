@@ -428,8 +428,11 @@ class EngineCore:
         )
 
     def close(self) -> None:
-        """Stops the mask worker thread (the engine is unusable afterwards)."""
+        """Stops the mask worker thread and drops the hidden-state hook (the engine is
+        unusable afterwards)."""
         self.constraints.close()
+        if self._hidden is not None:
+            self._hidden.remove()
 
     def check_invariants(self) -> None:
         self.cache.check_invariants()

@@ -73,6 +73,9 @@ class HiddenCapture:
         if self.armed:
             self.rows = args[0].reshape(-1, args[0].shape[-1])
 
+    def remove(self) -> None:
+        self._handle.remove()
+
     def take(self) -> torch.Tensor:
         rows, self.rows = self.rows, None
         if rows is None:
