@@ -18,9 +18,11 @@ from astrai_batch import __version__
 from astrai_batch.engine.attention.backends import ATTENTION_BACKENDS
 from astrai_batch.engine.config import KV_LAYOUTS
 from astrai_batch.engine.device_choice import AUTO, DEVICE_HELP, DTYPE_HELP
+from astrai_batch.engine.embedding_types import POOLINGS
 from astrai_batch.errors import AstraiBatchError, ConfigError
 from astrai_batch.jobs.options.config import DEFAULT_MODEL, OUTPUT_FORMATS, JobConfig
 from astrai_batch.jobs.options.config_file import load_toml_options
+from astrai_batch.jobs.options.task_options import TASKS
 
 EXIT_INTERRUPTED_SIGINT = 130
 
@@ -176,10 +178,18 @@ def _run_options(function: Any) -> Any:
         _option("--choice", None, "Outputs are exactly one of these comma-separated strings."),
         _option("--grammar", None, "Outputs follow this EBNF grammar file (rule root)."),
         _option("--seed", d.seed, "Job seed: sampled rows reproduce for a given seed.", type=int),
+        _option("--task", d.task, "generate, score or embed.", type=click.Choice(TASKS)),
+        _option("--pooling", None, "embed: last, mean or cls.", type=click.Choice(POOLINGS)),
+        click.option(
+            "--normalize/--no-normalize", default=True, help="embed: unit L2 norm (default on)."
+        ),
+        _option("--dimensions", None, "embed: keep the first N values.", type=int),
         # Output.
         _option("--output-format", d.output_format, type=click.Choice(list(OUTPUT_FORMATS))),
         _option("--save-tokens", help="Add completion_token_ids.", **flag),
         _option("--logprobs", help="Add the logprob of each generated token.", **flag),
+        _option("--top-logprobs", s.top_logprobs, "Per token its N likeliest (0-20).", type=int),
+        _option("--prompt-logprobs", None, "Per prompt token its logprob, N likeliest.", type=int),
         _option("--overwrite", help="Replace an existing output.", **flag),
         _option("--summary-json", None, "Also write the JSON summary to this file."),
         # Reliability and operation.

@@ -27,11 +27,20 @@ from astrai_batch.engine.sampling.constraints.backend import (
 )
 from astrai_batch.engine.sampling.constraints.mask_filler import StepMasks
 from astrai_batch.engine.sampling.constraints.sequence_matchers import SequenceMatchers
+from astrai_batch.engine.sampling.prompt_logprobs import (
+    prompt_results,
+    prompt_targets,
+    record_rows,
+    record_top_logprobs,
+    token_texts,
+    with_logit_spans,
+)
 from astrai_batch.engine.sampling.sequence_sampler import SequenceSampler
 from astrai_batch.engine.sampling.stop_strings import StopStringTracker
 from astrai_batch.engine.sampling.token_sampling import sample_token_ids
 from astrai_batch.engine.scheduler import ScheduledWork, Scheduler, chunk_for
 from astrai_batch.engine.sequence import Sequence
+from astrai_batch.engine.task_requests import RequestCounts, TaskRequests
 from astrai_batch.engine.types import (
     EngineStats,
     FinishReason,
@@ -76,15 +85,24 @@ class EngineCore:
         self.scheduler = Scheduler(config, self.cache)
         self._outputs: dict[int, StopStringTracker] = {}
         self.constraints = SequenceMatchers(self._constraint_backend)
-        self._next_seq_id = 0
-        self._arrivals = 0
+        self.counts = RequestCounts()
+        self.tasks = TaskRequests(
+            loaded,
+            config,
+            self.scheduler,
+            self.cache,
+            self.pool,
+            max_model_len=self.max_model_len,
+            usable_pages=self._usable_pages,
+            counts=self.counts,
+            lora=self.lora,
+        )
         self._steps = 0
         self._decode_tokens = 0
-        self._finished = 0
-        self._failed = 0
         self._forward_seconds = 0.0
         self._pending_timers: list[ForwardTimer] = []  # forwards not yet read (see step)
         self._busy_seconds = 0.0
+        self._top_logprobs = 0  # requests that asked for top_logprobs (any: the check runs)
 
     # -- requests ------------------------------------------------------------------------
 
@@ -100,6 +118,10 @@ class EngineCore:
         """Queues a request; returns error results at once when it can never run."""
         params = request.params
         prompt = as_token_tuple(request.prompt_token_ids)
+        if request.score is not None:
+            return self.tasks.add_score(request, prompt)
+        if request.embed is not None:
+            return self.tasks.add_embed(request, prompt)
         problem = why_never_fits(
             prompt,
             params.max_tokens,
@@ -109,11 +131,11 @@ class EngineCore:
             usable_pages=self._usable_pages,
         )
         if problem is not None:
-            self._failed += params.n
+            self.counts.failed += params.n
             return [error_result(request, problem, i) for i in range(params.n)]
         adapter = 0 if request.adapter is None else self._adapter_slot(request.adapter)
         if adapter is None:
-            self._failed += params.n
+            self.counts.failed += params.n
             known = () if self.lora is None else self.lora.names
             message = unknown_adapter_message(request.adapter, known)
             return [error_result(request, message, i) for i in range(params.n)]
@@ -122,13 +144,13 @@ class EngineCore:
             try:
                 compiled = self.constraints.compile(params.constraint)
             except ConstraintCompileError as exc:
-                self._failed += params.n
+                self.counts.failed += params.n
                 return [error_result(request, str(exc), i) for i in range(params.n)]
-        self._arrivals += 1
+        self.counts.arrivals += 1
+        self._top_logprobs += params.top_logprobs > 0
         seed_key = request.request_id if request.seed_key is None else request.seed_key
         for sample_index in range(params.n):
-            seq_id = self._next_seq_id
-            self._next_seq_id += 1
+            seq_id = self.counts.new_seq_id()
             sampler = SequenceSampler(
                 params,
                 prompt,
@@ -143,7 +165,7 @@ class EngineCore:
                 prompt_token_ids=prompt,
                 params=params,
                 sampler=sampler,
-                arrival=self._arrivals,
+                arrival=self.counts.arrivals,
                 page_size=self.config.page_size,
                 max_model_len=self.max_model_len,
                 adapter=adapter,
@@ -154,6 +176,7 @@ class EngineCore:
                 )
             if compiled is not None:
                 self.constraints.attach(seq_id, compiled)
+            seq.targets = prompt_targets(prompt, params.prompt_logprobs)
             self.scheduler.add(seq)
         return []
 
@@ -175,11 +198,14 @@ class EngineCore:
             return []
         cache = self.cache
         chunks = [chunk_for(item, cache) for item in plan.work]
+        chunks, logit_rows = with_logit_spans(plan.work, chunks)
         work = zip(plan.work, chunks, strict=True)
         sampling = [item for item, chunk in work if chunk.wants_logits]
         # Grammar masks are filled in a worker thread while the forward runs.
         if self.constraints.active:
             self.constraints.start_step([item.seq.seq_id for item in sampling])
+        keeps_rows = logit_rows is not None and bool(logit_rows.positions)
+        self.tasks.arm(keeps_rows)
         try:
             output = self.runner.forward(chunks)
         finally:
@@ -187,13 +213,21 @@ class EngineCore:
         self._steps += 1
         self.scheduler.after_step(plan.work)
         self._pending_timers.append(output.timer)
+        logits = output.logits
+        if logit_rows is not None:
+            record_rows(logits[len(sampling) :], logit_rows)
+            if keeps_rows:
+                self.tasks.store(logit_rows, len(sampling))
+            logits = logits[: len(sampling)]
         if sampling:
-            results = self._sample(sampling, output.logits, masks)
+            results = self._sample(sampling, logits, masks)
             # on CUDA the tokens' read waited for this forward (and every earlier one), so
             # reading the timers costs no synchronization
             self._read_timers()
         else:
             results = []
+        if self.tasks.active:
+            results.extend(self.tasks.after_step(plan.work))
         self._busy_seconds += time.perf_counter() - started
         return results
 
@@ -205,6 +239,8 @@ class EngineCore:
             for seq, row in zip(seqs, logits, strict=True):
                 self.logits_observer(seq.request_id, seq.sample_index, row)
         token_ids, logprobs = sample_token_ids(logits, [seq.sampler for seq in seqs], masks)
+        if self._top_logprobs:
+            record_top_logprobs(seqs, logits, token_ids)
         if self.constraints.active:
             self.constraints.accept([seq.seq_id for seq in seqs], token_ids)
         now = time.perf_counter()
@@ -250,7 +286,7 @@ class EngineCore:
 
     def _finish(self, seq: Sequence, reason: FinishReason) -> GenerationResult:
         self.scheduler.finish(seq)
-        self._finished += 1
+        self.counts.finished += 1
         self.constraints.release(seq.seq_id)
         output = self._outputs.pop(seq.seq_id, None)
         ids = seq.output_token_ids
@@ -259,6 +295,8 @@ class EngineCore:
         else:
             text = self.tokenizer.decode(ids, skip_special_tokens=True)
         now = time.perf_counter()
+        prompt_logprobs = prompt_results(seq.targets)
+        top_logprobs = tuple(seq.top_logprobs) if seq.params.top_logprobs else None
         return GenerationResult(
             request_id=seq.request_id,
             sample_index=seq.sample_index,
@@ -269,6 +307,9 @@ class EngineCore:
             cached_tokens=seq.cached_tokens or 0,
             completion_tokens=len(ids),
             logprobs=tuple(seq.logprobs) if seq.params.logprobs else None,
+            prompt_logprobs=prompt_logprobs,
+            top_logprobs=top_logprobs,
+            token_texts=token_texts(self.tokenizer, prompt_logprobs, top_logprobs),
             timings=Timings(
                 queued_seconds=(seq.admitted_at or now) - seq.submitted_at,
                 first_token_seconds=(
@@ -292,8 +333,8 @@ class EngineCore:
             prefill_tokens=self.scheduler.prefill_tokens,
             decode_tokens=self._decode_tokens,
             preemptions=self.scheduler.preemptions,
-            requests_finished=self._finished,
-            requests_failed=self._failed,
+            requests_finished=self.counts.finished,
+            requests_failed=self.counts.failed,
             forward_seconds=self._forward_seconds,
             busy_seconds=self._busy_seconds,
             constrained_requests=self.constraints.constrained_requests,
@@ -305,8 +346,10 @@ class EngineCore:
         )
 
     def close(self) -> None:
-        """Stops the mask worker thread (the engine is unusable afterwards)."""
+        """Stops the mask worker thread and drops the hidden-state hook (the engine is
+        unusable afterwards)."""
         self.constraints.close()
+        self.tasks.close()
 
     def check_invariants(self) -> None:
         self.cache.check_invariants()

@@ -70,6 +70,13 @@ class Scheduler:
         seq.status = SequenceStatus.WAITING
         self.waiting.append(seq)
 
+    def adopt(self, seq: Sequence) -> None:
+        """Runs a sequence whose pages are already open and partly computed (a scoring
+        continuation forked from its context: `engine.scoring`)."""
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(seq)
+        self._track_inflight(seq)
+
     @property
     def num_unfinished(self) -> int:
         return len(self.waiting) + len(self.running)
@@ -177,7 +184,7 @@ class Scheduler:
             hit = self.cache.open(
                 seq.seq_id,
                 seq.tokens,
-                max_cached_tokens=seq.num_tokens - 1,
+                max_cached_tokens=seq.cache_limit,
                 count_lookup=seq.cached_tokens is None,
                 namespace=seq.adapter,
             )
@@ -211,7 +218,7 @@ class Scheduler:
         """
         scored = []
         for seq in self.waiting:
-            cached = self.cache.cached_prefix_length(seq.tokens, seq.num_tokens - 1, seq.adapter)
+            cached = self.cache.cached_prefix_length(seq.tokens, seq.cache_limit, seq.adapter)
             scored.append(((0 if self._is_aged(seq) else 1, -cached, seq.arrival), seq, cached))
         scored.sort(key=lambda item: item[0])
         return [(seq, cached) for _, seq, cached in scored]

@@ -8,6 +8,7 @@ from collections.abc import Hashable
 
 from astrai_batch.cache.page_keys import prefix_page_hashes
 from astrai_batch.engine.sampling.params import SamplingParams
+from astrai_batch.engine.sampling.prompt_logprobs import PositionTargets
 from astrai_batch.engine.sampling.sequence_sampler import SequenceSampler
 
 
@@ -48,7 +49,9 @@ class Sequence:
         "seq_id",
         "status",
         "submitted_at",
+        "targets",
         "tokens",
+        "top_logprobs",
         "was_preempted",
     )
 
@@ -93,6 +96,9 @@ class Sequence:
         limit = len(prompt_token_ids) + params.max_tokens
         self.length_limit = limit if max_model_len is None else min(limit, max_model_len)
         self.ends_by_text_or_grammar = bool(params.stop) or params.constraint is not None
+        # prompt positions whose logits are wanted (scoring, prompt logprobs), or None
+        self.targets: PositionTargets | None = None
+        self.top_logprobs: list = []  # TokenLogprob per generated token (top_logprobs)
 
     @property
     def prompt_len(self) -> int:
@@ -109,6 +115,13 @@ class Sequence:
     @property
     def num_uncomputed(self) -> int:
         return len(self.tokens) - self.num_computed
+
+    @property
+    def cache_limit(self) -> int:
+        """How many leading tokens may come from the prefix cache: all but the last, and
+        none from the first position whose logits are wanted on (they must be computed)."""
+        limit = len(self.tokens) - 1
+        return limit if self.targets is None else min(limit, self.targets.lo)
 
     @property
     def in_prefill(self) -> bool:

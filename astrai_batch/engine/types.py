@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
 from astrai_batch.cache import CacheStats
+from astrai_batch.engine.embedding_types import EmbedRequest
 from astrai_batch.engine.sampling.params import SamplingParams
+from astrai_batch.engine.sampling.prompt_logprobs import TokenLogprob
+from astrai_batch.engine.scoring_types import ContinuationScore, ScoreRequest
 
 FinishReason = Literal["stop", "length", "error"]
 
@@ -27,6 +30,10 @@ class GenerationRequest:
     params: SamplingParams = field(default_factory=SamplingParams)
     seed_key: Hashable | None = None
     adapter: str | None = None
+    # a scoring request: no decode, `GenerationResult.scores` per continuation (`scoring`)
+    score: ScoreRequest | None = None
+    # an embedding request: no decode, `GenerationResult.embedding` (`embedding`)
+    embed: EmbedRequest | None = None
 
 
 @dataclass(frozen=True)
@@ -49,6 +56,14 @@ class GenerationResult:
     logprobs: tuple[float, ...] | None = None
     error: str | None = None
     timings: Timings | None = None
+    scores: tuple[ContinuationScore, ...] | None = None  # a scoring request's answer
+    # per prompt token (the first None) its TokenLogprob, with `params.prompt_logprobs`
+    prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
+    # per generated token its TokenLogprob, with `params.top_logprobs`
+    top_logprobs: tuple[TokenLogprob, ...] | None = None
+    # the text of every token id in prompt_logprobs / top_logprobs (each token decoded alone)
+    token_texts: Mapping[int, str] | None = None
+    embedding: tuple[float, ...] | None = None  # an embedding request's answer
 
 
 @dataclass(frozen=True)

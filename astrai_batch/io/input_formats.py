@@ -41,6 +41,7 @@ def open_input(
     prompt_column: str | None = None,
     id_column: str | None = None,
     keep_columns: Sequence[str] = (),
+    task: str = "generate",
 ) -> InputSource:
     """Open an input file or directory (a local path, or a URI of any filesystem pyarrow
     supports, see `filesystems.resolve`) for streaming; see `InputSource`."""
@@ -58,4 +59,5 @@ def open_input(
         prompt_column=prompt_column,
         id_column=id_column,
         keep_columns=keep_columns,
+        task=task,
     )

@@ -115,6 +115,7 @@ def open_jsonl(
     prompt_column: str | None,
     id_column: str | None,
     keep_columns: Sequence[str],
+    task: str = "generate",
 ) -> JsonlSource:
     if path.is_dir(InputError):
         raise InputError(f"{path.shown} is a directory; only Parquet input can be a directory")
@@ -131,6 +132,7 @@ def open_jsonl(
         usable=bool(scan.shapes),
         id_column=id_column,
         keep_columns=keep_columns,
+        task=task,
         kept_as_json_text=True,
     )
     return JsonlSource(

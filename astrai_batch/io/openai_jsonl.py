@@ -23,6 +23,7 @@ from types import TracebackType
 from typing import Any
 
 from astrai_batch.io.filesystems import AtomicObject, Location, as_location
+from astrai_batch.io.openai_logprobs import chat_logprobs, vllm_prompt_logprobs
 
 # kind -> (response object name, response id prefix), as OpenAI names them.
 CHAT_NAMES = ("chat.completion", "chatcmpl")
@@ -41,6 +42,7 @@ def openai_response_body(
     *,
     response_id: str | None = None,
     cached_tokens: int | None = None,
+    prompt_logprobs: list | None = None,
 ) -> dict[str, Any]:
     """A chat.completion ("chat") or text_completion ("completion") response body.
 
@@ -70,7 +72,7 @@ def openai_response_body(
     if response_id is None:
         content = json.dumps([model, created, choices, usage], sort_keys=True)
         response_id = f"{id_prefix}-{hashlib.sha256(content.encode()).hexdigest()[:24]}"
-    return {
+    body = {
         "id": response_id,
         "object": object_name,
         "created": created,
@@ -79,6 +81,9 @@ def openai_response_body(
         "usage": usage,
         "system_fingerprint": None,
     }
+    if prompt_logprobs is not None:
+        body["prompt_logprobs"] = vllm_prompt_logprobs(prompt_logprobs)
+    return body
 
 
 def _choice(kind: str, position: int, sample: Mapping[str, Any]) -> dict[str, Any]:
@@ -100,6 +105,8 @@ def _choice(kind: str, position: int, sample: Mapping[str, Any]) -> dict[str, An
 
 
 def _logprobs(kind: str, position: int, sample: Mapping[str, Any]) -> dict[str, Any] | None:
+    if kind == "chat" and sample.get("top_logprobs") is not None:
+        return {"content": chat_logprobs(sample["top_logprobs"]), "refusal": None}
     values = sample.get("logprobs")
     if values is None:
         return None

@@ -70,7 +70,6 @@ NEUTRAL_BODY_VALUES = frozenset(
     {
         ("stream", "false"),
         ("logit_bias", "{}"),
-        ("top_logprobs", "0"),
         ("best_of", "1"),
         ("echo", "false"),
         ("suffix", '""'),
@@ -120,6 +119,11 @@ def body_model(record: Mapping[str, Any]) -> str | None:
     run the line with the LoRA adapter of that name, if the job has one (vLLM's rule)."""
     model = _body_object(record.get("body")).get("model")
     return model if isinstance(model, str) else None
+
+
+def request_body(body: Any) -> Mapping[str, Any]:
+    """A line's body as an object (JSON text is parsed); raises RowProblem."""
+    return _body_object(body)
 
 
 def _body_object(body: Any) -> Mapping[str, Any]:

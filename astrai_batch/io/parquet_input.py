@@ -152,6 +152,7 @@ def open_parquet(
     prompt_column: str | None,
     id_column: str | None,
     keep_columns: Sequence[str],
+    task: str = "generate",
 ) -> ParquetSource:
     parts = [_read_footer(file) for file in _parquet_files(path)]
     first = parts[0]
@@ -163,6 +164,7 @@ def open_parquet(
         usable=bool(shapes_of_columns(first.schema.names)),
         id_column=id_column,
         keep_columns=keep_columns,
+        task=task,
         kept_as_json_text=False,
     )
     for part in parts:

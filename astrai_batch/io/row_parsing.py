@@ -12,7 +12,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from astrai_batch.io.constraint_fields import constraint_override
-from astrai_batch.io.openai_request import body_model, parse_openai_request
+from astrai_batch.io.openai_embeddings import EMBEDDINGS_URL, parse_embeddings_request
+from astrai_batch.io.openai_request import body_model, parse_openai_request, request_body
 from astrai_batch.io.row_ids import DuplicateIds, row_identity
 from astrai_batch.io.row_validation import (
     collect_overrides,
@@ -30,6 +31,7 @@ from astrai_batch.io.rows import (
     RowProblem,
 )
 from astrai_batch.io.shape_detection import NO_SHAPE_MESSAGE, row_shape
+from astrai_batch.io.task_fields import task_fields
 
 
 def parse_record(
@@ -57,7 +59,11 @@ def parse_record(
             raise RowProblem(identity.error)
         if shape is None:
             raise RowProblem(NO_SHAPE_MESSAGE)
-        if shape == "openai":
+        if shape == "openai" and plan.task == "embed" and record.get("url") == EMBEDDINGS_URL:
+            content, overrides = parse_embeddings_request(_body(record))
+            kwargs = None
+            adapter["model"] = body_model(record)
+        elif shape == "openai":
             content, overrides, kwargs = parse_openai_request(record)
             adapter["model"] = body_model(record)
         else:
@@ -68,11 +74,23 @@ def parse_record(
                 record.get(TEMPLATE_KWARGS_FIELD), TEMPLATE_KWARGS_FIELD
             )
             adapter["lora"] = validate_adapter_name(record.get(LORA_FIELD), LORA_FIELD)
+        continuations = task_fields(record, plan.task, shape)
     except RowProblem as problem:
         return InputRow(**ids, error=str(problem))
     if "messages" not in content:
         kwargs = None  # only a chat template reads them
-    return InputRow(**ids, overrides=overrides, chat_template_kwargs=kwargs, **adapter, **content)
+    return InputRow(
+        **ids,
+        overrides=overrides,
+        chat_template_kwargs=kwargs,
+        continuations=continuations,
+        **adapter,
+        **content,
+    )
+
+
+def _body(record: Mapping[str, Any]) -> Mapping[str, Any]:
+    return request_body(record.get("body"))
 
 
 def unreadable_row(index: int, message: str, plan: RowPlan) -> InputRow:

@@ -43,7 +43,11 @@ OVERRIDE_FIELDS = (
     "frequency_penalty",
     "repetition_penalty",
     "logprobs",
+    "top_logprobs",
+    "prompt_logprobs",
 )
+# Fields of one task only (see io/task_fields.py).
+TASK_FIELDS = ("continuations",)
 # Extra variables for the chat template of this row, merged over --chat-template-kwargs.
 TEMPLATE_KWARGS_FIELD = "chat_template_kwargs"
 # The LoRA adapter a plain row runs with (null or missing: the base model).
@@ -77,6 +81,7 @@ class InputRow:
     chat_template_kwargs: Mapping[str, Any] | None = None
     lora: str | None = None  # the row's `lora` field: an adapter name
     model: str | None = None  # an OpenAI line's body.model (an adapter's name picks it)
+    continuations: tuple[str, ...] | None = None  # a --task score row's continuations
 
     def __post_init__(self) -> None:
         if self.index < 0:
@@ -120,6 +125,7 @@ class RowPlan:
     has_ids: bool = False
     keep_columns: tuple[str, ...] = ()
     kept_as_json_text: bool = False
+    task: str = "generate"  # "score": rows also hold `continuations` (io/task_fields.py)
 
     def __post_init__(self) -> None:
         if self.prompt_column == "":
@@ -151,7 +157,7 @@ class RowPlan:
             *self.id_fields,
             "custom_id",
         ]
-        wanted += self.keep_columns
+        wanted += [*TASK_FIELDS, *self.keep_columns]
         present = set(available)
         return list(dict.fromkeys(name for name in wanted if name in present))
 

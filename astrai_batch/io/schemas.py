@@ -30,6 +30,34 @@ RESULT_SCHEMA = pa.schema(
 TOKEN_IDS_FIELD = pa.field("completion_token_ids", pa.list_(pa.int32()))
 LOGPROBS_FIELD = pa.field("logprobs", pa.list_(pa.float32()))
 
+# --task score: per continuation, in the row's order (lm-eval's loglikelihood answer)
+SCORE_FIELDS = (
+    pa.field("loglikelihoods", pa.list_(pa.float64())),
+    pa.field("continuation_tokens", pa.list_(pa.int32())),
+    pa.field("is_greedy", pa.list_(pa.bool_())),
+)
+# --task embed: the pooled vector (fixed_size_list<float32>[D] in the final output, D the
+# model's hidden size or --dimensions; parts hold list<float32>)
+EMBED_FIELDS = (pa.field("embedding", pa.list_(pa.float32())),)
+TASK_FIELDS = {"score": SCORE_FIELDS, "embed": EMBED_FIELDS}
+
+# top_logprobs (per generated token) and prompt_logprobs (per prompt token, the first null):
+# the token, its logprob and rank (1 + tokens strictly likelier) and the N likeliest
+ALTERNATIVE_TYPE = pa.struct(
+    [("token", pa.string()), ("token_id", pa.int32()), ("logprob", pa.float64())]
+)
+TOKEN_LOGPROB_TYPE = pa.struct(
+    [
+        ("token", pa.string()),
+        ("token_id", pa.int32()),
+        ("logprob", pa.float64()),
+        ("rank", pa.int32()),
+        ("top_logprobs", pa.list_(ALTERNATIVE_TYPE)),
+    ]
+)
+TOP_LOGPROBS_FIELD = pa.field("top_logprobs", pa.list_(TOKEN_LOGPROB_TYPE))
+PROMPT_LOGPROBS_FIELD = pa.field("prompt_logprobs", pa.list_(TOKEN_LOGPROB_TYPE))
+
 # One row per stats window plus one total row (window null, is_total true).
 STATS_SCHEMA = pa.schema(
     [
@@ -54,14 +82,31 @@ STATS_SCHEMA = pa.schema(
 )
 
 
-def result_schema(save_tokens: bool, logprobs: bool, kept: pa.Schema | None) -> pa.Schema:
-    """RESULT_SCHEMA plus, in this order, token ids, logprobs, and the kept input columns
-    (with their input types, nullable because a failed row may lack them)."""
+def result_schema(
+    save_tokens: bool,
+    logprobs: bool,
+    kept: pa.Schema | None,
+    task: str = "generate",
+    *,
+    top_logprobs: bool = False,
+    prompt_logprobs: bool = False,
+) -> pa.Schema:
+    """RESULT_SCHEMA plus, in this order, token ids, logprobs, the task's columns and the
+    kept input columns (with their input types, nullable because a failed row may lack
+    them)."""
     fields = list(RESULT_SCHEMA)
     if save_tokens:
         fields.append(TOKEN_IDS_FIELD)
     if logprobs:
         fields.append(LOGPROBS_FIELD)
+    if top_logprobs:
+        fields.append(TOP_LOGPROBS_FIELD)
+    if prompt_logprobs:
+        fields.append(PROMPT_LOGPROBS_FIELD)
+    if task == "all":  # checkpoint parts: every column any output format may read
+        fields.extend(field for task_fields in TASK_FIELDS.values() for field in task_fields)
+    else:
+        fields.extend(TASK_FIELDS.get(task, ()))
     for kept_field in kept or pa.schema([]):
         if kept_field.name in {field.name for field in fields}:
             raise ConfigError(

@@ -70,6 +70,7 @@ def plan_for_columns(
     id_column: str | None,
     keep_columns: Sequence[str],
     kept_as_json_text: bool,
+    task: str = "generate",
 ) -> RowPlan:
     """The reading plan for an input with these columns; InputError when none is usable.
 
@@ -100,6 +101,7 @@ def plan_for_columns(
         has_ids=any(name in columns for name in id_fields),
         keep_columns=keep,
         kept_as_json_text=kept_as_json_text,
+        task=task,
     )
 
 

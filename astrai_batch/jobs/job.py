@@ -36,6 +36,7 @@ from astrai_batch.jobs.output.checkpoint import Checkpoint, checkpoint_dir_for, 
 from astrai_batch.jobs.output.output_guard import check_existing_output
 from astrai_batch.jobs.output.output_lock import OutputLock, lock_for
 from astrai_batch.jobs.output.records import output_schema, part_schema
+from astrai_batch.jobs.output.task_records import fixed_size_embedding
 from astrai_batch.jobs.progress import Progress, make_progress
 from astrai_batch.jobs.signals import interrupt_exit_code
 from astrai_batch.jobs.summary import JobSummary
@@ -115,9 +116,14 @@ def _run(
     already_written = _check_output(paths, config)
     source = open_input(paths.input, **config.input_options())
     kept = with_lora_column(source.kept_schema(), config)
-    schema = part_schema(kept)
+    schema = part_schema(kept, config.task)
     final_schema = output_schema(
-        kept, save_tokens=config.save_tokens, logprobs=config.sampling.logprobs
+        kept,
+        save_tokens=config.save_tokens,
+        logprobs=config.sampling.logprobs,
+        task=config.task,
+        top_logprobs=config.sampling.top_logprobs > 0,
+        prompt_logprobs=config.sampling.prompt_logprobs is not None,
     )
     total_rows = source.count_rows()
     progress.message(f"{total_rows} rows ({source.shape}) in {paths.input.shown}")
@@ -195,6 +201,9 @@ def _run(
         run_id=checkpoint.run_id,
     )
     lock.verify()
+    if config.task == "embed":  # the vector's size is known once the model is
+        size = config.dimensions or model.hidden_size
+        final_schema = fixed_size_embedding(final_schema, size)
     write_outputs(
         config, paths.output, paths.stats, checkpoint, final_schema, metadata, model, total_rows
     )

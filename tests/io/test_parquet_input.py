@@ -295,6 +295,7 @@ def test_openai_rows_from_parquet_with_struct_and_json_text_bodies(tmp_path: Pat
             messages=({"role": "user", "content": "Hi"},),
             overrides={"max_tokens": 8},
             custom_id="r1",
+            model="m",  # body.model: a job runs the line with the adapter of that name
         )
     ]
     path = write(

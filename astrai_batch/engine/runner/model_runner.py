@@ -45,6 +45,7 @@ from astrai_batch.engine.lora.bank import find_bank
 from astrai_batch.engine.runner.decode_graphs import DecodeGraphs, GraphSpec
 from astrai_batch.engine.runner.forward_timer import ForwardTimer
 from astrai_batch.engine.runner.invariant_linear import row_scheme_for, set_row_tiling
+from astrai_batch.engine.runner.logit_spans import span_rows
 from astrai_batch.engine.runner.step_buffers import StepBuffers
 
 
@@ -65,6 +66,10 @@ class ScheduledChunk(NamedTuple):
     seq_key: Hashable | None = None
     pages_version: int | None = None
     adapter: int = 0  # the sequence's LoRA adapter slot (`lora.bank`); 0: the base model
+    # rows [first, stop) of this chunk whose logits are wanted besides the sampling row
+    # (prompt positions: `engine.sampling.prompt_logprobs`); they come after every sampling
+    # row in `ForwardOutput.logits`, in chunk order
+    logit_span: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -169,7 +174,10 @@ class ModelRunner:
 
     def _build_batch(self, chunks: Sequence[ScheduledChunk]):
         step = self.buffers.build(chunks)
-        if self.decode_graphs is not None:
+        extra = span_rows(chunks, step.token_start)
+        if extra is not None:
+            step = step._replace(logit_rows=np.concatenate([step.logit_rows, extra]))
+        elif self.decode_graphs is not None:
             staged = self.decode_graphs.stage(step)
             if staged is not None:
                 return staged

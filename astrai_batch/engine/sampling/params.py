@@ -20,7 +20,8 @@ from astrai_batch.json_types import first_non_count, json_type
 
 SEED_LIMIT = 2**63
 
-_INT_FIELDS = ("n", "max_tokens", "min_tokens", "top_k", "seed")
+_INT_FIELDS = ("n", "max_tokens", "min_tokens", "top_k", "seed", "top_logprobs", "prompt_logprobs")
+MAX_LOGPROBS = 20  # OpenAI's limit on top_logprobs
 _FLOAT_FIELDS = (
     "temperature",
     "top_p",
@@ -59,6 +60,10 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: bool = False
     constraint: Constraint | None = None
+    # OpenAI's top_logprobs: per generated token its N most likely alternatives (0: none)
+    top_logprobs: int = 0
+    # vLLM's prompt_logprobs: every prompt token's logprob and N alternatives (None: off)
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         self._check_types()
@@ -69,7 +74,7 @@ class SamplingParams:
     def _check_types(self) -> None:
         for name in _INT_FIELDS:
             value = getattr(self, name)
-            if name == "seed" and value is None:
+            if name in ("seed", "prompt_logprobs") and value is None:
                 continue
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ConfigError(f"{name} must be an integer, got {json_type(value)}")
@@ -112,6 +117,10 @@ class SamplingParams:
             value = getattr(self, name)
             if not -2 <= value <= 2:
                 raise ConfigError(f"{name} must be in [-2, 2], got {value}")
+        for name in ("top_logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value <= MAX_LOGPROBS:
+                raise ConfigError(f"{name} must be in [0, {MAX_LOGPROBS}], got {value}")
         if self.seed is not None and not 0 <= self.seed < SEED_LIMIT:
             raise ConfigError(f"seed must be in [0, 2**63), got {self.seed}")
 

@@ -35,6 +35,7 @@ class ModelFacts:
     name: str
     tokenizer: Any
     architecture: str | None
+    hidden_size: int | None = None  # None when the executor has not loaded the model
 
 
 class Executor(Protocol):

@@ -29,6 +29,7 @@ from astrai_batch.jobs.options.config import JobConfig
 from astrai_batch.jobs.output.checkpoint import Checkpoint, WindowRecord
 from astrai_batch.jobs.output.records import INDEX_COLUMN, error_record, records_table, row_records
 from astrai_batch.jobs.output.stats import WorkStats, engine_stats, records_stats
+from astrai_batch.jobs.planning.embed_rows import job_embed_request
 from astrai_batch.jobs.planning.tokenize import PromptEncoder
 from astrai_batch.jobs.planning.window import (
     PreparedRow,
@@ -78,6 +79,13 @@ class JobExecution:
             loaded.tokenizer, loaded.name, chat_template_kwargs=config.chat_template_kwargs
         )
         self.collector = SampleCollector()
+        self.embed = (
+            job_embed_request(
+                config.pooling, config.normalize, config.dimensions, loaded.model.name_or_path
+            )
+            if config.task == "embed"
+            else None
+        )
         saved = checkpoint.total_stats()
         self.rows_before = saved.input_rows
         self.failed_rows = saved.failed_rows
@@ -199,6 +207,7 @@ class JobExecution:
                 group_offset=group_offset,
                 grouping=self.planning.grouping,
                 adapters=tuple(name for name, _ in self.config.lora),
+                embed=self.embed,
             )
 
         return await anyio.to_thread.run_sync(work)

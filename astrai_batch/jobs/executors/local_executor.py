@@ -58,7 +58,13 @@ class LocalExecutor:
             require_chat_template(loaded)
         self.loaded = loaded
         identity = model_identity(loaded, config.revision)
-        return ModelFacts(identity, loaded.name, loaded.tokenizer, loaded.architecture)
+        return ModelFacts(
+            identity,
+            loaded.name,
+            loaded.tokenizer,
+            loaded.architecture,
+            hidden_size=loaded.model.config.hidden_size,
+        )
 
     def execute(
         self,

@@ -38,6 +38,11 @@ from astrai_batch.jobs.options.option_values import (
     parse_json_object,
     parse_size,
 )
+from astrai_batch.jobs.options.task_options import (
+    check_embed_options,
+    check_task,
+    task_prompt_column,
+)
 from astrai_batch.jobs.planning.prefix_order import PlanningOptions
 from astrai_batch.json_types import json_type
 
@@ -104,6 +109,12 @@ class JobConfig:
     lora: tuple[tuple[str, str], ...] = ()
     max_loras: int = DEFAULT_MAX_LORAS
     max_lora_rank: int = DEFAULT_MAX_LORA_RANK
+    task: str = "generate"  # or "score": log-likelihoods of continuations (io/task_fields.py)
+    # --task embed: pooling (None: the model's sentence-transformers config, else last),
+    # unit L2 norm, Matryoshka truncation
+    pooling: str | None = None
+    normalize: bool = True
+    dimensions: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("model", "device", "dtype"):
@@ -202,6 +213,8 @@ class JobConfig:
             raise ConfigError(
                 f"sampling must be SamplingParams, got {type(self.sampling).__name__}"
             )
+        check_task(self.task, self.output_format, self.executor)
+        check_embed_options(self.pooling, self.normalize, self.dimensions)
         if self.max_errors is not None and not isinstance(self.max_errors, ErrorLimit):
             raise ConfigError(f"max_errors must be an ErrorLimit, got {self.max_errors!r}")
 
@@ -241,9 +254,10 @@ class JobConfig:
         """Keyword arguments of `io.open_input` for this job's input."""
         return {
             "input_format": self.input_format,
-            "prompt_column": self.prompt_column,
+            "prompt_column": task_prompt_column(self.task, self.prompt_column),
             "id_column": self.id_column,
             "keep_columns": self.keep_columns,
+            "task": self.task,
         }
 
     def engine_options(self) -> dict[str, Any]:

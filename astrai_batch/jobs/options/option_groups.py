@@ -21,6 +21,8 @@ SAMPLING_OPTIONS = (
     "stop_token_ids",
     "ignore_eos",
     "logprobs",
+    "top_logprobs",
+    "prompt_logprobs",
 )
 # Options whose value is a JSON object (a TOML table).
 OBJECT_OPTIONS = ("chat_template_kwargs",)
@@ -50,6 +52,10 @@ RESULT_OPTIONS = (
     "id_column",
     "keep_columns",
     "chat_template_kwargs",
+    "task",
+    "pooling",
+    "normalize",
+    "dimensions",
     *SAMPLING_OPTIONS,
 )
 # PLANNING_OPTIONS decide the windows and the prefix groups (the `prefix_group` column), not

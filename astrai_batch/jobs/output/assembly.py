@@ -20,6 +20,7 @@ from astrai_batch import __version__
 from astrai_batch.errors import OutputError
 from astrai_batch.io import OpenAIBatchWriter, openai_response_body
 from astrai_batch.io.filesystems import Location, write_table_at
+from astrai_batch.io.openai_embeddings import embeddings_response_body
 from astrai_batch.jobs.output.checkpoint import Checkpoint
 from astrai_batch.jobs.output.lora_stats import SOURCE_COLUMNS, adapter_counts, with_adapter_rows
 from astrai_batch.jobs.output.records import CUSTOM_ID_COLUMN, INDEX_COLUMN, KIND_COLUMN
@@ -92,6 +93,9 @@ OPENAI_COLUMNS = [
     "error",
     "completion_token_ids",
     "logprobs",
+    "top_logprobs",
+    "prompt_logprobs",
+    "embedding",
     INDEX_COLUMN,
     KIND_COLUMN,
     CUSTOM_ID_COLUMN,
@@ -140,6 +144,10 @@ def _write_openai_row(
     if first["finish_reason"] == "error":
         writer.write_error(custom_id, code="invalid_request", message=first["error"], index=index)
         return
+    if first.get("embedding") is not None:
+        body = embeddings_response_body(model_name, first["embedding"], first["prompt_tokens"])
+        writer.write_response(custom_id, body, index=index)
+        return
     samples = []
     for record in records:
         sample: dict[str, Any] = {
@@ -150,6 +158,8 @@ def _write_openai_row(
         if record["logprobs"] is not None:
             sample["logprobs"] = record["logprobs"]
             sample["tokens"] = [tokenizer.decode([t]) for t in record["completion_token_ids"]]
+        if record.get("top_logprobs") is not None:
+            sample["top_logprobs"] = record["top_logprobs"]
         samples.append(sample)
     body = openai_response_body(
         first[KIND_COLUMN],
@@ -158,6 +168,7 @@ def _write_openai_row(
         first["prompt_tokens"],
         created,
         cached_tokens=first["cached_tokens"],
+        prompt_logprobs=first.get("prompt_logprobs"),
     )
     writer.write_response(custom_id, body, index=index)
 

@@ -17,6 +17,7 @@ import pyarrow as pa
 from astrai_batch.engine.types import GenerationResult
 from astrai_batch.errors import AstraiBatchError
 from astrai_batch.io import result_schema
+from astrai_batch.jobs.output.task_records import embed_record, logprob_rows, score_record
 from astrai_batch.jobs.planning.window import PreparedRow
 
 INDEX_COLUMN = "__astrai_row_index"
@@ -29,14 +30,32 @@ INTERNAL_FIELDS = (
 )
 
 
-def part_schema(kept: pa.Schema) -> pa.Schema:
-    """The schema of checkpoint parts for an input whose keep columns have `kept`'s types."""
-    return pa.schema([*result_schema(True, True, kept), *INTERNAL_FIELDS])
+def part_schema(kept: pa.Schema, task: str = "generate") -> pa.Schema:
+    """The schema of checkpoint parts for an input whose keep columns have `kept`'s types
+    (every task's columns: the OpenAI writer reads one column list whatever the task)."""
+    del task
+    fields = result_schema(True, True, kept, "all", top_logprobs=True, prompt_logprobs=True)
+    return pa.schema([*fields, *INTERNAL_FIELDS])
 
 
-def output_schema(kept: pa.Schema, *, save_tokens: bool, logprobs: bool) -> pa.Schema:
+def output_schema(
+    kept: pa.Schema,
+    *,
+    save_tokens: bool,
+    logprobs: bool,
+    task: str = "generate",
+    top_logprobs: bool = False,
+    prompt_logprobs: bool = False,
+) -> pa.Schema:
     """The schema of the final Parquet output (a subset of the part schema's columns)."""
-    return result_schema(save_tokens, logprobs, kept)
+    return result_schema(
+        save_tokens,
+        logprobs,
+        kept,
+        task,
+        top_logprobs=top_logprobs,
+        prompt_logprobs=prompt_logprobs,
+    )
 
 
 def error_record(row: PreparedRow, message: str) -> dict[str, Any]:
@@ -73,6 +92,10 @@ def row_records(row: PreparedRow, samples: Sequence[GenerationResult]) -> list[d
     failed = next((sample for sample in samples if sample.finish_reason == "error"), None)
     if failed is not None:
         return [error_record(row, failed.error or "generation failed")]
+    if samples[0].scores is not None:
+        return [score_record(row, samples[0], error_record(row, ""))]
+    if samples[0].embedding is not None:
+        return [embed_record(samples[0], error_record(row, ""))]
     return [
         {
             "id": row.id,
@@ -86,6 +109,8 @@ def row_records(row: PreparedRow, samples: Sequence[GenerationResult]) -> list[d
             "error": None,
             "completion_token_ids": list(sample.token_ids),
             "logprobs": None if sample.logprobs is None else list(sample.logprobs),
+            "top_logprobs": logprob_rows(sample.top_logprobs, sample.token_texts),
+            "prompt_logprobs": logprob_rows(sample.prompt_logprobs, sample.token_texts),
             **row.kept,
             INDEX_COLUMN: row.index,
             KIND_COLUMN: row.kind,

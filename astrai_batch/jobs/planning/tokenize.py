@@ -119,6 +119,10 @@ class PromptEncoder:
             raise AstraiBatchError(f"encoded {len(encoded)} of {len(rows)} rows; this is a bug")
         return encoded
 
+    def render_chat(self, row: InputRow) -> str | Encoding:
+        """A messages row's rendered chat text, or the Encoding carrying its error."""
+        return self._render_chat(row)
+
     def _render_chat(self, row: InputRow) -> str | Encoding:
         if not self.has_chat_template:
             return Encoding(error=no_chat_template_message(self.model_name))

@@ -12,12 +12,16 @@ from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from astrai_batch.engine.embedding_types import EmbedRequest
 from astrai_batch.engine.request_checks import unknown_adapter_message
 from astrai_batch.engine.sampling.params import SamplingParams
+from astrai_batch.engine.scoring_types import ScoreRequest
 from astrai_batch.engine.types import GenerationRequest
 from astrai_batch.errors import AstraiBatchError, ConfigError
 from astrai_batch.io import InputRow
+from astrai_batch.jobs.planning.embed_rows import embed_row_problem
 from astrai_batch.jobs.planning.prefix_order import plan_window
+from astrai_batch.jobs.planning.score_pairs import score_encodings
 from astrai_batch.jobs.planning.tokenize import PromptEncoder
 
 LORA_COLUMN = "lora"  # the output column of a job with adapters
@@ -37,6 +41,9 @@ class PreparedRow:
     error: str | None
     prefix_group: int | None  # None for rows that failed before planning
     adapter: str | None = None  # the LoRA adapter the row runs with; None: the base model
+    # --task score: each continuation's tokens (`token_ids` holds the context's)
+    continuations: tuple[tuple[int, ...], ...] | None = None
+    embed: EmbedRequest | None = None  # --task embed
 
     def __post_init__(self) -> None:
         runnable = self.token_ids is not None and self.params is not None
@@ -75,8 +82,15 @@ class PreparedWindow:
                 continue
             # seeded by the row id (the row number where the input has none), not its
             # position: a row keeps its samples when the input is split or reordered
+            score = None if row.continuations is None else ScoreRequest(row.continuations)
             yield GenerationRequest(
-                row.index, row.token_ids, row.params, seed_key=row.id, adapter=row.adapter
+                row.index,
+                row.token_ids,
+                row.params,
+                seed_key=row.id,
+                score=score,
+                embed=row.embed,
+                adapter=row.adapter,
             )
 
     def check_invariants(self) -> None:
@@ -132,6 +146,7 @@ def prepare_window(
     group_offset: int,
     grouping: bool,
     adapters: Sequence[str] = (),
+    embed: EmbedRequest | None = None,
 ) -> PreparedWindow:
     """Tokenize, resolve per-row sampling parameters and plan one window (CPU work: run it
     in a worker thread). Rows without a ``custom_id`` of their own use their row id as one
@@ -139,6 +154,7 @@ def prepare_window(
     job's LoRA adapter names (a row names one by `lora`, or an OpenAI line by body.model);
     with any, each row's adapter is kept in a `lora` column."""
     encodings = encoder.encode(input_rows)
+    scored = score_encodings(encoder, input_rows, encodings)
     staged: list[tuple[InputRow, tuple[int, ...] | None, SamplingParams | None, str | None]] = []
     for row, encoding in zip(input_rows, encodings, strict=True):
         if row.index != start + len(staged):
@@ -148,11 +164,17 @@ def prepare_window(
         if encoding.error is not None:
             staged.append((row, None, None, encoding.error))
             continue
-        params = row_params(base_params, row.overrides)
+        params = row_params(base_params, row.overrides) if embed is None else base_params
         adapter = row_adapter(row, adapters)
         if adapter is not None and adapter not in adapters:
             staged.append((row, None, None, unknown_adapter_message(adapter, adapters)))
-        elif isinstance(params, str):
+            continue
+        if embed is not None:
+            problem = embed_row_problem(row.overrides, embed)
+            if problem is not None:
+                staged.append((row, None, None, problem))
+                continue
+        if isinstance(params, str):
             staged.append((row, None, None, params))
         else:
             staged.append((row, encoding.token_ids, params, None))
@@ -177,6 +199,8 @@ def prepare_window(
             error=error,
             prefix_group=group_of.get(position),
             adapter=None if error is not None else row_adapter(row, adapters),
+            continuations=scored.get(position) if error is None else None,
+            embed=embed if error is None else None,
         )
         for position, (row, token_ids, params, error) in enumerate(staged)
     )

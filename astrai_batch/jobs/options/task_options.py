@@ -1,0 +1,38 @@
+"""The `--task` option: what a job computes per row, and what each task allows."""
+
+from __future__ import annotations
+
+from astrai_batch.engine.embedding_types import POOLINGS
+from astrai_batch.errors import ConfigError
+from astrai_batch.io.task_fields import TASKS
+
+__all__ = ["TASKS", "check_embed_options", "check_task", "task_prompt_column"]
+
+
+def check_task(task: object, output_format: str, executor: str) -> None:
+    if task not in TASKS:
+        raise ConfigError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
+    if task == "embed" and executor != "local":
+        raise ConfigError("--task embed runs with --executor local only")
+    if task == "score" and output_format == "openai-jsonl":
+        raise ConfigError("--task score writes Parquet (parquet or parquet-dir), not openai-jsonl")
+    if task == "score" and executor != "local":
+        raise ConfigError("--task score runs with --executor local only")
+
+
+def task_prompt_column(task: str, prompt_column: str | None) -> str | None:
+    """A score row's context is read from ``context`` unless --prompt-column names another."""
+    if task == "score" and prompt_column is None:
+        return "context"
+    return prompt_column
+
+
+def check_embed_options(pooling: object, normalize: object, dimensions: object) -> None:
+    if pooling is not None and pooling not in POOLINGS:
+        raise ConfigError(f"pooling must be one of {', '.join(POOLINGS)}, got {pooling!r}")
+    if not isinstance(normalize, bool):
+        raise ConfigError(f"normalize must be a boolean, got {normalize!r}")
+    if dimensions is not None and (
+        isinstance(dimensions, bool) or not isinstance(dimensions, int) or dimensions < 1
+    ):
+        raise ConfigError(f"dimensions must be a positive integer, got {dimensions!r}")

@@ -1,0 +1,108 @@
+"""`run --task embed`: the embedding column (fixed_size_list<float32>) against pooling
+transformers' hidden states, the model's sentence-transformers pooling as the default,
+normalization and truncation exact, and OpenAI /v1/embeddings lines in and out."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+from jobs.jobkit import read_rows, run_cli, write_jsonl
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+TEXTS = ["The cat sat on the mat.", "Batch inference with a prefix cache.", "Hello"]
+
+
+def hf_hidden(model_dir, text):
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    ids = tokenizer(text)["input_ids"]
+    with torch.inference_mode():
+        return model.model(torch.tensor([ids])).last_hidden_state[0].float()
+
+
+def cosine(a, b):
+    return float(torch.nn.functional.cosine_similarity(torch.tensor(a), b, dim=0))
+
+
+def run_embed(tmp_path, model_dir, *args):
+    source = write_jsonl(tmp_path / "in.jsonl", [{"prompt": t} for t in TEXTS])
+    output = tmp_path / "out.parquet"
+    result = run_cli("run", source, output, "--model", model_dir, "--task", "embed", "-q", *args)
+    assert result.exit_code == 0, result.output
+    return output
+
+
+def test_mean_pooling_unnormalized_matches_transformers(tmp_path, tiny_llama_dir):
+    output = run_embed(tmp_path, tiny_llama_dir, "--pooling", "mean", "--no-normalize")
+    field = pq.read_schema(output).field("embedding")
+    assert field.type == pa.list_(pa.float32(), 64)  # the tiny model's hidden size
+    for text, record in zip(TEXTS, read_rows(output), strict=True):
+        assert cosine(record["embedding"], hf_hidden(tiny_llama_dir, text).mean(0)) > 0.99999
+
+
+def test_default_pooling_comes_from_sentence_transformers_config(tmp_path, tiny_llama_dir):
+    model_dir = tmp_path / "st-model"
+    model_dir.mkdir()
+    for item in tiny_llama_dir.iterdir():
+        (model_dir / item.name).symlink_to(item)
+    (model_dir / "modules.json").write_text(
+        json.dumps([{"idx": 1, "name": "1", "path": "1_Pooling", "type": "x.models.Pooling"}])
+    )
+    (model_dir / "1_Pooling").mkdir()
+    (model_dir / "1_Pooling" / "config.json").write_text(
+        json.dumps({"pooling_mode_cls_token": True, "pooling_mode_mean_tokens": False})
+    )
+    output = run_embed(tmp_path, model_dir, "--dimensions", "16")
+    for text, record in zip(TEXTS, read_rows(output), strict=True):
+        want = torch.nn.functional.normalize(hf_hidden(tiny_llama_dir, text)[0][:16], dim=0)
+        assert len(record["embedding"]) == 16
+        assert cosine(record["embedding"], want) > 0.99999
+        assert abs(float(torch.tensor(record["embedding"]).norm()) - 1) < 1e-6
+
+
+def test_last_pooling_default_and_normalized_exactly(tmp_path, tiny_llama_dir):
+    raw = read_rows(run_embed(tmp_path, tiny_llama_dir, "--no-normalize"))
+    (tmp_path / "unit").mkdir()
+    unit = read_rows(run_embed(tmp_path / "unit", tiny_llama_dir))
+    for text, r, u in zip(TEXTS, raw, unit, strict=True):
+        assert cosine(r["embedding"], hf_hidden(tiny_llama_dir, text)[-1]) > 0.99999
+        expected = torch.nn.functional.normalize(torch.tensor(r["embedding"]), dim=0)
+        assert torch.equal(torch.tensor(u["embedding"]), expected)
+
+
+def test_openai_embeddings_lines(tmp_path, tiny_llama_dir):
+    lines = [
+        {"custom_id": f"e{i}", "method": "POST", "url": "/v1/embeddings", "body": {"input": t}}
+        for i, t in enumerate(TEXTS)
+    ]
+    lines.append(
+        {"custom_id": "bad", "url": "/v1/embeddings", "body": {"input": "x", "dimensions": 8}}
+    )
+    source = write_jsonl(tmp_path / "in.jsonl", lines)
+    output = tmp_path / "out.jsonl"
+    result = run_cli(
+        "run",
+        source,
+        output,
+        "--model",
+        tiny_llama_dir,
+        "--task",
+        "embed",
+        "--output-format",
+        "openai-jsonl",
+        "-q",
+    )
+    assert result.exit_code == 0, result.output
+    responses = [json.loads(x) for x in output.read_text().splitlines()]
+    for text, response in zip(TEXTS, responses[:3], strict=True):
+        body = response["response"]["body"]
+        assert body["object"] == "list" and body["data"][0]["object"] == "embedding"
+        want = hf_hidden(tiny_llama_dir, text)[-1]
+        assert cosine(body["data"][0]["embedding"], want) > 0.99999
+    assert responses[3]["error"]["message"] == (
+        "body.dimensions 8 differs from the job's --dimensions (none); "
+        "run the job with --dimensions 8"
+    )
