@@ -37,3 +37,7 @@ class CacheCapacityError(AstraiBatchError):
 
 class JobAbortedError(AstraiBatchError):
     """The job stopped on purpose, e.g. more failed rows than --max-errors allows."""
+
+
+class RankFailureError(AstraiBatchError):
+    """A tensor-parallel rank died, hung past the timeout, or could not load its shard."""

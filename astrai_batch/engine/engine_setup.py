@@ -39,6 +39,9 @@ class EngineParts:
 def assemble_engine(
     loaded: LoadedModel, config: EngineConfig, *, static_decode: bool = False
 ) -> EngineParts:
+    parallel = loaded.parallel  # tensor parallelism: every rank assembles the same engine
+    if parallel is not None:
+        parallel.begin_engine(config, static_decode=static_decode)
     max_model_len = min(loaded.max_model_len, config.max_model_len or loaded.max_model_len)
     param = next(loaded.model.parameters())
     backend = resolve_attention_backend(
@@ -49,6 +52,7 @@ def assemble_engine(
         dtype=param.dtype,
     )
     capture = resolve_cuda_graphs(config.cuda_graphs, param.device, backend=backend)
+    capture = capture and parallel is None  # no graphs around the ranks' collectives (yet)
     pool_args = dict(
         num_layers=loaded.num_layers,
         num_kv_heads=loaded.num_kv_heads,
@@ -80,6 +84,10 @@ def assemble_engine(
                 pages_per_seq=-(-max_model_len // config.page_size),
             )
         pool = KVPool.from_memory_budget(budget, **pool_args)
+        if parallel is not None:  # page ids are shared: every rank's pool has the fewest pages
+            agreed = parallel.group.min_int(pool.num_pages)
+            if agreed != pool.num_pages:
+                pool = KVPool(num_pages=agreed, **pool_args)
     cache = make_layout(
         config.kv_layout,
         num_pages=pool.num_pages,
@@ -102,6 +110,7 @@ def assemble_engine(
         numerics=config.numerics,
         attention_kernel=make_kernel(backend, param.device),
         graphs=graphs,
+        step_sender=None if parallel is None else parallel.sender,
     )
     return EngineParts(
         max_model_len=max_model_len,

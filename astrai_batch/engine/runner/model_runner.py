@@ -91,6 +91,7 @@ class ModelRunner:
         numerics: str = "invariant",
         attention_kernel: PagedKernel | None = None,
         graphs: GraphSpec | None = None,
+        step_sender=None,
     ) -> None:
         if numerics not in NUMERICS:
             raise ValueError(f"numerics must be one of {NUMERICS}, got {numerics!r}")
@@ -100,6 +101,8 @@ class ModelRunner:
         model.set_attn_implementation(ATTENTION_NAME)
         set_row_tiling(model, numerics == "invariant")
         self.numerics = numerics
+        # tensor parallelism, rank 0: each step's arrays go to the other ranks (`parallel`)
+        self.step_sender = step_sender
         self.model = model
         self.pool = pool
         self.device = pool.key_cache[0].device
@@ -118,7 +121,15 @@ class ModelRunner:
     def forward(self, chunks: Sequence[ScheduledChunk]) -> ForwardOutput:
         if not chunks:
             raise ValueError("forward needs at least one chunk")
-        built = self._build_batch(chunks)
+        step = self.buffers.build(chunks)
+        if self.step_sender is not None:
+            self.step_sender.send_step(step)
+        return self.forward_step(step)
+
+    @torch.inference_mode()
+    def forward_step(self, step: StepArrays) -> ForwardOutput:
+        """The forward of a step's arrays (what a tensor-parallel rank receives)."""
+        built = self._build_batch(step)
         timer = ForwardTimer(self.device)
         if callable(built):  # a decode-only step staged for its bucket's graph
             return ForwardOutput(logits=built(timer), timer=timer)
@@ -135,8 +146,7 @@ class ModelRunner:
         timer.stop()
         return ForwardOutput(logits=logits, timer=timer)
 
-    def _build_batch(self, chunks: Sequence[ScheduledChunk]):
-        step = self.buffers.build(chunks)
+    def _build_batch(self, step: StepArrays):
         if self.decode_graphs is not None:
             staged = self.decode_graphs.stage(step)
             if staged is not None:
@@ -147,7 +157,7 @@ class ModelRunner:
         position_ids = to_device(step.positions, device)
         rows = to_device(step.logit_rows, device)
         if self.numerics == "invariant":
-            batch = self._block_batch(chunks, step)
+            batch = self._block_batch(step)
             return batch, input_ids, position_ids, rows
         if self.attention_kernel is not None:
             return self._kernel_batch(step), input_ids, position_ids, rows
@@ -176,7 +186,7 @@ class ModelRunner:
         )
         return batch, input_ids, position_ids, rows
 
-    def _block_batch(self, chunks: Sequence[ScheduledChunk], step: StepArrays) -> BlockBatch:
+    def _block_batch(self, step: StepArrays) -> BlockBatch:
         d = step.decodes
         if len(d) == len(step.num_tokens):  # decode-only: every chunk's row, as they are
             spans = []
@@ -185,9 +195,9 @@ class ModelRunner:
             spans = [
                 QuerySpan(
                     int(step.token_start[i]),
-                    chunks[i].start,
+                    int(step.context_start[i]),
                     int(step.num_tokens[i]),
-                    chunks[i].pages,
+                    step.page_tables[i],  # zero-padded past its pages, as the plan pads
                 )
                 for i in np.flatnonzero(step.num_tokens > 1).tolist()
             ]

@@ -1,0 +1,118 @@
+"""One process group of tensor-parallel ranks: the collectives a step needs, each turned into
+a one-line `RankFailureError` naming the rank when a peer dies or hangs.
+
+The group is a `ProcessGroupGloo` / `ProcessGroupNCCL` object of our own over a `TCPStore`
+(rank 0 hosts it on a free port), never torch's default process group: no process-wide
+state, so one process can run several jobs, and a failed group is simply dropped.
+Metadata (step arrays, commands, agreements) always goes over gloo on the host; on CUDA the
+activations' reductions go over NCCL.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+from astrai_batch.errors import RankFailureError
+
+
+def _gloo(store, rank: int, size: int, timeout: datetime.timedelta):
+    options = dist.ProcessGroupGloo._Options()
+    options._timeout = timeout
+    options._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
+    return dist.ProcessGroupGloo(store, rank, size, options)
+
+
+def _nccl(store, rank: int, size: int, timeout: datetime.timedelta):
+    options = dist.ProcessGroupNCCL.Options()
+    options._timeout = timeout
+    return dist.ProcessGroupNCCL(dist.PrefixStore("nccl", store), rank, size, options)
+
+
+class RankGroup:
+    """`rank` of `world_size`; `device` is where this rank's shard lives.
+
+    `exact_sum` (invariant numerics): a row-parallel layer's partial products are gathered and
+    added in rank order, one fixed sequence of float additions whatever the step holds; off:
+    one all-reduce (faster on NCCL, whose order follows the tensor's size).
+    `diagnose` turns a failed collective into the one-line message (rank 0 knows the worker
+    processes; a worker only knows that rank 0 or a peer went away).
+    """
+
+    def __init__(
+        self,
+        *,
+        rank: int,
+        world_size: int,
+        host: str,
+        port: int,
+        device: torch.device,
+        timeout_s: float,
+        diagnose: Callable[[BaseException], str] | None = None,
+    ) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.device = device
+        self.timeout_s = timeout_s
+        self.exact_sum = True
+        self._diagnose = diagnose or (lambda err: f"tensor-parallel rank {rank}: {err}")
+        self._timeout = datetime.timedelta(seconds=timeout_s)
+        try:
+            self.store = dist.TCPStore(
+                host, port, world_size, rank == 0, timeout=self._timeout, wait_for_workers=False
+            )
+        except RuntimeError as err:
+            raise RankFailureError(self._diagnose(err)) from err
+        self.port = self.store.port  # rank 0: the free port it bound; the others dial it
+        self.meta = self.compute = None
+
+    def connect(self) -> None:
+        """The rendezvous: returns once every rank has connected (or the timeout passed)."""
+        rank, size, timeout = self.rank, self.world_size, self._timeout
+        try:
+            self.meta = _gloo(dist.PrefixStore("gloo", self.store), rank, size, timeout)
+            cuda = self.device.type == "cuda"
+            self.compute = _nccl(self.store, rank, size, timeout) if cuda else self.meta
+        except RuntimeError as err:
+            raise RankFailureError(self._diagnose(err)) from err
+
+    # -- collectives ---------------------------------------------------------------------
+
+    def broadcast(self, tensor: torch.Tensor) -> None:
+        """`tensor` (on the host) from rank 0 to every rank, in place."""
+        options = dist.BroadcastOptions()
+        options.rootRank = 0
+        self._wait(lambda: self.meta.broadcast([tensor], options))
+
+    def min_int(self, value: int) -> int:
+        """The least of every rank's `value` (the ranks agree on one KV pool size)."""
+        tensor = torch.tensor([value], dtype=torch.int64)
+        options = dist.AllreduceOptions()
+        options.reduceOp = dist.ReduceOp.MIN
+        self._wait(lambda: self.meta.allreduce([tensor], options))
+        return int(tensor.item())
+
+    def barrier(self) -> None:
+        self.min_int(0)
+
+    def sum_partials(self, partial: torch.Tensor) -> torch.Tensor:
+        """The sum over ranks of each rank's `partial` (a row-parallel layer's output)."""
+        partial = partial.contiguous()
+        if not self.exact_sum:
+            self._wait(lambda: self.compute.allreduce([partial], dist.AllreduceOptions()))
+            return partial
+        parts = [torch.empty_like(partial) for _ in range(self.world_size)]
+        self._wait(lambda: self.compute.allgather([parts], [partial]))
+        total = parts[0]
+        for part in parts[1:]:  # rank order: the same additions whatever the batch
+            total.add_(part)
+        return total
+
+    def _wait(self, start: Callable[[], object]) -> None:
+        try:
+            start().wait()
+        except RuntimeError as err:  # gloo and NCCL raise RuntimeError (DistError is one)
+            raise RankFailureError(self._diagnose(err)) from err
