@@ -14,6 +14,7 @@ from __future__ import annotations
 import signal
 import sys
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -93,7 +94,8 @@ def run_job(
             stderr or sys.stderr, quiet=config.quiet, interval=config.progress_seconds
         )
         try:
-            return _run(config, paths, progress, started, lock)
+            with ExitStack() as model_cleanup:
+                return _run(config, paths, progress, started, lock, model_cleanup)
         finally:
             progress.close()
     finally:
@@ -101,7 +103,12 @@ def run_job(
 
 
 def _run(
-    config: JobConfig, paths: JobPaths, progress: Progress, started: float, lock: OutputLock
+    config: JobConfig,
+    paths: JobPaths,
+    progress: Progress,
+    started: float,
+    lock: OutputLock,
+    model_cleanup: ExitStack,
 ) -> JobSummary:
     attention = config.resolved_attention_backend()  # a bad choice fails before anything loads
     already_written = _check_output(paths, config)
@@ -123,6 +130,7 @@ def _run(
     keep_freed_memory()
     progress.message(f"loading model {config.model} ({describe_threads(threads)})")
     loaded = load_model(config.model, **config.model_options())
+    model_cleanup.callback(loaded.close)  # tensor-parallel ranks end with the job
     if config.max_model_len is not None and config.max_model_len > loaded.max_model_len:
         raise ConfigError(
             f"--max-model-len {config.max_model_len} exceeds the context of model "

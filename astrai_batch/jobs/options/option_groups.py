@@ -37,6 +37,8 @@ OBJECT_OPTIONS = ("chat_template_kwargs",)
 # another machine.
 RESULT_OPTIONS = (
     "device",
+    # the row-parallel layers' partial sums are added in another order at another size
+    "tensor_parallel_size",
     "dtype",
     "attention_backend",
     "fast_numerics",
@@ -84,4 +86,5 @@ RUN_OPTIONS = (
     "workers",
     "worker_threads",
     "worker_gpus",
+    "tp_timeout",
 )
