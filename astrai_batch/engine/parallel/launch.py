@@ -71,11 +71,12 @@ class TensorParallel:
             return
         self._closed = True
         atexit.unregister(self.close)
-        graceful = True
-        try:
-            self.channel.send_stop()
-        except RankFailureError:
-            graceful = False
+        graceful = not self.group.failed
+        if graceful:
+            try:
+                self.channel.send_stop()
+            except RankFailureError:
+                graceful = False
         self.processes.stop(graceful=graceful)
 
 

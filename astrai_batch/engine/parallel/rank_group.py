@@ -58,6 +58,7 @@ class RankGroup:
         self.device = device
         self.timeout_s = timeout_s
         self.exact_sum = True
+        self.failed = False  # a collective failed: the group is unusable, never waited on again
         self._diagnose = diagnose or (lambda err: f"tensor-parallel rank {rank}: {err}")
         self._timeout = datetime.timedelta(seconds=timeout_s)
         try:
@@ -115,4 +116,5 @@ class RankGroup:
         try:
             start().wait()
         except RuntimeError as err:  # gloo and NCCL raise RuntimeError (DistError is one)
+            self.failed = True
             raise RankFailureError(self._diagnose(err)) from err

@@ -41,6 +41,7 @@ from astrai_batch.engine.attention.step_arrays import StepArrays, to_device
 from astrai_batch.engine.runner.decode_graphs import DecodeGraphs, GraphSpec
 from astrai_batch.engine.runner.forward_timer import ForwardTimer
 from astrai_batch.engine.runner.invariant_linear import set_row_tiling
+from astrai_batch.engine.runner.linear_check import refuse_variant_linears
 from astrai_batch.engine.runner.step_buffers import StepBuffers
 
 
@@ -99,6 +100,8 @@ class ModelRunner:
             raise ValueError("an attention kernel does not keep invariant numerics: use 'fast'")
         register_paged_attention()
         model.set_attn_implementation(ATTENTION_NAME)
+        if numerics == "invariant":
+            refuse_variant_linears(model)  # quantized layers: invariant, or refused
         set_row_tiling(model, numerics == "invariant")
         self.numerics = numerics
         # tensor parallelism, rank 0: each step's arrays go to the other ranks (`parallel`)
