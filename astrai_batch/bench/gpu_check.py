@@ -29,6 +29,7 @@ from astrai_batch.bench.ours import run_ours
 from astrai_batch.bench.peers import BatchSizeChoice, run_hf_generate, run_hf_generate_batch
 from astrai_batch.bench.prompts import BenchPrompts, random_shared_prefix_ids
 from astrai_batch.bench.random_models import LLAMA_1B, SMOLLM2_135M, TINY, ModelShape, build_model
+from astrai_batch.bench.tp_check import tensor_parallel_check
 from astrai_batch.engine.config import EngineConfig
 from astrai_batch.engine.model.loaded import LoadedModel
 from astrai_batch.jobs.planning.prefix_stats import ideal_prefix_stats
@@ -123,6 +124,7 @@ def run_gpu_check(out_dir: Path, device: str, log: Callable[[str], None] = print
     )
     step("host_overhead", lambda: _host(plan, target))
     step("attention_backends", lambda: _kernels(plan, target))
+    step("tensor_parallel", lambda: tensor_parallel_check(target))
     summary = {
         "device": str(target),
         "files": files,

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from astrai_batch.engine.parallel.rank_group import RankGroup
+from astrai_batch.engine.parallel.rank_group import START_WAIT_S, RankGroup
 from astrai_batch.engine.parallel.rank_processes import (
     RankProcesses,
     WorkerSpec,
@@ -125,7 +125,7 @@ def load_parallel(prepared: Any, *, world_size: int, timeout_s: float):
                     die_with_parent=started_from_main_thread(),
                 )
             )
-        processes.wait_ready(timeout_s)
+        processes.wait_ready(max(timeout_s, START_WAIT_S))
         group.connect()
         model = load_shard(
             model_dir,
@@ -135,7 +135,7 @@ def load_parallel(prepared: Any, *, world_size: int, timeout_s: float):
             dtype=prepared.dtype,
             trust_remote_code=bool(prepared.hub.get("trust_remote_code")),
         )
-        group.barrier()  # every rank holds its shard
+        group.barrier_after_load()  # every rank holds its shard
     except BaseException:
         processes.stop(graceful=False)
         raise

@@ -18,6 +18,13 @@ import torch.distributed as dist
 
 from astrai_batch.errors import RankFailureError
 
+# Waits that are not a step's: the rendezvous (a worker still importing torch on a busy
+# machine), the load barrier (a large shard read from slow storage) and a worker's wait for
+# rank 0's next command (rank 0 may tokenize or write for long) are not failures when long.
+START_WAIT_S = 600.0
+LOAD_WAIT_S = 1800.0
+IDLE_WAIT_S = 30 * 24 * 3600.0
+
 
 def _gloo(store, rank: int, size: int, timeout: datetime.timedelta):
     options = dist.ProcessGroupGloo._Options()
@@ -60,7 +67,8 @@ class RankGroup:
         self.exact_sum = True
         self.failed = False  # a collective failed: the group is unusable, never waited on again
         self._diagnose = diagnose or (lambda err: f"tensor-parallel rank {rank}: {err}")
-        self._timeout = datetime.timedelta(seconds=timeout_s)
+        # a step's collectives wait `timeout_s`; the group's own default is the patient start
+        self._timeout = datetime.timedelta(seconds=max(timeout_s, START_WAIT_S))
         try:
             self.store = dist.TCPStore(
                 host, port, world_size, rank == 0, timeout=self._timeout, wait_for_workers=False
@@ -82,31 +90,41 @@ class RankGroup:
 
     # -- collectives ---------------------------------------------------------------------
 
-    def broadcast(self, tensor: torch.Tensor) -> None:
-        """`tensor` (on the host) from rank 0 to every rank, in place."""
+    def broadcast(self, tensor: torch.Tensor, *, wait_s: float | None = None) -> None:
+        """`tensor` (on the host) from rank 0 to every rank, in place; `wait_s` replaces the
+        step timeout (a worker waiting for the next command)."""
         options = dist.BroadcastOptions()
         options.rootRank = 0
+        options.timeout = self._seconds(wait_s)
         self._wait(lambda: self.meta.broadcast([tensor], options))
 
-    def min_int(self, value: int) -> int:
+    def min_int(self, value: int, *, wait_s: float | None = None) -> int:
         """The least of every rank's `value` (the ranks agree on one KV pool size)."""
         tensor = torch.tensor([value], dtype=torch.int64)
         options = dist.AllreduceOptions()
         options.reduceOp = dist.ReduceOp.MIN
+        options.timeout = self._seconds(wait_s)
         self._wait(lambda: self.meta.allreduce([tensor], options))
         return int(tensor.item())
 
-    def barrier(self) -> None:
-        self.min_int(0)
+    def barrier_after_load(self) -> None:
+        self.min_int(0, wait_s=max(self.timeout_s, LOAD_WAIT_S))
+
+    def _seconds(self, wait_s: float | None) -> datetime.timedelta:
+        return datetime.timedelta(seconds=self.timeout_s if wait_s is None else wait_s)
 
     def sum_partials(self, partial: torch.Tensor) -> torch.Tensor:
         """The sum over ranks of each rank's `partial` (a row-parallel layer's output)."""
         partial = partial.contiguous()
         if not self.exact_sum:
-            self._wait(lambda: self.compute.allreduce([partial], dist.AllreduceOptions()))
+            options = dist.AllreduceOptions()
+            options.timeout = self._seconds(None)
+            self._wait(lambda: self.compute.allreduce([partial], options))
             return partial
         parts = [torch.empty_like(partial) for _ in range(self.world_size)]
-        self._wait(lambda: self.compute.allgather([parts], [partial]))
+        gather = dist.distributed_c10d.AllgatherOptions()
+        gather.timeout = self._seconds(None)
+        self._wait(lambda: self.compute.allgather([parts], [partial], gather))
         total = parts[0]
         for part in parts[1:]:  # rank order: the same additions whatever the batch
             total.add_(part)

@@ -106,7 +106,7 @@ class RankProcesses:
                 if code < 0
                 else f"exited with status {code}"
             )
-            last = self._last_line(rank)
+            last = self._last_words(rank)
             return f"tensor-parallel rank {rank} {how}" + (f": {last}" if last else "")
         stopped = [r for r, p in self._procs.items() if _state(p.pid) == "T"]
         waited = f" within {timeout_s:g} s" if timeout_s else ""
@@ -138,12 +138,14 @@ class RankProcesses:
     def pids(self) -> dict[int, int]:
         return {rank: proc.pid for rank, proc in self._procs.items()}
 
-    def _last_line(self, rank: int) -> str:
+    def _last_words(self, rank: int) -> str:
+        """The worker's own one-line error (`worker.main`), not a library's warnings."""
         try:
-            lines = self._logs[rank].read_text(errors="replace").strip().splitlines()
+            lines = self._logs[rank].read_text(errors="replace").splitlines()
         except OSError:
             return ""
-        return lines[-1][:300] if lines else ""
+        ours = [line for line in lines if line.startswith(f"rank {rank}: ")]
+        return ours[-1].removeprefix(f"rank {rank}: ")[:300] if ours else ""
 
 
 def _state(pid: int) -> str:

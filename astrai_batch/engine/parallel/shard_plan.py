@@ -59,6 +59,17 @@ def shard_plan(config: Any, world_size: int, *, model_name: str) -> ShardPlan:
             "plan in transformers (config.base_model_tp_plan); run it with "
             "--tensor-parallel-size 1"
         )
+    quantized = getattr(config, "quantization_config", None)
+    if quantized:
+        method = (
+            quantized.get("quant_method", "?")
+            if isinstance(quantized, dict)
+            else getattr(quantized, "quant_method", "?")
+        )
+        raise ConfigError(
+            f"model {model_name!r} is a quantized checkpoint ({method}); tensor parallelism "
+            "reads unquantized weights only; run it with --tensor-parallel-size 1"
+        )
     unsupported = sorted({style for style in plan.values() if style not in (COLWISE, ROWWISE)})
     if unsupported:
         raise ConfigError(

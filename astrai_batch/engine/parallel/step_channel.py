@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from astrai_batch.engine.attention.step_arrays import StepArrays
-from astrai_batch.engine.parallel.rank_group import RankGroup
+from astrai_batch.engine.parallel.rank_group import IDLE_WAIT_S, RankGroup
 
 STOP, STEP, ENGINE = 0, 1, 2
 _HEADER = 8
@@ -82,7 +82,7 @@ class StepChannel:
         """(STEP, StepArrays) | (ENGINE, settings) | (STOP, None). A step's arrays are views
         of the payload buffer: valid until the next `receive`."""
         header = self._header
-        self._group.broadcast(header)
+        self._group.broadcast(header, wait_s=IDLE_WAIT_S)  # rank 0 may be busy elsewhere
         command, *values, size = header.tolist()
         if command == STOP:
             return STOP, None

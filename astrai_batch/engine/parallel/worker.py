@@ -74,7 +74,7 @@ def _serve(spec) -> None:
         dtype=dtype,
         trust_remote_code=spec.trust_remote_code,
     )
-    group.barrier()
+    group.barrier_after_load()
     heads = int(config.num_attention_heads)
     loaded = LoadedModel(
         model=model,
