@@ -168,7 +168,7 @@ def test_stopped_rank_ends_the_job_within_the_timeout(tiny_llama_dir, source, tm
         "--tensor-parallel-size",
         2,
         "--tp-timeout",
-        4,
+        6,
     )
     process = start_process(*args)
     worker = _rank_one(process, checkpoint, 1)
@@ -178,9 +178,9 @@ def test_stopped_rank_ends_the_job_within_the_timeout(tiny_llama_dir, source, tm
     took = time.monotonic() - stopped
     assert process.returncode == 1
     assert stderr.strip().splitlines()[-1] == (
-        "Error: tensor-parallel rank 1 is stopped and did not answer within 4 s"
+        "Error: tensor-parallel rank 1 is stopped and did not answer within 6 s"
     )
-    assert took < 4 + 30  # the timeout, then the job's exit (generous on a shared machine)
+    assert took < 6 + 30  # the timeout, then the job's exit (generous on a shared machine)
     assert _wait_gone(worker, 5)  # rank 0 killed it on its way out
     assert saved_parts(checkpoint) >= 1
 
