@@ -10,6 +10,8 @@ first such layer and `--fast-numerics`; with fast numerics it runs as its librar
 
 from __future__ import annotations
 
+import re
+
 import torch
 from torch import nn
 
@@ -32,7 +34,7 @@ def variant_linear(model: nn.Module) -> str | None:
             )
             if not plain:
                 return f"{name} (nn.Linear with {type(weight.data).__name__} weights)"
-        elif isinstance(module, nn.Linear) or "linear" in kind.__name__.lower():
+        elif isinstance(module, nn.Linear) or _foreign_leaf_linear(module):
             return f"{name} ({kind.__module__}.{kind.__name__})"
     return None
 
@@ -44,3 +46,17 @@ def refuse_variant_linears(model: nn.Module) -> None:
             f"layer {found} has no batch-invariant form, so invariant numerics cannot hold; "
             "run with --fast-numerics (a row's output may then depend on its batch)"
         )
+
+
+def _foreign_leaf_linear(module: nn.Module) -> bool:
+    """A library's own linear kernel (GPTQ's QuantLinear, AWQ's WQLinear_GEMM, HQQLinear ...):
+    a module without children, named like a linear layer, holding tensors. A wrapper whose
+    children do the products (PEFT's lora.Linear around plain nn.Linear layers) is not one:
+    its children are tiled like any other."""
+    if next(module.children(), None) is not None:
+        return False
+    if not re.search(r"Linear(_\w*)?$", type(module).__name__):
+        return False
+    return next(module.parameters(recurse=False), None) is not None or (
+        next(module.buffers(recurse=False), None) is not None
+    )

@@ -79,3 +79,34 @@ def test_torchao_int8_weight_only(tiny_llama_dir):
             )
             theirs.append(out[0, len(prompt) :].tolist())
     assert ours == theirs
+
+
+class QuantLinear(nn.Module):
+    """GPTQ-style: its own packed weights and kernel, not an nn.Linear."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("qweight", torch.zeros(8, 4, dtype=torch.int32))
+
+
+class LoraWrapper(nn.Module):
+    """PEFT-style: products done by plain nn.Linear children (tiled like any other)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.base_layer = nn.Linear(4, 4)
+        self.lora_A = nn.Linear(4, 2, bias=False)
+
+
+class LinearScalingRotaryEmbedding(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("inv_freq", torch.ones(2))
+
+
+def test_which_layers_are_variant():
+    from astrai_batch.engine.runner.linear_check import variant_linear
+
+    assert variant_linear(nn.Sequential(LoraWrapper(), LinearScalingRotaryEmbedding())) is None
+    found = variant_linear(nn.Sequential(LoraWrapper(), QuantLinear()))
+    assert found == f"1 ({QuantLinear.__module__}.QuantLinear)"
