@@ -1,14 +1,14 @@
 """Rank 0's commands to the other ranks: a step's arrays, a new engine, stop.
 
-Every command is a fixed header of 8 int64 (command and sizes) and, when it has one, a
-payload: both broadcast from preallocated host buffers (the payload buffer grows, on every
-rank alike, when a step is larger than any before). A step's payload is its `StepArrays`
+A command is one broadcast of a preallocated host buffer of int64: an 8-int header (command
+and sizes) followed by the payload, inline up to `INLINE` ints (a decode step of a few
+hundred sequences fits); a larger payload's rest follows in a second broadcast of exactly
+its size (both buffers grow alike on every rank). A step's payload is its `StepArrays`
 packed end to end (token ids, positions, write slots, logit rows, chunk starts, token
 counts, context starts, decode rows, the page-table matrix): the ranks rebuild the attention
 plan from it exactly as rank 0 does, so rank 0's scheduler, cache manager and samplers have
-no counterpart elsewhere. Two broadcasts of exactly the step's size cost less than one of a
-buffer sized for the largest possible step (a page-table matrix of max_num_seqs x
-max_model_len / page_size).
+no counterpart elsewhere. One broadcast per step, not a header then a payload: on a busy
+machine each broadcast costs a wake-up of every receiving rank.
 """
 
 from __future__ import annotations
@@ -24,13 +24,13 @@ from astrai_batch.engine.parallel.rank_group import IDLE_WAIT_S, RankGroup
 
 STOP, STEP, ENGINE = 0, 1, 2
 _HEADER = 8
+INLINE = 8192  # payload ints sent with the header (64 KiB)
 
 
 class StepChannel:
     def __init__(self, group: RankGroup) -> None:
         self._group = group
-        self._header = torch.zeros(_HEADER, dtype=torch.int64)
-        self._payload = torch.zeros(4096, dtype=torch.int64)
+        self._buffer = torch.zeros(_HEADER + INLINE, dtype=torch.int64)
 
     # -- rank 0 ----------------------------------------------------------------------------
 
@@ -38,7 +38,7 @@ class StepChannel:
         c, p = step.page_tables.shape
         t, n_logits, d = len(step.token_ids), len(step.logit_rows), len(step.decodes)
         size = 3 * t + n_logits + 3 * c + d + c * p
-        payload = self._room(size).numpy()
+        payload = self._room(size).numpy()[_HEADER:]
         at = 0
         for part in (
             step.token_ids,
@@ -60,41 +60,46 @@ class StepChannel:
         data = np.frombuffer(pickle.dumps(settings), dtype=np.uint8)
         size = -(-len(data) // 8)
         room = self._room(size)
-        room.numpy().view(np.uint8)[: len(data)] = data
+        room.numpy()[_HEADER:].view(np.uint8)[: len(data)] = data
         self._send(ENGINE, len(data), size=size)
 
     def send_stop(self) -> None:
         self._send(STOP, size=0)
 
     def _send(self, command: int, *values: int, size: int) -> None:
-        header = self._header
-        header.zero_()
+        header = self._buffer.numpy()[:_HEADER]
+        header[:] = 0
         header[0] = command
-        header[1 : 1 + len(values)] = torch.tensor(values, dtype=torch.int64)
+        header[1 : 1 + len(values)] = values
         header[_HEADER - 1] = size
-        self._group.broadcast(header)
-        if size:
-            self._group.broadcast(self._payload[:size])
+        self._broadcast(size, wait_s=None)
+
+    def _broadcast(self, size: int, *, wait_s: float | None) -> None:
+        buffer = self._buffer
+        self._group.broadcast(buffer[: _HEADER + INLINE], wait_s=wait_s)
+        if size > INLINE:  # the rest of a large payload
+            self._group.broadcast(buffer[_HEADER + INLINE : _HEADER + size])
 
     # -- the other ranks -------------------------------------------------------------------
 
     def receive(self) -> tuple[int, Any]:
         """(STEP, StepArrays) | (ENGINE, settings) | (STOP, None). A step's arrays are views
-        of the payload buffer: valid until the next `receive`."""
-        header = self._header
-        self._group.broadcast(header, wait_s=IDLE_WAIT_S)  # rank 0 may be busy elsewhere
-        command, *values, size = header.tolist()
+        of the buffer: valid until the next `receive`."""
+        buffer = self._buffer
+        # the wait for the next command is patient: rank 0 may be busy elsewhere
+        self._group.broadcast(buffer[: _HEADER + INLINE], wait_s=IDLE_WAIT_S)
+        command, *values, size = buffer[:_HEADER].tolist()
+        if size > INLINE:
+            buffer = self._room(size)
+            self._group.broadcast(buffer[_HEADER + INLINE : _HEADER + size])
         if command == STOP:
             return STOP, None
-        payload = self._room(size)
-        self._group.broadcast(payload[:size])
+        flat = buffer.numpy()[_HEADER:]
         if command == ENGINE:
-            raw = payload.numpy().view(np.uint8)[: values[0]].tobytes()
-            return ENGINE, pickle.loads(raw)
+            return ENGINE, pickle.loads(flat.view(np.uint8)[: values[0]].tobytes())
         if command != STEP:
             raise ValueError(f"unknown tensor-parallel command {command}")
         t, n_logits, c, p, d, longest = values[:6]
-        flat = payload.numpy()
         at = 0
         parts = []
         for length in (t, t, t, n_logits, c, c, c, d):
@@ -106,6 +111,10 @@ class StepChannel:
         )
 
     def _room(self, size: int) -> torch.Tensor:
-        if size > len(self._payload):
-            self._payload = torch.zeros(max(size, 2 * len(self._payload)), dtype=torch.int64)
-        return self._payload
+        """The buffer, grown (keeping what it holds) to hold a payload of `size` ints."""
+        old = self._buffer
+        if _HEADER + size > len(old):
+            grown = torch.zeros(max(_HEADER + size, 2 * len(old)), dtype=torch.int64)
+            grown[: len(old)] = old
+            self._buffer = grown
+        return self._buffer
