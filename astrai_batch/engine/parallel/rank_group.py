@@ -98,6 +98,16 @@ class RankGroup:
         options.timeout = self._seconds(wait_s)
         self._wait(lambda: self.meta.broadcast([tensor], options))
 
+    def broadcast_started(self, tensor: torch.Tensor) -> Callable[[], None]:
+        """Starts broadcasting `tensor` from rank 0; returns the wait for its completion (the
+        tensor must not change before). Rank 0 goes on with its forward meanwhile, while the
+        other ranks wake up."""
+        options = dist.BroadcastOptions()
+        options.rootRank = 0
+        options.timeout = self._seconds(None)
+        work = self._started(lambda: self.meta.broadcast([tensor], options))
+        return lambda: self._wait(lambda: work)
+
     def min_int(self, value: int, *, wait_s: float | None = None) -> int:
         """The least of every rank's `value` (the ranks agree on one KV pool size)."""
         tensor = torch.tensor([value], dtype=torch.int64)
@@ -131,8 +141,16 @@ class RankGroup:
         return total
 
     def _wait(self, start: Callable[[], object]) -> None:
+        work = self._started(start)
         try:
-            start().wait()
+            work.wait()
         except RuntimeError as err:  # gloo and NCCL raise RuntimeError (DistError is one)
+            self.failed = True
+            raise RankFailureError(self._diagnose(err)) from err
+
+    def _started(self, start: Callable[[], object]):
+        try:
+            return start()
+        except RuntimeError as err:
             self.failed = True
             raise RankFailureError(self._diagnose(err)) from err

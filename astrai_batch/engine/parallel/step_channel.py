@@ -31,10 +31,12 @@ class StepChannel:
     def __init__(self, group: RankGroup) -> None:
         self._group = group
         self._buffer = torch.zeros(_HEADER + INLINE, dtype=torch.int64)
+        self._in_flight: list = []  # rank 0: waits of broadcasts not yet known complete
 
     # -- rank 0 ----------------------------------------------------------------------------
 
     def send_step(self, step: StepArrays) -> None:
+        self.flush()  # the buffer is about to change
         c, p = step.page_tables.shape
         t, n_logits, d = len(step.token_ids), len(step.logit_rows), len(step.decodes)
         size = 3 * t + n_logits + 3 * c + d + c * p
@@ -57,6 +59,7 @@ class StepChannel:
 
     def send_engine(self, settings: Any) -> None:
         """A new engine's settings (picklable); every rank assembles its own from them."""
+        self.flush()
         data = np.frombuffer(pickle.dumps(settings), dtype=np.uint8)
         size = -(-len(data) // 8)
         room = self._room(size)
@@ -64,7 +67,14 @@ class StepChannel:
         self._send(ENGINE, len(data), size=size)
 
     def send_stop(self) -> None:
+        self.flush()
         self._send(STOP, size=0)
+        self.flush()
+
+    def flush(self) -> None:
+        """Waits until every broadcast started is complete (raises if one failed)."""
+        while self._in_flight:
+            self._in_flight.pop(0)()
 
     def _send(self, command: int, *values: int, size: int) -> None:
         header = self._buffer.numpy()[:_HEADER]
@@ -72,13 +82,13 @@ class StepChannel:
         header[0] = command
         header[1 : 1 + len(values)] = values
         header[_HEADER - 1] = size
-        self._broadcast(size, wait_s=None)
-
-    def _broadcast(self, size: int, *, wait_s: float | None) -> None:
+        # not waited for here: rank 0's forward starts while the other ranks wake up, and its
+        # first collective meets them anyway; the next send (or a stop) waits first
         buffer = self._buffer
-        self._group.broadcast(buffer[: _HEADER + INLINE], wait_s=wait_s)
+        self._in_flight.append(self._group.broadcast_started(buffer[: _HEADER + INLINE]))
         if size > INLINE:  # the rest of a large payload
-            self._group.broadcast(buffer[_HEADER + INLINE : _HEADER + size])
+            rest = buffer[_HEADER + INLINE : _HEADER + size]
+            self._in_flight.append(self._group.broadcast_started(rest))
 
     # -- the other ranks -------------------------------------------------------------------
 
