@@ -123,14 +123,37 @@ def test_a_model_without_a_plan_is_refused(tiny_llama_dir, source, tmp_path):
     )
 
 
-def test_ray_with_tensor_parallelism_is_refused(tiny_llama_dir, source, tmp_path):
+def test_ray_on_cuda_needs_a_gpu_per_rank(tiny_llama_dir, source, tmp_path):
     args = tp_args(tiny_llama_dir, source, tmp_path / "o.parquet")
-    result = run_cli(*args, "--tensor-parallel-size", 2, "--executor", "ray", "--workers", 2)
+    result = run_cli(
+        *args,
+        "--tensor-parallel-size",
+        2,
+        "--executor",
+        "ray",
+        "--workers",
+        2,
+        "--device",
+        "cuda",
+        "--worker-gpus",
+        1,
+    )
     assert result.exit_code == 2  # an option error, as every other combination refused
     assert result.stderr.splitlines()[-1] == (
-        "Error: --tensor-parallel-size with --executor ray is not supported yet; run "
-        "--executor local with --tensor-parallel-size, or --executor ray without it"
+        "Error: --executor ray with --tensor-parallel-size 2 needs --worker-gpus 2 (each "
+        "worker's ranks run on its own GPUs), got 1"
     )
+
+
+def test_ray_workers_of_two_ranks_each(tiny_llama_dir, source, one_rank, tmp_path, ray_address):
+    """W engines of N ranks: each Ray worker starts its own ranks; the output is the one-rank
+    local run's (greedy), and no rank outlives the job."""
+    output = tmp_path / "ray.parquet"
+    args = tp_args(tiny_llama_dir, source, output, "--tensor-parallel-size", 2)
+    ray_options = ["--executor", "ray", "--ray-address", ray_address, "--workers", 2]
+    result = run_cli(*args, *ray_options, "--worker-threads", 1)
+    assert result.exit_code == 0, result.stderr
+    assert comparable(output) == comparable(one_rank)
 
 
 # -- ranks that die or hang ------------------------------------------------------------------
