@@ -153,7 +153,11 @@ def test_ray_workers_of_two_ranks_each(tiny_llama_dir, source, one_rank, tmp_pat
     ray_options = ["--executor", "ray", "--ray-address", ray_address, "--workers", 2]
     result = run_cli(*args, *ray_options, "--worker-threads", 1)
     assert result.exit_code == 0, result.stderr
-    assert comparable(output) == comparable(one_rank)
+
+    def completions(path):  # prefix groups differ: the local run planned windows of 10 rows
+        return [{k: v for k, v in row.items() if k != "prefix_group"} for row in comparable(path)]
+
+    assert completions(output) == completions(one_rank)
 
 
 # -- ranks that die or hang ------------------------------------------------------------------
