@@ -43,6 +43,7 @@ def test_every_step_wrote_its_file(check_dir: Path) -> None:
         "cuda_graphs",
         "host_overhead",
         "attention_backends",
+        "tensor_parallel",
     }
     assert {p.stem for p in check_dir.glob("*.json")} == names | {"summary"}
     summary = read(check_dir, "summary")
@@ -50,6 +51,14 @@ def test_every_step_wrote_its_file(check_dir: Path) -> None:
     assert summary["passed"] is True
     assert set(summary["files"]) == names
     assert read(check_dir, "machine")["machine"]["device"] == "cpu"
+
+
+def test_tensor_parallel_step_is_skipped_without_two_gpus(check_dir: Path) -> None:
+    result = read(check_dir, "tensor_parallel")
+    assert result["skipped"] == (
+        "needs CUDA; on CPU the test suite checks tensor parallelism (gloo)"
+    )
+    assert "passed" not in result
 
 
 def test_float32_greedy_is_token_for_token_transformers(check_dir: Path) -> None:
