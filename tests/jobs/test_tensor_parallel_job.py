@@ -220,3 +220,15 @@ def test_killed_rank_zero_takes_the_other_ranks_with_it(tiny_llama_dir, source, 
     process.kill()
     process.communicate(timeout=60)
     assert _wait_gone(worker, 10)
+
+
+def test_the_toml_config_sets_the_ranks_and_the_size_is_a_result_option(tmp_path):
+    from astrai_batch.jobs.options.config import JobConfig
+    from astrai_batch.jobs.options.config_file import load_toml_options
+    from astrai_batch.jobs.options.option_groups import RESULT_OPTIONS, RUN_OPTIONS
+
+    path = tmp_path / "job.toml"
+    path.write_text("tensor_parallel_size = 2\ntp_timeout = 30\n")
+    config = JobConfig.from_options(load_toml_options(path))
+    assert (config.tensor_parallel_size, config.tp_timeout) == (2, 30)
+    assert "tensor_parallel_size" in RESULT_OPTIONS and "tp_timeout" in RUN_OPTIONS
