@@ -4,7 +4,8 @@ Each rank is `python -m astrai_batch.engine.parallel.worker`, its `WorkerSpec` p
 stdin, which stays open: the worker takes EOF on it (rank 0 gone, however it died) as the
 order to exit, and on Linux also asks for SIGKILL when its parent dies (PR_SET_PDEATHSIG;
 only when started from the main thread, since the signal follows the starting thread).
-A worker's stderr goes to a file, whose last line names what went wrong when it dies.
+A worker's stderr goes to an unlinked temporary file (nothing is left behind, even when rank
+0 is killed), whose last line of the worker's own names what went wrong when it dies.
 """
 
 from __future__ import annotations
@@ -21,11 +22,13 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from astrai_batch.errors import RankFailureError
 
 _EXIT_GRACE_S = 10.0  # a stopping worker's time to leave by itself before it is killed
 _DEATH_WAIT_S = 2.0  # after a broken collective, how long a dying peer gets to be reaped
+_LOG_TAIL = 1 << 16  # bytes of a worker's stderr read for its last words
 
 
 @dataclass(frozen=True)
@@ -48,21 +51,19 @@ class WorkerSpec:
 class RankProcesses:
     def __init__(self, world_size: int) -> None:
         self.world_size = world_size
-        self._dir = tempfile.TemporaryDirectory(prefix="astrai-tp-")
         self._procs: dict[int, subprocess.Popen] = {}
-        self._logs: dict[int, Path] = {}
+        self._logs: dict[int, Any] = {}
 
     def start(self, spec: WorkerSpec) -> None:
-        log = Path(self._dir.name) / f"rank-{spec.rank}.log"
+        log = tempfile.TemporaryFile(prefix="astrai-tp-")  # noqa: SIM115 (closed in stop)
         self._logs[spec.rank] = log
-        with open(log, "wb") as stderr:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "astrai_batch.engine.parallel.worker"],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=stderr,
-                start_new_session=True,  # a terminal's Ctrl-C goes to rank 0, which ends us
-            )
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "astrai_batch.engine.parallel.worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            start_new_session=True,  # a terminal's Ctrl-C goes to rank 0, which ends us
+        )
         self._procs[spec.rank] = proc
         data = pickle.dumps(spec)
         proc.stdin.write(len(data).to_bytes(8, "little") + data)
@@ -95,7 +96,7 @@ class RankProcesses:
         deadline = time.monotonic() + _DEATH_WAIT_S
         while True:
             dead = {r: p.returncode for r, p in self._procs.items() if p.poll() is not None}
-            if dead or time.monotonic() >= deadline or err is None:
+            if dead or time.monotonic() >= deadline:
                 break
             time.sleep(0.05)
         if dead:
@@ -132,7 +133,9 @@ class RankProcesses:
                 if stream is not None:
                     stream.close()
         self._procs.clear()
-        self._dir.cleanup()
+        for log in self._logs.values():
+            log.close()
+        self._logs.clear()
 
     @property
     def pids(self) -> dict[int, int]:
@@ -140,10 +143,11 @@ class RankProcesses:
 
     def _last_words(self, rank: int) -> str:
         """The worker's own one-line error (`worker.main`), not a library's warnings."""
-        try:
-            lines = self._logs[rank].read_text(errors="replace").splitlines()
-        except OSError:
-            return ""
+        fd = self._logs[rank].fileno()
+        size = os.fstat(fd).st_size
+        start = max(0, size - _LOG_TAIL)
+        # pread: the worker shares the file offset, which must not move under it
+        lines = os.pread(fd, size - start, start).decode(errors="replace").splitlines()
         ours = [line for line in lines if line.startswith(f"rank {rank}: ")]
         return ours[-1].removeprefix(f"rank {rank}: ")[:300] if ours else ""
 
