@@ -88,6 +88,18 @@ def _run_options(function: Any) -> Any:
         _option("--worker-threads", d.worker_threads, "Torch threads per Ray worker.", type=int),
         _option("--worker-gpus", d.worker_gpus, "GPUs per Ray worker.", type=float),
         _option(
+            "--tensor-parallel-size",
+            d.tensor_parallel_size,
+            "Split the model over this many ranks (GPUs with CUDA, processes on CPU).",
+            type=int,
+        ),
+        _option(
+            "--tp-timeout",
+            d.tp_timeout,
+            "Seconds a tensor-parallel rank may not answer before the job stops.",
+            type=float,
+        ),
+        _option(
             "--threads",
             None,
             "CPU threads for torch [default: one per core]; fewer when other work shares them.",

@@ -50,3 +50,7 @@ class ExecutorError(AstraiBatchError):
 
 class AdapterError(ConfigError):
     """A LoRA adapter cannot be read, is of an unsupported kind, or does not fit the model."""
+
+
+class RankFailureError(AstraiBatchError):
+    """A tensor-parallel rank died, hung past the timeout, or could not load its shard."""

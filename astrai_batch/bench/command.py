@@ -116,6 +116,16 @@ _ENGINE = EngineConfig()
 )
 @click.option("--prefix-cache/--no-prefix-cache", default=True, show_default=True)
 @click.option(
+    "--tensor-parallel-size",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Our engine over this many ranks (needs --peers none --no-floor).",
+)
+@click.option(
+    "--tp-timeout", type=float, default=120.0, show_default=True, help="Seconds a rank may hang."
+)
+@click.option(
     "--fast-numerics",
     is_flag=True,
     help="Our engine with step-shaped kernels instead of batch-invariant numerics.",
@@ -251,6 +261,8 @@ def _config(options: dict[str, Any]) -> BenchConfig:
         kv_layouts=parse_kv_layouts(options.pop("kv_layout")),
         warmup=not options.pop("no_warmup"),
         floor=not options.pop("no_floor"),
+        tensor_parallel_size=options.pop("tensor_parallel_size"),
+        tp_timeout=options.pop("tp_timeout"),
     )
     _check_attention(config)
     return config

@@ -55,6 +55,8 @@ class BenchConfig:
     kv_layouts: tuple[str, ...] = ("paged",)  # our engine runs once per layout per repeat
     warmup: bool = True
     floor: bool = True
+    tensor_parallel_size: int = 1  # our engine over this many ranks (engine/parallel)
+    tp_timeout: float = 120.0
 
     def __post_init__(self) -> None:
         for name in ("model", "workload", "device", "dtype"):
@@ -105,6 +107,12 @@ class BenchConfig:
         for name in ("warmup", "floor"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        require_positive_int("tensor_parallel_size", self.tensor_parallel_size)
+        if self.tensor_parallel_size > 1 and (self.peers or self.floor):
+            raise ConfigError(
+                "--tensor-parallel-size > 1 benchmarks our engine only (the peers and the "
+                "floor run the whole model in one process): add --peers none --no-floor"
+            )
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> BenchConfig:

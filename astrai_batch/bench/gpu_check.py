@@ -41,6 +41,7 @@ from astrai_batch.bench.ours import run_ours
 from astrai_batch.bench.peers import BatchSizeChoice, run_hf_generate, run_hf_generate_batch
 from astrai_batch.bench.prompts import BenchPrompts, random_shared_prefix_ids
 from astrai_batch.bench.random_models import TINY, ModelShape, build_model
+from astrai_batch.bench.tp_check import tensor_parallel_check
 from astrai_batch.engine.config import EngineConfig
 from astrai_batch.engine.model.loaded import LoadedModel
 from astrai_batch.jobs.planning.prefix_stats import ideal_prefix_stats
@@ -86,6 +87,8 @@ def run_gpu_check(
         run.step("attention_backends", lambda: _kernels(plan, target))
     if "memory" in only:
         run.step("memory", lambda: _memory(plan, target))
+    if "tensor_parallel" in only:
+        run.step("tensor_parallel", lambda: tensor_parallel_check(target))
     return run.summary()
 
 
@@ -111,6 +114,8 @@ def main(argv: Sequence[str], run: Callable[..., dict] = run_gpu_check) -> int:
         return 0
     print(f"gpu_check: FAILED ({', '.join(summary['failed'])}); results in {args.out_dir}")
     return 1
+
+
 
 
 def _exactness(shape: ModelShape, dtype: torch.dtype, device: torch.device, plan: CheckPlan):

@@ -86,4 +86,5 @@ STEPS = (
     "host_overhead",
     "attention_backends",
     "memory",
+    "tensor_parallel",
 )

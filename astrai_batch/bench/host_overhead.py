@@ -147,7 +147,10 @@ def _time_parts(core: EngineCore) -> dict[str, float]:
     """Wraps the step's parts on this engine instance with wall timers; returns the totals."""
     totals: dict[str, float] = defaultdict(float)
     _wrap(core.scheduler, "schedule", "schedule", totals, time.perf_counter)
+    _wrap(core.runner.buffers, "build", "build_batch", totals, time.perf_counter)
     _wrap(core.runner, "_build_batch", "build_batch", totals, time.perf_counter)
+    if core.runner.step_sender is not None:  # tensor parallelism: the step to the other ranks
+        _wrap(core.runner.step_sender, "send_step", "broadcast", totals, time.perf_counter)
     _wrap(core.scheduler, "after_step", "after_step", totals, time.perf_counter)
     _wrap(core, "_sample", "sample_and_finish", totals, time.perf_counter)
     return totals
@@ -160,7 +163,10 @@ def _cpu_clocks(core: EngineCore) -> dict[str, float]:
     totals: dict[str, float] = defaultdict(float)
     _wrap(core, "step", "step", totals, time.thread_time)
     _wrap(core.runner, "forward", "forward", totals, time.thread_time)
+    _wrap(core.runner.buffers, "build", "build", totals, time.thread_time)
     _wrap(core.runner, "_build_batch", "build", totals, time.thread_time)
+    if core.runner.step_sender is not None:
+        _wrap(core.runner.step_sender, "send_step", "build", totals, time.thread_time)
     for name in ("step", "forward", "build"):
         totals[name] += 0.0
     return totals

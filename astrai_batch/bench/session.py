@@ -59,7 +59,18 @@ def run_bench(config: BenchConfig, progress: Progress) -> BenchOutcome:
         dtype=config.dtype,
         revision=config.revision,
         trust_remote_code=config.trust_remote_code,
+        tensor_parallel_size=config.tensor_parallel_size,
+        tp_timeout=config.tp_timeout,
     )
+    try:
+        return _measure(loaded, config, progress, started_at)
+    finally:
+        loaded.close()  # the other tensor-parallel ranks, if any
+
+
+def _measure(
+    loaded: LoadedModel, config: BenchConfig, progress: Progress, started_at: str
+) -> BenchOutcome:
     prompts = load_prompts(config, loaded.tokenizer, loaded.name)
     machine = machine_info(next(loaded.model.parameters()).device)
     progress(

@@ -40,6 +40,9 @@ class EngineParts:
 def assemble_engine(
     loaded: LoadedModel, config: EngineConfig, *, static_decode: bool = False
 ) -> EngineParts:
+    parallel = loaded.parallel  # tensor parallelism: every rank assembles the same engine
+    if parallel is not None:
+        parallel.begin_engine(config, static_decode=static_decode)
     max_model_len = min(loaded.max_model_len, config.max_model_len or loaded.max_model_len)
     param = next(loaded.model.parameters())
     backend = resolve_attention_backend(
@@ -50,6 +53,7 @@ def assemble_engine(
         dtype=param.dtype,
     )
     capture = resolve_cuda_graphs(config.cuda_graphs, param.device, backend=backend)
+    capture = capture and parallel is None  # no graphs around the ranks' collectives (yet)
     if find_bank(loaded.model) is not None:
         # a graph replays fixed kernels: per-row adapter deltas run eagerly
         capture = static_decode = False
@@ -86,6 +90,10 @@ def assemble_engine(
                 pages_per_seq=-(-max_model_len // config.page_size),
             )
         pool = KVPool.from_memory_budget(budget, **pool_args)
+        if parallel is not None:  # page ids are shared: every rank's pool has the fewest pages
+            agreed = parallel.group.min_int(pool.num_pages)
+            if agreed != pool.num_pages:
+                pool = KVPool(num_pages=agreed, **pool_args)
     cache = make_layout(
         config.kv_layout,
         num_pages=pool.num_pages,
@@ -108,6 +116,7 @@ def assemble_engine(
         numerics=config.numerics,
         attention_kernel=make_kernel(backend, param.device),
         graphs=graphs,
+        step_sender=None if parallel is None else parallel.sender,
     )
     if capture:  # every bucket now, before the first step: none is captured mid-job
         runner.decode_graphs.capture_up_front()

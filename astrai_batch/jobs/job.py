@@ -85,7 +85,10 @@ def run_job(
             stderr or sys.stderr, quiet=config.quiet, interval=config.progress_seconds
         )
         try:
-            return _run(config, paths, progress, started, lock, chosen)
+            try:
+                return _run(config, paths, progress, started, lock, chosen)
+            finally:
+                chosen.close()  # tensor-parallel ranks end with the job
         finally:
             progress.close()
     finally:

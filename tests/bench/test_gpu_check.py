@@ -50,6 +50,7 @@ def test_every_step_wrote_its_file_with_a_verdict(check_dir: Path) -> None:
         "host_overhead",
         "attention_backends",
         "memory",
+        "tensor_parallel",
     }
     assert {p.stem for p in check_dir.glob("*.json")} == names | {"summary"}
     summary = read(check_dir, "summary")
@@ -62,6 +63,14 @@ def test_every_step_wrote_its_file_with_a_verdict(check_dir: Path) -> None:
         assert summary["steps"][name] == {"passed": True, "seconds": step["seconds"]}
     assert summary["seconds"] <= summary["time_limit_seconds"] == 900.0
     assert read(check_dir, "machine")["machine"]["device"] == "cpu"
+
+
+def test_tensor_parallel_step_is_skipped_without_two_gpus(check_dir: Path) -> None:
+    result = read(check_dir, "tensor_parallel")
+    assert result["skipped"] == (
+        "needs CUDA; on CPU the test suite checks tensor parallelism (gloo)"
+    )
+    assert result["passed"] is True  # nothing to judge here, as attention_backends without kernels
 
 
 def test_float32_greedy_is_token_for_token_transformers(check_dir: Path) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -41,6 +42,10 @@ class LoadedModel:
     num_kv_heads: int
     head_dim: int
     has_chat_template: bool
+    # tensor parallelism: this process's `engine.parallel.launch.TensorParallel` (its rank,
+    # group and, on rank 0, the other ranks' processes); `model` is then this rank's shard
+    # and `num_kv_heads` its own KV heads
+    parallel: Any = None
 
     def __post_init__(self) -> None:
         for field_name in ("max_model_len", "num_layers", "num_kv_heads", "head_dim"):
@@ -51,6 +56,11 @@ class LoadedModel:
             raise ValueError(
                 f"LoadedModel.eos_token_ids must be token ids, got {self.eos_token_ids}"
             )
+
+    def close(self) -> None:
+        """Ends the other tensor-parallel ranks, if any (the model is unusable afterwards)."""
+        if self.parallel is not None:
+            self.parallel.close()
 
     def check_invariants(self) -> None:
         """Raise `ModelLoadError` unless the model is still as `load_model` left it."""

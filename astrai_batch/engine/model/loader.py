@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from transformers import (
@@ -75,6 +75,8 @@ def load_model(
     trust_remote_code: bool = False,
     cache_dir: str | os.PathLike[str] | None = None,
     max_model_len: int | None = None,
+    tensor_parallel_size: int = 1,
+    tp_timeout: float = 120.0,
 ) -> LoadedModel:
     """Load a causal LM and its fast tokenizer; see `resolve_model_spec` for what `spec` may be.
 
@@ -84,7 +86,60 @@ def load_model(
     files have no revisions. Code shipped with a model runs only with `trust_remote_code`.
     `max_model_len` caps the context below the model's own; the model is checked at the
     context it will run at (a sliding window or longrope threshold above it never binds).
+    `tensor_parallel_size` > 1 starts that many ranks and loads this process's shard
+    (`engine.parallel.launch`); `tp_timeout` bounds every wait on another rank.
     """
+    prepared = prepare_load(
+        spec,
+        device=device,
+        dtype=dtype,
+        revision=revision,
+        trust_remote_code=trust_remote_code,
+        cache_dir=cache_dir,
+        max_model_len=max_model_len,
+    )
+    if tensor_parallel_size != 1:
+        from astrai_batch.engine.parallel.launch import load_parallel
+
+        return load_parallel(prepared, world_size=tensor_parallel_size, timeout_s=tp_timeout)
+    model_spec, hub, config = prepared.model_spec, prepared.hub, prepared.config
+    torch_dtype, target_device = prepared.dtype, prepared.device
+    weights: dict[str, Any] = {"config": config, "dtype": torch_dtype}
+    if model_spec.kind == "directory" and any(Path(model_spec.location).glob("*.safetensors")):
+        weights["use_safetensors"] = True
+    if target_device.type != "cpu":
+        weights["device_map"] = {"": target_device}
+    try:
+        model = AutoModelForCausalLM.from_pretrained(model_spec.location, **hub, **weights)
+    except Exception as err:
+        raise _load_error(model_spec, "weights", err) from err
+    model.eval()
+    model.requires_grad_(False)
+    return _describe(model, prepared.tokenizer, model_spec, prepared.context)
+
+
+class PreparedLoad(NamedTuple):
+    """What a load knows before any weight is read: the model checked at its context."""
+
+    model_spec: ModelSpec
+    hub: dict[str, Any]
+    config: Any
+    tokenizer: PreTrainedTokenizerBase
+    context: int
+    dtype: torch.dtype
+    device: torch.device
+
+
+def prepare_load(
+    spec: str | os.PathLike[str],
+    *,
+    device: str,
+    dtype: str | torch.dtype,
+    revision: str | None,
+    trust_remote_code: bool,
+    cache_dir: str | os.PathLike[str] | None,
+    max_model_len: int | None,
+) -> PreparedLoad:
     if max_model_len is not None:
         require_positive_int("max_model_len", max_model_len)
     target_device = _resolve_device(device)
@@ -104,18 +159,7 @@ def load_model(
     if max_model_len is not None:
         context = min(context, max_model_len)
     check_supported(config, max_model_len=context)  # still before any weights are read
-    weights: dict[str, Any] = {"config": config, "dtype": torch_dtype}
-    if model_spec.kind == "directory" and any(Path(model_spec.location).glob("*.safetensors")):
-        weights["use_safetensors"] = True
-    if target_device.type != "cpu":
-        weights["device_map"] = {"": target_device}
-    try:
-        model = AutoModelForCausalLM.from_pretrained(model_spec.location, **hub, **weights)
-    except Exception as err:
-        raise _load_error(model_spec, "weights", err) from err
-    model.eval()
-    model.requires_grad_(False)
-    return _describe(model, tokenizer, model_spec, context)
+    return PreparedLoad(model_spec, hub, config, tokenizer, context, torch_dtype, target_device)
 
 
 @library_progress_off()

@@ -45,6 +45,7 @@ from astrai_batch.engine.lora.bank import find_bank
 from astrai_batch.engine.runner.decode_graphs import DecodeGraphs, GraphSpec
 from astrai_batch.engine.runner.forward_timer import ForwardTimer
 from astrai_batch.engine.runner.invariant_linear import row_scheme_for, set_row_tiling
+from astrai_batch.engine.runner.linear_check import refuse_variant_linears
 from astrai_batch.engine.runner.logit_spans import span_rows
 from astrai_batch.engine.runner.step_buffers import StepBuffers
 
@@ -101,6 +102,7 @@ class ModelRunner:
         numerics: str = "invariant",
         attention_kernel: PagedKernel | None = None,
         graphs: GraphSpec | None = None,
+        step_sender=None,
     ) -> None:
         if numerics not in NUMERICS:
             raise ValueError(f"numerics must be one of {NUMERICS}, got {numerics!r}")
@@ -111,11 +113,14 @@ class ModelRunner:
         # the BLAS's invariant GEMM row counts, probed once (raises where there are none)
         self.gemm_rows = ROWS_AT_LEAST_TWO
         if numerics == "invariant":
+            refuse_variant_linears(model)  # quantized layers: invariant, or refused
             set_row_tiling(model, True, row_scheme_for(model))
             self.gemm_rows = _attention_rows(model, pool)
         else:
             set_row_tiling(model, False)
         self.numerics = numerics
+        # tensor parallelism, rank 0: each step's arrays go to the other ranks (`parallel`)
+        self.step_sender = step_sender
         self.model = model
         self.pool = pool
         self.device = pool.key_cache[0].device
@@ -143,19 +148,35 @@ class ModelRunner:
     def forward(self, chunks: Sequence[ScheduledChunk]) -> ForwardOutput:
         if not chunks:
             raise ValueError("forward needs at least one chunk")
-        built = self._build_batch(chunks)
+        step = self.buffers.build(chunks)
+        extra = span_rows(chunks, step.token_start)
+        if extra is not None:  # prompt positions' logits (`logit_spans`): never graphed
+            step = step._replace(logit_rows=np.concatenate([step.logit_rows, extra]))
+        if self.step_sender is not None:
+            self.step_sender.send_step(step)
+        adapters = None
+        if self.lora is not None:
+            adapters = ([c.adapter for c in chunks], [len(c.token_ids) for c in chunks])
+        return self.forward_step(step, graphed=extra is None, adapters=adapters)
+
+    @torch.inference_mode()
+    def forward_step(
+        self,
+        step: StepArrays,
+        *,
+        graphed: bool = True,
+        adapters: tuple[list[int], list[int]] | None = None,
+    ) -> ForwardOutput:
+        """The forward of a step's arrays (what a tensor-parallel rank receives).
+        `adapters`: each chunk's LoRA adapter slot and token count, with adapters installed."""
+        built = self._build_batch(step, graphed)
         timer = ForwardTimer(self.device)
         if callable(built):  # a decode-only step staged for its bucket's graph
             return ForwardOutput(logits=built(timer), timer=timer)
         batch, input_ids, positions, logit_rows = built
-        lora = self.lora
+        lora = self.lora if adapters is not None else None
         if lora is not None:
-            lora.begin_step(
-                [c.adapter for c in chunks],
-                [len(c.token_ids) for c in chunks],
-                invariant=self.numerics == "invariant",
-                device=self.device,
-            )
+            lora.begin_step(*adapters, invariant=self.numerics == "invariant", device=self.device)
         timer.start()
         try:
             outputs = self.model(
@@ -172,12 +193,8 @@ class ModelRunner:
         timer.stop()
         return ForwardOutput(logits=logits, timer=timer)
 
-    def _build_batch(self, chunks: Sequence[ScheduledChunk]):
-        step = self.buffers.build(chunks)
-        extra = span_rows(chunks, step.token_start)
-        if extra is not None:
-            step = step._replace(logit_rows=np.concatenate([step.logit_rows, extra]))
-        elif self.decode_graphs is not None:
+    def _build_batch(self, step: StepArrays, graphed: bool):
+        if graphed and self.decode_graphs is not None:
             staged = self.decode_graphs.stage(step)
             if staged is not None:
                 return staged
@@ -188,7 +205,7 @@ class ModelRunner:
         position_ids = stage(step.positions)
         rows = stage(step.logit_rows)
         if self.numerics == "invariant":
-            batch = self._block_batch(chunks, step)
+            batch = self._block_batch(step)
             return batch, input_ids, position_ids, rows
         if self.attention_kernel is not None:
             return self._kernel_batch(step), input_ids, position_ids, rows
@@ -217,7 +234,7 @@ class ModelRunner:
         )
         return batch, input_ids, position_ids, rows
 
-    def _block_batch(self, chunks: Sequence[ScheduledChunk], step: StepArrays) -> BlockBatch:
+    def _block_batch(self, step: StepArrays) -> BlockBatch:
         d = step.decodes
         if len(d) == len(step.num_tokens):  # decode-only: every chunk's row, as they are
             spans = []
@@ -226,9 +243,9 @@ class ModelRunner:
             spans = [
                 QuerySpan(
                     int(step.token_start[i]),
-                    chunks[i].start,
+                    int(step.context_start[i]),
                     int(step.num_tokens[i]),
-                    chunks[i].pages,
+                    step.page_tables[i],  # zero-padded past its pages, as the plan pads
                 )
                 for i in np.flatnonzero(step.num_tokens > 1).tolist()
             ]

@@ -65,3 +65,7 @@ class Executor(Protocol):
     def architecture(self, checkpoint: Checkpoint) -> str | None:
         """The model's architecture, once the rows are done (for the output's metadata)."""
         ...
+
+    def close(self) -> None:
+        """Releases what `prepare` started (a tensor-parallel model's ranks)."""
+        ...

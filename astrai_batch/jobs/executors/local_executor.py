@@ -93,6 +93,10 @@ class LocalExecutor:
     def architecture(self, checkpoint: Checkpoint) -> str | None:
         return self.loaded.architecture if self.loaded is not None else None
 
+    def close(self) -> None:
+        if self.loaded is not None:
+            self.loaded.close()
+
 
 def _single(error: BaseException) -> BaseException:
     """The one error inside nested single-member exception groups (task groups wrap them)."""

@@ -127,6 +127,9 @@ class RayExecutor:
         first = infos[min(infos)] if infos else None
         return None if first is None else first.model.get("architecture")
 
+    def close(self) -> None:
+        """Nothing to release: the workers' models end with the Ray job."""
+
 
 def actor_cpus(cluster_cpus: float, workers: int, threads: int) -> float:
     """CPUs reserved per engine actor: its threads, or less on a machine too small for that,

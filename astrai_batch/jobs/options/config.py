@@ -38,6 +38,7 @@ from astrai_batch.jobs.options.option_values import (
     parse_json_object,
     parse_size,
 )
+from astrai_batch.jobs.options.parallel_options import check_tensor_parallel_options
 from astrai_batch.jobs.options.task_options import (
     check_embed_options,
     check_task,
@@ -115,6 +116,10 @@ class JobConfig:
     pooling: str | None = None
     normalize: bool = True
     dimensions: int | None = None
+    # Tensor parallelism: the model's layers split over this many ranks (engine/parallel);
+    # a rank that dies or does not answer for tp_timeout seconds ends the job.
+    tensor_parallel_size: int = 1
+    tp_timeout: float = 120.0
 
     def __post_init__(self) -> None:
         for name in ("model", "device", "dtype"):
@@ -136,6 +141,7 @@ class JobConfig:
             "worker_threads",
             "max_loras",
             "max_lora_rank",
+            "tensor_parallel_size",
         ):
             require_positive_int(name, getattr(self, name))
         check_lora_options(self.lora, self.max_loras)
@@ -158,7 +164,8 @@ class JobConfig:
             "quiet",
         ):
             _check_type(name, getattr(self, name), bool)
-        for name in ("checkpoint_seconds", "progress_seconds"):
+        check_tensor_parallel_options(self)
+        for name in ("checkpoint_seconds", "progress_seconds", "tp_timeout"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ConfigError(f"{name} must be a number of seconds > 0, got {value!r}")
@@ -296,6 +303,8 @@ class JobConfig:
             "revision": self.revision,
             "trust_remote_code": self.trust_remote_code,
             "max_model_len": self.max_model_len,
+            "tensor_parallel_size": self.tensor_parallel_size,
+            "tp_timeout": self.tp_timeout,
         }
 
     def to_dict(self) -> dict[str, Any]:

@@ -41,6 +41,8 @@ TABLE_OPTIONS = (*OBJECT_OPTIONS, "lora")
 # another machine.
 RESULT_OPTIONS = (
     "device",
+    # the row-parallel layers' partial sums are added in another order at another size
+    "tensor_parallel_size",
     "dtype",
     "attention_backend",
     "fast_numerics",
@@ -96,4 +98,5 @@ RUN_OPTIONS = (
     "lora",
     "max_loras",
     "max_lora_rank",
+    "tp_timeout",
 )

@@ -52,7 +52,7 @@ def step_attention(runner: ModelRunner, chunks, seed: int = 0) -> list[torch.Ten
     The step's batch is the runner's own (its metadata, its kernel); the new keys and values
     are written into the pool as in a forward, so every backend reads the same keys.
     """
-    batch = runner._build_batch(chunks)[0]
+    batch = runner._build_batch(runner.buffers.build(chunks))[0]
     config = runner.model.config
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
     dim = config.hidden_size // heads

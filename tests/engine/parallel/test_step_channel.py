@@ -1,0 +1,110 @@
+"""The step channel and the rank group's sums between two ranks in one process (two threads,
+gloo over loopback): what rank 0 sends is what rank 1 receives, small steps in one broadcast,
+large ones (past the inline part) in two; partial sums are added in rank order."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from astrai_batch.engine.attention.step_arrays import StepArrays
+from astrai_batch.engine.parallel.rank_group import RankGroup
+from astrai_batch.engine.parallel.step_channel import ENGINE, INLINE, STEP, STOP, StepChannel
+
+
+def _step(rng: np.random.Generator, chunks: int, pages: int) -> StepArrays:
+    counts = rng.integers(1, 5, chunks)
+    tokens = int(counts.sum())
+
+    def ints(n):
+        return rng.integers(0, 1 << 40, n)
+
+    return StepArrays(
+        token_ids=ints(tokens),
+        positions=ints(tokens),
+        write_slots=ints(tokens),
+        logit_rows=ints(chunks // 2),
+        token_start=ints(chunks),
+        num_tokens=counts,
+        context_start=ints(chunks),
+        page_tables=rng.integers(0, 1000, (chunks, pages)),
+        decodes=ints(chunks // 3),
+        longest_context=int(rng.integers(1, 10_000)),
+    )
+
+
+def _pair() -> tuple[RankGroup, RankGroup]:
+    zero = RankGroup(
+        rank=0, world_size=2, host="127.0.0.1", port=0, device=torch.device("cpu"), timeout_s=30
+    )
+    one = RankGroup(
+        rank=1,
+        world_size=2,
+        host="127.0.0.1",
+        port=zero.port,
+        device=torch.device("cpu"),
+        timeout_s=30,
+    )
+    joined = threading.Thread(target=one.connect)
+    joined.start()
+    zero.connect()
+    joined.join()
+    return zero, one
+
+
+@pytest.fixture(scope="module")
+def groups():
+    return _pair()
+
+
+def test_what_rank_zero_sends_rank_one_receives(groups):
+    zero, one = groups
+    rng = np.random.default_rng(7)
+    # small steps, then one past the inline part (a second broadcast), then small again
+    sent = [_step(rng, 5, 3), _step(rng, 40, 300), _step(rng, 2, 1)]
+    assert sum(np.asarray(a).size for a in sent[1]) > INLINE
+    settings = {"numerics": "invariant", "pages": 17}
+    got: list = []
+
+    def receive():
+        channel = StepChannel(one)
+        while True:
+            command, value = channel.receive()
+            if command == STOP:
+                return
+            # a step's arrays are views of the buffer: copied before the next receive
+            got.append((command, value if command == ENGINE else [np.array(a) for a in value]))
+
+    worker = threading.Thread(target=receive)
+    worker.start()
+    channel = StepChannel(zero)
+    channel.send_engine(settings)
+    for step in sent:
+        channel.send_step(step)
+    channel.send_stop()
+    worker.join(timeout=60)
+    assert got[0] == (ENGINE, settings)
+    assert [command for command, _ in got[1:]] == [STEP] * len(sent)
+    for step, (_, received) in zip(sent, got[1:], strict=True):
+        for field, mine, theirs in zip(StepArrays._fields, step, received, strict=True):
+            assert np.array_equal(np.asarray(mine), theirs), field
+
+
+def test_partials_are_summed_in_rank_order(groups):
+    zero, one = groups
+    rng = torch.Generator().manual_seed(3)
+    parts = [torch.randn(7, 64, generator=rng) for _ in range(2)]
+    out: dict[int, torch.Tensor] = {}
+
+    def run(group):
+        out[group.rank] = group.sum_partials(parts[group.rank].clone())
+
+    worker = threading.Thread(target=run, args=(one,))
+    worker.start()
+    run(zero)
+    worker.join(timeout=60)
+    assert torch.equal(out[0], parts[0] + parts[1])
+    assert torch.equal(out[1], out[0])
