@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # our tree, not
 def main(argv: list[str]) -> int:
     from astrai_batch.bench.random_models import TINY, build_model
     from astrai_batch.engine.config import EngineConfig
+    from astrai_batch.engine.core import EngineCore
     from astrai_batch.engine.invariance_probe import check_invariance_at_start
     from astrai_batch.engine.model.loader import load_model
     from astrai_batch.errors import NumericsUnavailableError
@@ -36,7 +37,9 @@ def main(argv: list[str]) -> int:
     for run in range(args.repeat + 1):  # the first is a warm-up: first calls allocate
         began, began_cpu = time.perf_counter(), time.process_time()
         try:
-            check_invariance_at_start(loaded, config)
+            check_invariance_at_start(
+                loaded, config, lambda c: EngineCore(loaded, c, invariance_probe=False)
+            )
         except NumericsUnavailableError as exc:
             verdict = f"refused: {exc}"
         wall, busy = time.perf_counter() - began, time.process_time() - began_cpu

@@ -116,8 +116,6 @@ def main(argv: Sequence[str], run: Callable[..., dict] = run_gpu_check) -> int:
     return 1
 
 
-
-
 def _exactness(shape: ModelShape, dtype: torch.dtype, device: torch.device, plan: CheckPlan):
     """Our greedy tokens against transformers `generate`, one prompt at a time, no padding;
     float32 must agree token for token, bfloat16 reports how much agrees."""

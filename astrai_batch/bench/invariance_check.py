@@ -15,6 +15,7 @@ import torch
 
 from astrai_batch.bench.random_models import ModelShape, build_model
 from astrai_batch.engine.config import EngineConfig
+from astrai_batch.engine.core import EngineCore
 from astrai_batch.engine.invariance_probe import crowd_check
 
 # (token budget, prefix cache) of each crowd
@@ -44,8 +45,12 @@ def batch_invariance(
     ]
     alone = dataclasses.replace(base, max_num_seqs=1, enable_prefix_cache=False)
     watched = range(len(rows) // 2)
-    difference = crowd_check(loaded, rows, watched, crowds, alone=alone, max_tokens=max_tokens)
-    del loaded
+
+    def make_core(config: EngineConfig, model=loaded) -> EngineCore:
+        return EngineCore(model, config, invariance_probe=False)
+
+    difference = crowd_check(make_core, rows, watched, crowds, alone=alone, max_tokens=max_tokens)
+    del loaded, make_core  # the model's memory before the next step
     return {
         "model": shape.name,
         "dtype": str(dtype).removeprefix("torch."),

@@ -78,7 +78,13 @@ class EngineCore:
         self.lora = self.runner.lora  # the model's LoRA adapters, or None
         self._usable_pages = parts.usable_pages
         if invariance_probe and config.numerics == "invariant":
-            check_invariance_at_start(loaded, config, static_decode=static_decode)
+            check_invariance_at_start(
+                loaded,
+                config,
+                lambda probe: EngineCore(
+                    loaded, probe, static_decode=static_decode, invariance_probe=False
+                ),
+            )
         # (request id, sample index, logits row) of every sampled position; tests of the
         # batch-invariance promise compare these bitwise
         self.logits_observer: Callable[[Hashable, int, torch.Tensor], None] | None = None

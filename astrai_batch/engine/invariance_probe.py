@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from collections.abc import Hashable, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
 
 import torch
 
@@ -28,10 +28,10 @@ from astrai_batch.engine.sampling.params import SamplingParams
 from astrai_batch.engine.types import GenerationRequest
 from astrai_batch.errors import NumericsUnavailableError
 
-if TYPE_CHECKING:
-    from astrai_batch.engine.core import EngineCore
-
 Rows = dict[Hashable, tuple[tuple[int, ...], list[torch.Tensor]]]
+# an engine core for a configuration, which does not probe itself (given by the caller: the
+# core runs this module, so this module does not import the core)
+MakeCore = Callable[[EngineConfig], Any]
 
 # Probe rows: lengths that cover one page, a partial 64-key block and two blocks; fillers
 # that share a prefix with a probe row (the cascade / shared-block path) and change the
@@ -46,7 +46,7 @@ PROBE_CONTEXT = 80  # the longest probe row (a 64-token shared prefix + 6) and i
 
 
 def check_invariance_at_start(
-    loaded: LoadedModel, config: EngineConfig, *, static_decode: bool = False
+    loaded: LoadedModel, config: EngineConfig, make_core: MakeCore
 ) -> None:
     """Raise `NumericsUnavailableError` unless the probe rows' logits are the same alone and
     in a crowd."""
@@ -67,13 +67,12 @@ def check_invariance_at_start(
         lookahead=None,
     )
     problem = crowd_check(
-        loaded,
+        make_core,
         prompts,
         watched,
         [dataclasses.replace(base, max_num_batched_tokens=b) for b in PROBE_BUDGETS],
         alone=dataclasses.replace(base, max_num_seqs=1, max_num_batched_tokens=PROBE_BUDGETS[0]),
         max_tokens=PROBE_TOKENS,
-        static_decode=static_decode,
     )
     if problem is not None:
         param = next(loaded.model.parameters())
@@ -95,22 +94,21 @@ def probe_prompts(vocab_size: int, seed: int, cap: int) -> list[list[int]]:
 
 
 def crowd_check(
-    loaded: LoadedModel,
+    make_core: MakeCore,
     prompts: Sequence[Sequence[int]],
     watched: Sequence[int],
     crowds: Sequence[EngineConfig],
     *,
     alone: EngineConfig,
     max_tokens: int,
-    static_decode: bool = False,
 ) -> str | None:
     """Runs each watched prompt alone (one at a time under `alone`), then all prompts under
     each crowd configuration; the first difference in words, or None when every watched
     row's tokens and logits are bitwise the same."""
-    reference = run_rows(loaded, alone, prompts, watched, max_tokens, static_decode)
+    reference = run_rows(make_core(alone), prompts, watched, max_tokens)
     everyone = range(len(prompts))
     # every run first, then the comparisons: the check costs the same whether it passes
-    runs = [run_rows(loaded, c, prompts, everyone, max_tokens, static_decode) for c in crowds]
+    runs = [run_rows(make_core(c), prompts, everyone, max_tokens) for c in crowds]
     for config, crowd in zip(crowds, runs, strict=True):
         problem = first_difference(reference, crowd, watched)
         if problem is not None:
@@ -119,18 +117,10 @@ def crowd_check(
 
 
 def run_rows(
-    loaded: LoadedModel,
-    config: EngineConfig,
-    prompts: Sequence[Sequence[int]],
-    ids: Sequence[int],
-    max_tokens: int,
-    static_decode: bool = False,
+    core: Any, prompts: Sequence[Sequence[int]], ids: Sequence[int], max_tokens: int
 ) -> Rows:
     """{id: (greedy tokens, logits of each generated position)} of `prompts[ids]` on a fresh
-    engine (which does not probe itself)."""
-    from astrai_batch.engine.core import EngineCore  # the core calls this module
-
-    core = EngineCore(loaded, config, static_decode=static_decode, invariance_probe=False)
+    engine core, closed afterwards."""
     try:
         return capture(core, prompts, ids, max_tokens)
     finally:
@@ -138,7 +128,7 @@ def run_rows(
 
 
 def capture(
-    core: EngineCore, prompts: Sequence[Sequence[int]], ids: Sequence[int], max_tokens: int
+    core: Any, prompts: Sequence[Sequence[int]], ids: Sequence[int], max_tokens: int
 ) -> Rows:
     logits: dict[Hashable, list[torch.Tensor]] = {}
     core.logits_observer = lambda rid, _i, row: logits.setdefault(rid, []).append(row.clone())

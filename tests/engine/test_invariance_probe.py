@@ -44,15 +44,24 @@ def batch_dependent(loaded):
     handle.remove()
 
 
+def cores(loaded):
+    """What the engine core passes the probe: a core per configuration, not probing."""
+    return lambda config: EngineCore(loaded, config, invariance_probe=False)
+
+
 def test_the_probe_passes_on_the_invariant_path(loaded) -> None:
-    check_invariance_at_start(loaded, EngineConfig())
-    check_invariance_at_start(loaded, EngineConfig(page_size=8, enable_prefix_cache=False))
-    check_invariance_at_start(loaded, EngineConfig(kv_layout="contiguous", max_num_seqs=2))
+    check_invariance_at_start(loaded, EngineConfig(), cores(loaded))
+    check_invariance_at_start(
+        loaded, EngineConfig(page_size=8, enable_prefix_cache=False), cores(loaded)
+    )
+    check_invariance_at_start(
+        loaded, EngineConfig(kv_layout="contiguous", max_num_seqs=2), cores(loaded)
+    )
 
 
 def test_a_batch_dependent_operator_is_refused_in_one_line(loaded, batch_dependent) -> None:
     with pytest.raises(NumericsUnavailableError) as caught:
-        check_invariance_at_start(loaded, EngineConfig())
+        check_invariance_at_start(loaded, EngineConfig(), cores(loaded))
     assert str(caught.value) == REFUSAL
     # the engine runs it when it loads, under invariant numerics only
     with pytest.raises(NumericsUnavailableError) as caught:
@@ -67,9 +76,11 @@ def test_the_same_run_twice_is_never_a_difference(loaded, batch_dependent) -> No
     prompts = probe_prompts(loaded.model.config.vocab_size, PROBE_SEED, cap=200)
     config = EngineConfig(num_pages=128, max_num_seqs=len(prompts))
     watched = prompts[:3]  # the crowd runs every prompt given, the reference the watched
-    assert crowd_check(loaded, watched, [0, 1, 2], [config], alone=config, max_tokens=3) is None
+    assert (
+        crowd_check(cores(loaded), watched, [0, 1, 2], [config], alone=config, max_tokens=3) is None
+    )
     alone = dataclasses.replace(config, max_num_seqs=1)
-    found = crowd_check(loaded, prompts, [0, 1, 2], [config], alone=alone, max_tokens=3)
+    found = crowd_check(cores(loaded), prompts, [0, 1, 2], [config], alone=alone, max_tokens=3)
     assert found == "row 0's logits at generated position 0 changed in a crowd (token budget 1024)"
 
 

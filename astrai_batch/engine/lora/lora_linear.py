@@ -9,13 +9,18 @@ are never touched, so their bits are the base model's.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 from torch import nn
 
-if TYPE_CHECKING:
-    from astrai_batch.engine.lora.bank import LoraBank
+from astrai_batch.engine.lora.step_rows import StepAdapterRows
+
+
+class StepRowsSource(Protocol):
+    """Where a layer reads the current step's rows by adapter (the `LoraBank`)."""
+
+    step_rows: StepAdapterRows | None
 
 
 class LoraPair:
@@ -30,7 +35,7 @@ class LoraPair:
 
 
 class LoraLinear(nn.Module):
-    def __init__(self, base: nn.Module, bank: LoraBank, pairs: list[LoraPair | None]) -> None:
+    def __init__(self, base: nn.Module, bank: StepRowsSource, pairs: list[LoraPair | None]) -> None:
         super().__init__()
         self.base = base
         self.in_features = base.in_features

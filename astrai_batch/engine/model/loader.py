@@ -25,8 +25,9 @@ from astrai_batch.engine.model.converted import is_complete
 from astrai_batch.engine.model.gguf import converted_dir_for, ensure_converted, error_summary
 from astrai_batch.engine.model.library_progress import library_progress_off
 from astrai_batch.engine.model.loaded import LoadedModel, resolve_dtype
+from astrai_batch.engine.model.model_facts import loaded_model
 from astrai_batch.engine.model.spec import ModelSpec, alias_list, resolve_model_spec
-from astrai_batch.engine.model.support import check_supported, has_chat_template
+from astrai_batch.engine.model.support import check_supported
 from astrai_batch.errors import ConfigError, ModelLoadError
 
 # Tokenizers without a real limit report about 1e30; anything this large is not a limit.
@@ -115,7 +116,7 @@ def load_model(
         raise _load_error(model_spec, "weights", err) from err
     model.eval()
     model.requires_grad_(False)
-    return _describe(model, prepared.tokenizer, model_spec, prepared.context)
+    return loaded_model(model, prepared.tokenizer, model_spec, prepared.context)
 
 
 class PreparedLoad(NamedTuple):
@@ -249,39 +250,7 @@ def describe_model(
     spec = ModelSpec("directory", name, source)
     context = _max_model_len(model.config, tokenizer, spec)
     check_supported(model.config, max_model_len=context)
-    return _describe(model, tokenizer, spec, context)
-
-
-def _describe(
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    model_spec: ModelSpec,
-    max_model_len: int,
-) -> LoadedModel:
-    config = model.config
-    architectures = getattr(config, "architectures", None)
-    num_heads = int(config.num_attention_heads)
-    head_dim = getattr(config, "head_dim", None)
-    if head_dim is None:
-        if config.hidden_size % num_heads:
-            raise ModelLoadError(
-                f"Model {model_spec.name!r}: hidden_size {config.hidden_size} is not divisible "
-                f"by num_attention_heads {num_heads} and the config gives no head_dim"
-            )
-        head_dim = config.hidden_size // num_heads
-    return LoadedModel(
-        model=model,
-        tokenizer=tokenizer,
-        name=model_spec.name,
-        source=model_spec.location,
-        architecture=str(architectures[0]) if architectures else type(model).__name__,
-        max_model_len=max_model_len,
-        eos_token_ids=_eos_token_ids(model, tokenizer),
-        num_layers=int(config.num_hidden_layers),
-        num_kv_heads=int(getattr(config, "num_key_value_heads", None) or num_heads),
-        head_dim=int(head_dim),
-        has_chat_template=has_chat_template(tokenizer),
-    )
+    return loaded_model(model, tokenizer, spec, context)
 
 
 def _max_model_len(config: Any, tokenizer: PreTrainedTokenizerBase, model_spec: ModelSpec) -> int:
@@ -298,18 +267,3 @@ def _max_model_len(config: Any, tokenizer: PreTrainedTokenizerBase, model_spec: 
             "max_position_embeddings nor a tokenizer model_max_length)"
         )
     return min(candidates)
-
-
-def _eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
-    generation_config = getattr(model, "generation_config", None)
-    source = generation_config if generation_config is not None else model.config
-    declared = getattr(source, "eos_token_id", None)
-    if declared is None:
-        ids: set[int] = set()
-    elif isinstance(declared, int):
-        ids = {declared}
-    else:
-        ids = {int(token_id) for token_id in declared}
-    if tokenizer.eos_token_id is not None:
-        ids.add(int(tokenizer.eos_token_id))
-    return frozenset(ids)

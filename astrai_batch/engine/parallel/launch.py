@@ -83,7 +83,7 @@ class TensorParallel:
 def load_parallel(prepared: Any, *, world_size: int, timeout_s: float):
     """Starts `world_size` ranks for a prepared load (`loader.prepare_load`) and returns rank
     0's `LoadedModel` (its shard, its KV heads, `parallel` set)."""
-    from astrai_batch.engine.model.loader import _describe
+    from astrai_batch.engine.model.model_facts import loaded_model
     from astrai_batch.engine.parallel.sharded_load import load_shard, safetensors_index
 
     if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
@@ -141,7 +141,7 @@ def load_parallel(prepared: Any, *, world_size: int, timeout_s: float):
         raise
     parallel = TensorParallel(group, processes, plan.num_kv_heads)
     atexit.register(parallel.close)
-    loaded = _describe(model, prepared.tokenizer, spec, prepared.context)
+    loaded = loaded_model(model, prepared.tokenizer, spec, prepared.context)
     return dataclasses.replace(loaded, num_kv_heads=plan.local_kv_heads, parallel=parallel)
 
 
