@@ -56,8 +56,9 @@ class CheckRun:
         return result
 
     def summary(self) -> dict[str, Any]:
-        seconds = round(time.perf_counter() - self.started, 3)
-        in_time = seconds <= self.time_limit
+        elapsed = time.perf_counter() - self.started
+        in_time = elapsed <= self.time_limit  # unrounded: a fast run is not 0.0 s
+        seconds = round(elapsed, 3)
         failed = [name for name, ok in self.verdicts.items() if not ok]
         summary = {
             "device": str(self.device),

@@ -19,6 +19,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from astrai_batch.engine import EngineConfig, GenerationRequest, SamplingParams, generate_sync
 from astrai_batch.engine.model.loader import load_model
 from astrai_batch.engine.model.support import SUPPORTED_MODEL_TYPES
+from astrai_batch.errors import ConfigError
 
 MAX_NEW = 10
 HEAD_DIM = 16
@@ -121,6 +122,9 @@ CASES: dict[str, tuple[str, dict, int | None]] = {
 }
 
 
+MOE = {"mixtral", "qwen2-moe", "qwen3-moe", "olmoe", "granitemoe"}
+
+
 def save_tiny(path: Path, model_type: str, overrides: dict) -> Path:
     tokenizer = build_tiny_tokenizer()
     config = AutoConfig.for_model(model_type, **{**tiny_config_kwargs(tokenizer), **overrides})
@@ -144,7 +148,9 @@ def test_packed_greedy_output_equals_transformers(name, tmp_path):
         assert loaded.max_model_len == max_model_len
     prompts = mixed_prompts(loaded.model.config.vocab_size, seed=5, shared=True, count=6)
     prompts.append(prompts[0][:9])  # a short one packed beside the long ones
-    config = EngineConfig(page_size=8, num_pages=128, max_num_batched_tokens=96)
+    # mixture-of-experts layers have no batch-invariant form (`linear_check`): fast numerics
+    numerics = "fast" if name in MOE else "invariant"
+    config = EngineConfig(page_size=8, num_pages=128, max_num_batched_tokens=96, numerics=numerics)
     params = SamplingParams(max_tokens=MAX_NEW)
     requests = [GenerationRequest(i, p, params) for i, p in enumerate(prompts)]
     results, stats = generate_sync(loaded, requests, config)
@@ -152,3 +158,16 @@ def test_packed_greedy_output_equals_transformers(name, tmp_path):
     for i, (result, want) in enumerate(zip(results, expected, strict=True)):
         assert list(result.token_ids) == want, f"{name}: prompt {i} (len {len(prompts[i])})"
     assert stats.cache.hit_tokens > 0  # shared prefixes were read from the pool
+
+
+def test_invariant_numerics_refuse_a_mixture_of_experts_model(tmp_path):
+    """Refused in one line naming the layer and --fast-numerics, before the start-up probe."""
+    model_type, overrides, _ = CASES["mixtral"]
+    loaded = load_model(save_tiny(tmp_path / "mixtral", model_type, overrides))
+    with pytest.raises(ConfigError) as caught:
+        generate_sync(loaded, [], EngineConfig(page_size=8, num_pages=64))
+    assert str(caught.value) == (
+        "mixture-of-experts layer model.layers.0.mlp.experts (MixtralExperts) multiplies each "
+        "expert by the rows routed to it, so invariant numerics cannot hold; run with "
+        "--fast-numerics (a row's output may then depend on its batch)"
+    )

@@ -6,6 +6,12 @@ quantized layer (a subclass of `nn.Linear`, a library's own `...Linear` module, 
 kernels, whose reduction order may follow the step's row count, so under invariant numerics
 it would silently break the promise. Such a model is refused in invariant mode, naming the
 first such layer and `--fast-numerics`; with fast numerics it runs as its library made it.
+
+Mixture-of-experts layers are refused the same way: transformers stores each layer's experts
+as stacked 3-D weights and multiplies each expert by the rows routed to it, so an expert's
+GEMM has as many rows as the step routed there (and the router's own product is a bare
+`F.linear`): a row's result would follow its batch. The start-up probe finds this too
+(`invariance_probe`); this names the cause before anything runs.
 """
 
 from __future__ import annotations
@@ -39,7 +45,22 @@ def variant_linear(model: nn.Module) -> str | None:
     return None
 
 
+def experts_layer(model: nn.Module) -> str | None:
+    """'name (class)' of the first mixture-of-experts layer (stacked 3-D expert weights)."""
+    for name, module in model.named_modules():
+        if any(p.dim() == 3 for p in module.parameters(recurse=False)):
+            return f"{name} ({type(module).__name__})"
+    return None
+
+
 def refuse_variant_linears(model: nn.Module) -> None:
+    experts = experts_layer(model)
+    if experts is not None:
+        raise ConfigError(
+            f"mixture-of-experts layer {experts} multiplies each expert by the rows routed to "
+            "it, so invariant numerics cannot hold; run with --fast-numerics (a row's output "
+            "may then depend on its batch)"
+        )
     found = variant_linear(model)
     if found is not None:
         raise ConfigError(

@@ -3,13 +3,10 @@ profiler (the CUDA path reads the allocator's peak counter the same way)."""
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
 
-from astrai_batch.engine import EngineConfig, GenerationRequest, SamplingParams
-from astrai_batch.engine.core import EngineCore
+from astrai_batch.cache.kv_pool import KVPool
 from astrai_batch.engine.model.loader import load_model
 from astrai_batch.engine.runner.memory_budget import (
     measure_peak,
@@ -17,6 +14,7 @@ from astrai_batch.engine.runner.memory_budget import (
     profile_step_peaks,
     worst_decode_chunks,
 )
+from astrai_batch.engine.runner.model_runner import ModelRunner, ScheduledChunk
 
 SEQS, CONTEXT, PAGE = 6, 192, 16
 
@@ -72,20 +70,15 @@ def test_planned_decode_peak_covers_a_real_decode_step(loaded) -> None:
         graphs=True,
     )
     assert planned == max(prefill, decode) + decode
-    config = EngineConfig(
-        num_pages=SEQS * 12 + 1,
-        max_num_seqs=SEQS,
-        max_model_len=CONTEXT,
-        enable_prefix_cache=False,
-    )
-    core = EngineCore(loaded, config, invariance_probe=False)
-    rng = random.Random(3)
-    params = SamplingParams(max_tokens=2, ignore_eos=True)
-    for i in range(SEQS):  # each decodes once at position CONTEXT - 2, every context 3 blocks
-        prompt = [rng.randrange(3, 300) for _ in range(CONTEXT - 2)]
-        assert core.add_request(GenerationRequest(i, prompt, params)) == []
-    while core.stats().decode_tokens < SEQS:  # the prefills, each sampling a first token
-        core.step()
-    measured = measure_peak(torch.device("cpu"), core.step)
-    assert core.num_unfinished == 0 and core.stats().decode_tokens == 2 * SEQS
+    # A real decode step of the same size on its own runner, each sequence's pages spread
+    # over the pool as evictions and preemptions leave them (seq i: pages i, i + SEQS, ...),
+    # so every context is gathered, as in the worst case the plan profiles.
+    pages = -(-CONTEXT // PAGE)
+    pool = KVPool(num_pages=SEQS * pages, **pool_args(loaded))
+    runner = ModelRunner(loaded.model, pool)
+    chunks = [
+        ScheduledChunk([7], CONTEXT - 1, [i + SEQS * k for k in range(pages)], True, i, 0)
+        for i in range(SEQS)
+    ]
+    measured = measure_peak(torch.device("cpu"), lambda: runner.forward(chunks))
     assert measured <= decode <= 3 * measured, (measured, decode)

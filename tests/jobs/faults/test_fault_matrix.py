@@ -12,9 +12,10 @@ import pytest
 from jobs.faults.matrix import Matrix, draw
 from jobs.faults.runner import Place, run_matrix
 
-# Drawn once and kept because together they pass every crash point of a local run, a kill,
-# four input formats, the three output formats and both storages.
-LOCAL_SEEDS = (2, 3, 5)
+# Drawn once and kept because together they pass every crash point of a local run (crash
+# points only: a timed kill may come after a fast job has finished, so it is the soak's),
+# three input formats, the three output formats and both storages.
+LOCAL_SEEDS = (3, 5, 25)
 RAY_SEED = 108  # three workers; killed after the stats file, resumed from its shards
 
 
