@@ -33,6 +33,7 @@ from astrai_batch.jobs.output.assembly import (
     stats_location,
 )
 from astrai_batch.jobs.output.checkpoint import Checkpoint, checkpoint_dir_for, peek_run_id
+from astrai_batch.jobs.output.checkpoint_opening import open_checkpoint
 from astrai_batch.jobs.output.output_guard import check_existing_output
 from astrai_batch.jobs.output.output_lock import OutputLock, lock_for
 from astrai_batch.jobs.output.records import output_schema, part_schema
@@ -140,7 +141,7 @@ def _run(
     }
     if adapters:  # a job without adapters keeps the identity it always had
         identity["adapters"] = adapter_identity(adapters)
-    checkpoint = Checkpoint.open(
+    checkpoint = open_checkpoint(
         paths.checkpoint,
         identity,
         planning=config.planning_options(),
