@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 
 from astrai_batch.cache.allocator import PageAllocator
+from astrai_batch.cache.consistency import check_page_counts
 from astrai_batch.cache.errors import CacheUsageError, lookup_open
 from astrai_batch.cache.open_request import OpenRequest
 from astrai_batch.cache.prefix_index import PrefixIndex
@@ -245,42 +246,21 @@ class KVCacheManager:
         )
 
     def check_invariants(self) -> None:
-        """Each page's count is (1 if cached) + its open holders (+ 1 for the scratch page,
-        which no request holds and the index never caches); cached pages pinned per holder."""
+        """Every request's entry, the index and every page's reference count consistent
+        (`consistency.check_page_counts`)."""
         self.allocator.check_invariants()
         if self.index is not None:
             self.index.check_invariants()
-        holders = [0] * self.num_pages
         scratch = self._scratch_page
         for request_id, request in self._requests.items():
             request.check_invariants(request_id, self.num_pages, scratch)
-            for page in request.pages:
-                holders[page] += 1
-        pins = {} if self.index is None else self.index.pin_counts()
-        if scratch is not None:
-            if scratch in pins:
-                raise CacheUsageError(f"the prefix index caches the scratch page {scratch}")
-            holders[scratch] = 1
-        for page in range(self.num_pages):
-            cached = page in pins
-            expected = holders[page] + int(cached)
-            actual = self.allocator.refcount(page)
-            if actual != expected:
-                raise CacheUsageError(
-                    f"page {page} has reference count {actual}, expected {expected} "
-                    f"({holders[page]} open requests{' + the index' if cached else ''})"
-                )
-            if cached and pins[page] != holders[page]:
-                raise CacheUsageError(
-                    f"cached page {page} is pinned {pins[page]} times "
-                    f"but held by {holders[page]} open requests"
-                )
-        in_use = sum(1 for count in holders if count)
-        if in_use != self._pages_in_use():
-            raise CacheUsageError(
-                f"{in_use} pages are held by requests, but free/evictable counts imply "
-                f"{self._pages_in_use()}"
-            )
+        check_page_counts(
+            self.allocator,
+            [request.pages for request in self._requests.values()],
+            {} if self.index is None else self.index.pin_counts(),
+            scratch_page=scratch,
+            pages_in_use=self._pages_in_use(),
+        )
 
     def _next_version(self) -> int:
         self._page_table_stamp += 1

@@ -39,3 +39,18 @@ def namespaced_key(page: tuple[int, ...], namespace: int) -> tuple[int, ...]:
     it never equals a base key, and every later page hangs below it: two namespaces share no
     node."""
     return page if namespace == 0 else (namespace, *page)
+
+
+def namespaced_pages(keys: Iterator[tuple[int, ...]], namespace: int) -> Iterator[tuple[int, ...]]:
+    """`keys` (a sequence's page keys from its first page on) with the first one namespaced
+    (`namespaced_key`), lazily."""
+    if namespace == 0:
+        return keys
+    return _prefixed(keys, namespace)
+
+
+def _prefixed(keys: Iterator[tuple[int, ...]], namespace: int) -> Iterator[tuple[int, ...]]:
+    for first in keys:
+        yield namespaced_key(first, namespace)
+        break
+    yield from keys

@@ -24,9 +24,10 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 from astrai_batch.cache.allocator import PageAllocator
+from astrai_batch.cache.consistency import check_prefix_tree
 from astrai_batch.cache.errors import CacheUsageError
 from astrai_batch.cache.eviction_queue import EvictionQueue
-from astrai_batch.cache.page_keys import full_pages, namespaced_key
+from astrai_batch.cache.page_keys import full_pages, namespaced_key, namespaced_pages
 from astrai_batch.cache.radix_node import PrefixMatch, RadixNode, as_token_sequence
 from astrai_batch.checks import require_positive_int
 
@@ -174,48 +175,14 @@ class PrefixIndex:
 
     def check_invariants(self) -> None:
         """Every cached node reachable with consistent links, counts and eviction candidates."""
-        reached = 0
-        pinned = 0
-        unpinned_leaves: set[int] = set()
-        pending: list[tuple[RadixNode | None, dict[tuple[int, ...], RadixNode]]] = [
-            (None, self._roots)
-        ]
-        while pending:
-            parent, children = pending.pop()
-            for key, node in children.items():
-                where = f"node of page {node.page}"
-                # a first page may carry a namespace before its tokens
-                key_len = len(key) - (parent is None and len(key) == self.page_size + 1)
-                if node.key != key or key_len != self.page_size:
-                    raise CacheUsageError(f"{where} is filed under a key that is not its own")
-                if node.parent is not parent:
-                    raise CacheUsageError(f"{where} does not point back to its parent")
-                if not node.cached or self._node_by_page.get(node.page) is not node:
-                    raise CacheUsageError(f"{where} is linked in but not registered as cached")
-                if node.pins < 0:
-                    raise CacheUsageError(f"{where} has negative pin count {node.pins}")
-                if node.pins < sum(child.pins for child in node.children.values()):
-                    raise CacheUsageError(f"{where} has fewer pins than its children together")
-                if self.allocator.refcount(node.page) < 1:
-                    raise CacheUsageError(f"{where} caches a page the allocator holds as free")
-                reached += 1
-                if node.pins:
-                    pinned += 1
-                elif not node.children:
-                    unpinned_leaves.add(id(node))
-                pending.append((node, node.children))
-        if reached != len(self._node_by_page):
-            raise CacheUsageError(
-                f"{len(self._node_by_page) - reached} cached pages are unreachable from the root"
-            )
-        if pinned != self._num_pinned:
-            raise CacheUsageError(f"pinned-node count {self._num_pinned} != actual {pinned}")
-        candidates = {id(node) for node in self._eviction_queue.candidates()}
-        if candidates != unpinned_leaves:
-            raise CacheUsageError(
-                "eviction candidates differ from the unpinned leaves: "
-                f"{len(candidates)} candidates, {len(unpinned_leaves)} unpinned leaves"
-            )
+        check_prefix_tree(
+            self._roots,
+            self._node_by_page,
+            page_size=self.page_size,
+            num_pinned=self._num_pinned,
+            candidates=self._eviction_queue.candidates(),
+            allocator=self.allocator,
+        )
 
     def _add_path(
         self,
@@ -233,7 +200,7 @@ class PrefixIndex:
         span = tokens[first * page_size : num_full * page_size]
         page_keys = full_pages(span, page_size)
         if first == 0:
-            page_keys = _first_namespaced(page_keys, namespace)
+            page_keys = namespaced_pages(page_keys, namespace)
         children = self._roots if start is None else start.children
         existing: list[RadixNode] = []
         new_keys: list[tuple[int, ...]] = []
@@ -284,7 +251,7 @@ class PrefixIndex:
         tokens = as_token_sequence(tokens)
         if max_tokens is not None and max_tokens < 0:
             raise CacheUsageError(f"max_tokens must be >= 0, got {max_tokens}")
-        return _first_namespaced(full_pages(tokens, self.page_size, max_tokens), namespace)
+        return namespaced_pages(full_pages(tokens, self.page_size, max_tokens), namespace)
 
     def _check_new_pages(self, new_pages: list[int]) -> None:
         if len(set(new_pages)) != len(new_pages):
@@ -328,16 +295,3 @@ class PrefixIndex:
             f"PrefixIndex(page_size={self.page_size}, cached={self.num_cached_pages()}, "
             f"evictable={self.num_evictable_pages()})"
         )
-
-
-def _first_namespaced(keys: Iterator[tuple[int, ...]], namespace: int) -> Iterator[tuple[int, ...]]:
-    if namespace == 0:
-        return keys
-    return _prefixed(keys, namespace)
-
-
-def _prefixed(keys: Iterator[tuple[int, ...]], namespace: int) -> Iterator[tuple[int, ...]]:
-    for first in keys:
-        yield namespaced_key(first, namespace)
-        break
-    yield from keys

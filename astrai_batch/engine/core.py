@@ -15,12 +15,8 @@ from astrai_batch.engine.config import EngineConfig
 from astrai_batch.engine.engine_setup import assemble_engine
 from astrai_batch.engine.invariance_probe import check_invariance_at_start
 from astrai_batch.engine.model.loaded import LoadedModel
-from astrai_batch.engine.request_checks import (
-    fallback_seed,
-    unknown_adapter_message,
-    why_never_fits,
-)
-from astrai_batch.engine.runner.forward_timer import ForwardTimer
+from astrai_batch.engine.request_checks import unknown_adapter_message, why_never_fits
+from astrai_batch.engine.request_sequences import request_sequences
 from astrai_batch.engine.sampling.constraints.backend import (
     ConstraintBackend,
     ConstraintCompileError,
@@ -28,25 +24,21 @@ from astrai_batch.engine.sampling.constraints.backend import (
 from astrai_batch.engine.sampling.constraints.mask_filler import StepMasks
 from astrai_batch.engine.sampling.constraints.sequence_matchers import SequenceMatchers
 from astrai_batch.engine.sampling.prompt_logprobs import (
-    prompt_results,
-    prompt_targets,
     record_rows,
     record_top_logprobs,
-    token_texts,
     with_logit_spans,
 )
-from astrai_batch.engine.sampling.sequence_sampler import SequenceSampler
-from astrai_batch.engine.sampling.stop_strings import StopStringTracker
 from astrai_batch.engine.sampling.token_sampling import sample_token_ids
 from astrai_batch.engine.scheduler import ScheduledWork, Scheduler, chunk_for
 from astrai_batch.engine.sequence import Sequence
+from astrai_batch.engine.sequence_endings import SequenceEndings
+from astrai_batch.engine.step_counters import StepCounters
 from astrai_batch.engine.task_requests import RequestCounts, TaskRequests
 from astrai_batch.engine.types import (
     EngineStats,
     FinishReason,
     GenerationRequest,
     GenerationResult,
-    Timings,
     as_token_tuple,
     error_result,
 )
@@ -89,8 +81,8 @@ class EngineCore:
         # batch-invariance promise compare these bitwise
         self.logits_observer: Callable[[Hashable, int, torch.Tensor], None] | None = None
         self.scheduler = Scheduler(config, self.cache)
-        self._outputs: dict[int, StopStringTracker] = {}
         self.constraints = SequenceMatchers(self._constraint_backend)
+        self.endings = SequenceEndings(self.tokenizer, self.constraints)
         self.counts = RequestCounts()
         self.tasks = TaskRequests(
             loaded,
@@ -103,11 +95,7 @@ class EngineCore:
             counts=self.counts,
             lora=self.lora,
         )
-        self._steps = 0
-        self._decode_tokens = 0
-        self._forward_seconds = 0.0
-        self._pending_timers: list[ForwardTimer] = []  # forwards not yet read (see step)
-        self._busy_seconds = 0.0
+        self.counters = StepCounters()
         self._top_logprobs = 0  # requests that asked for top_logprobs (any: the check runs)
 
     # -- requests ------------------------------------------------------------------------
@@ -154,35 +142,19 @@ class EngineCore:
                 return [error_result(request, str(exc), i) for i in range(params.n)]
         self.counts.arrivals += 1
         self._top_logprobs += params.top_logprobs > 0
-        seed_key = request.request_id if request.seed_key is None else request.seed_key
-        for sample_index in range(params.n):
-            seq_id = self.counts.new_seq_id()
-            sampler = SequenceSampler(
-                params,
-                prompt,
-                sample_index=sample_index,
-                eos_token_ids=self.loaded.eos_token_ids,
-                fallback_seed=fallback_seed(self.config.seed, seed_key, sample_index),
-            )
-            seq = Sequence(
-                seq_id=seq_id,
-                request_id=request.request_id,
-                sample_index=sample_index,
-                prompt_token_ids=prompt,
-                params=params,
-                sampler=sampler,
-                arrival=self.counts.arrivals,
-                page_size=self.config.page_size,
-                max_model_len=self.max_model_len,
-                adapter=adapter,
-            )
-            if params.stop:
-                self._outputs[seq_id] = StopStringTracker(
-                    self.tokenizer, params.stop, params.min_tokens
-                )
+        for seq in request_sequences(
+            request,
+            prompt,
+            adapter=adapter,
+            counts=self.counts,
+            eos_token_ids=self.loaded.eos_token_ids,
+            engine_seed=self.config.seed,
+            page_size=self.config.page_size,
+            max_model_len=self.max_model_len,
+        ):
+            self.endings.watch(seq.seq_id, params)
             if compiled is not None:
-                self.constraints.attach(seq_id, compiled)
-            seq.targets = prompt_targets(prompt, params.prompt_logprobs)
+                self.constraints.attach(seq.seq_id, compiled)
             self.scheduler.add(seq)
         return []
 
@@ -216,9 +188,8 @@ class EngineCore:
             output = self.runner.forward(chunks)
         finally:
             masks = self.constraints.finish_step()
-        self._steps += 1
+        self.counters.forward_done(output.timer)
         self.scheduler.after_step(plan.work)
-        self._pending_timers.append(output.timer)
         logits = output.logits
         if logit_rows is not None:
             record_rows(logits[len(sampling) :], logit_rows)
@@ -227,14 +198,12 @@ class EngineCore:
             logits = logits[: len(sampling)]
         if sampling:
             results = self._sample(sampling, logits, masks)
-            # on CUDA the tokens' read waited for this forward (and every earlier one), so
-            # reading the timers costs no synchronization
-            self._read_timers()
+            self.counters.read_timers()  # the tokens are read: no sync (see StepCounters)
         else:
             results = []
         if self.tasks.active:
             results.extend(self.tasks.after_step(plan.work))
-        self._busy_seconds += time.perf_counter() - started
+        self.counters.busy_seconds += time.perf_counter() - started
         return results
 
     def _sample(
@@ -251,7 +220,7 @@ class EngineCore:
             self.constraints.accept([seq.seq_id for seq in seqs], token_ids)
         now = time.perf_counter()
         results = []
-        self._decode_tokens += len(seqs)
+        self.counters.decode_tokens += len(seqs)
         for i, seq in enumerate(seqs):
             token = token_ids[i]
             tokens = seq.tokens
@@ -268,81 +237,31 @@ class EngineCore:
                 or token in sampler.early_stop_ids
                 or len(tokens) >= seq.length_limit
             ):
-                reason = self._finish_reason(seq, token)
+                reason = self.endings.reason(seq, token)
                 if reason is not None:
                     results.append(self._finish(seq, reason))
         return results
-
-    def _finish_reason(self, seq: Sequence, token: int) -> FinishReason | None:
-        num_tokens = len(seq.tokens)
-        generated = num_tokens - len(seq.prompt_token_ids)
-        output = self._outputs.get(seq.seq_id)
-        if output is not None and output.append(token):
-            return "stop"
-        if self.constraints.terminated(seq.seq_id):
-            return "stop"  # the grammar is complete and accepted an end token
-        # min_tokens holds off every stop: stop strings in the tracker, stop ids and EOS (unless
-        # ignored: the sampler's early-stop ids) here; the sampler masks them too, so the first
-        # that can end a row is token min_tokens + 1.
-        if generated > seq.params.min_tokens and token in seq.sampler.early_stop_ids:
-            return "stop"
-        if num_tokens >= seq.length_limit:  # max_tokens, or the model's context
-            return "length"
-        return None
 
     def _finish(self, seq: Sequence, reason: FinishReason) -> GenerationResult:
         self.scheduler.finish(seq)
         self.counts.finished += 1
         self.constraints.release(seq.seq_id)
-        output = self._outputs.pop(seq.seq_id, None)
-        ids = seq.output_token_ids
-        if output is not None and output.cut is not None:
-            text = output.text
-        else:
-            text = self.tokenizer.decode(ids, skip_special_tokens=True)
-        now = time.perf_counter()
-        prompt_logprobs = prompt_results(seq.targets)
-        top_logprobs = tuple(seq.top_logprobs) if seq.params.top_logprobs else None
-        return GenerationResult(
-            request_id=seq.request_id,
-            sample_index=seq.sample_index,
-            token_ids=tuple(ids),
-            text=text,
-            finish_reason=reason,
-            prompt_tokens=seq.prompt_len,
-            cached_tokens=seq.cached_tokens or 0,
-            completion_tokens=len(ids),
-            logprobs=tuple(seq.logprobs) if seq.params.logprobs else None,
-            prompt_logprobs=prompt_logprobs,
-            top_logprobs=top_logprobs,
-            token_texts=token_texts(self.tokenizer, prompt_logprobs, top_logprobs),
-            timings=Timings(
-                queued_seconds=(seq.admitted_at or now) - seq.submitted_at,
-                first_token_seconds=(
-                    seq.first_token_at - seq.submitted_at if seq.first_token_at else None
-                ),
-                total_seconds=now - seq.submitted_at,
-            ),
-        )
+        return self.endings.result(seq, reason)
 
     # -- statistics ------------------------------------------------------------------------
 
-    def _read_timers(self) -> None:
-        for timer in self._pending_timers:
-            self._forward_seconds += timer.seconds()
-        self._pending_timers.clear()
-
     def stats(self) -> EngineStats:
-        self._read_timers()
+        counters = self.counters
+        counters.read_timers()
         return EngineStats(
-            steps=self._steps,
+            steps=counters.steps,
             prefill_tokens=self.scheduler.prefill_tokens,
-            decode_tokens=self._decode_tokens,
+            decode_tokens=counters.decode_tokens,
             preemptions=self.scheduler.preemptions,
             requests_finished=self.counts.finished,
             requests_failed=self.counts.failed,
-            forward_seconds=self._forward_seconds,
-            busy_seconds=self._busy_seconds,
+            forward_seconds=counters.forward_seconds,
+            busy_seconds=counters.busy_seconds,
             constrained_requests=self.constraints.constrained_requests,
             grammars_compiled=self.constraints.grammars_compiled,
             grammar_compile_seconds=self.constraints.compile_seconds,

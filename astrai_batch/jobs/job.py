@@ -16,50 +16,25 @@ from __future__ import annotations
 import signal
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from astrai_batch.errors import AstraiBatchError, JobAbortedError, OutputError
+from astrai_batch.errors import AstraiBatchError, JobAbortedError
 from astrai_batch.io import open_input
-from astrai_batch.io.filesystems import Location, resolve
-from astrai_batch.jobs.executors.base import ExecutionResult, Executor
+from astrai_batch.jobs.executors.base import Executor
 from astrai_batch.jobs.job_adapters import adapter_identity, read_job_adapters, with_lora_column
 from astrai_batch.jobs.job_commit import write_outputs
+from astrai_batch.jobs.job_paths import JobPaths, check_existing_output_at, check_output_path
+from astrai_batch.jobs.job_report import EXIT_FAILED, JobReport
 from astrai_batch.jobs.options.config import JobConfig
-from astrai_batch.jobs.output.assembly import (
-    checkpoint_adapter_counts,
-    output_metadata,
-    stats_location,
-)
-from astrai_batch.jobs.output.checkpoint import Checkpoint, checkpoint_dir_for, peek_run_id
-from astrai_batch.jobs.output.output_guard import check_existing_output
+from astrai_batch.jobs.output.assembly import output_metadata
+from astrai_batch.jobs.output.checkpoint_opening import open_checkpoint
 from astrai_batch.jobs.output.output_lock import OutputLock, lock_for
 from astrai_batch.jobs.output.records import output_schema, part_schema
 from astrai_batch.jobs.output.task_records import fixed_size_embedding
 from astrai_batch.jobs.progress import Progress, make_progress
 from astrai_batch.jobs.signals import interrupt_exit_code
 from astrai_batch.jobs.summary import JobSummary
-
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_ROW_ERRORS = 3
-
-
-@dataclass(frozen=True)
-class JobPaths:
-    """Where a job reads and writes, each a `Location` (a local path or a URI)."""
-
-    input: Location
-    output: Location
-    stats: Location
-    checkpoint: Location
-
-    @classmethod
-    def for_output(cls, input_path: str | Path, output_path: str | Path) -> JobPaths:
-        output = resolve(output_path, OutputError)
-        checkpoint = checkpoint_dir_for(output)
-        return cls(resolve(input_path), output, stats_location(output), checkpoint)
 
 
 def run_job(
@@ -75,7 +50,7 @@ def run_job(
     `--max-errors` abort is a summary with status 'aborted')."""
     started = time.monotonic()
     paths = JobPaths.for_output(input_path, output_path)
-    _check_output_path(paths, directory=config.output_format == "parquet-dir")
+    check_output_path(paths, directory=config.output_format == "parquet-dir")
     chosen = executor if executor is not None else executor_for(config)
     # Before anything is touched: a second run on this output must change nothing.
     lock = lock_for(paths.checkpoint, paths.output.shown)
@@ -116,7 +91,7 @@ def _run(
     executor: Executor,
 ) -> JobSummary:
     attention = config.resolved_attention_backend()  # a bad choice fails before anything loads
-    already_written = _check_output(paths, config)
+    already_written = check_existing_output_at(paths, config)
     source = open_input(paths.input, **config.input_options())
     kept = with_lora_column(source.kept_schema(), config)
     schema = part_schema(kept, config.task)
@@ -140,7 +115,7 @@ def _run(
     }
     if adapters:  # a job without adapters keeps the identity it always had
         identity["adapters"] = adapter_identity(adapters)
-    checkpoint = Checkpoint.open(
+    checkpoint = open_checkpoint(
         paths.checkpoint,
         identity,
         planning=config.planning_options(),
@@ -152,7 +127,7 @@ def _run(
         progress.message(f"planning as the checkpoint's job did: {checkpoint.planning.describe()}")
 
     resumed_rows = checkpoint.total_stats().input_rows
-    report = _Report(
+    report = JobReport(
         config, paths, model.name, total_rows, resumed_rows, started, checkpoint, attention
     )
     if already_written and checkpoint.run_id == already_written:
@@ -213,92 +188,3 @@ def _run(
     summary = report.completed(run)  # reads the checkpoint: before it is removed
     checkpoint.remove()
     return summary
-
-
-@dataclass(frozen=True)
-class _Report:
-    """Builds the job's summary from what is known once the checkpoint is open."""
-
-    config: JobConfig
-    paths: JobPaths
-    model_name: str
-    total_rows: int
-    resumed_rows: int
-    started: float
-    checkpoint: Checkpoint
-    attention_backend: str
-
-    def summary(
-        self, status: str, exit_code: int, run: ExecutionResult | None, message: str | None = None
-    ) -> JobSummary:
-        written = status.startswith("completed") or status == "failed"
-        return JobSummary(
-            status=status,
-            exit_code=exit_code,
-            input=self.paths.input.shown,
-            output=self.paths.output.shown if written else None,
-            stats_output=self.paths.stats.shown if written else None,
-            output_format=self.config.output_format,
-            model=self.model_name,
-            total_rows=self.total_rows,
-            totals=self.checkpoint.total_stats(),
-            resumed_rows=self.resumed_rows,
-            run_decode_tokens=run.run_stats.decode_tokens if run else 0,
-            run_wall_seconds=time.monotonic() - self.started,
-            message=message,
-            attention_backend=self.attention_backend,
-            device=self.config.device,
-            dtype=self.config.dtype,
-            lora=self._adapter_counts(),
-        )
-
-    def _adapter_counts(self) -> list[dict] | None:
-        if not self.config.lora:
-            return None
-        names = [name for name, _ in self.config.lora]
-        return checkpoint_adapter_counts(self.checkpoint, names)
-
-    def completed(self, run: ExecutionResult | None) -> JobSummary:
-        """Exit 0, or 3 with --fail-on-row-errors when some rows failed, or 1 (status
-        'failed') when every row failed: a job that produced nothing is not a success."""
-        failed = self.checkpoint.total_stats().failed_rows
-        if failed == 0:
-            return self.summary("completed", EXIT_OK, run)
-        if failed == self.total_rows:
-            index, error = self.checkpoint.first_error() or (0, "")
-            return self.summary(
-                "failed",
-                EXIT_FAILED,
-                run,
-                f"all {failed} rows failed; first error (row {index}): {error}",
-            )
-        code = EXIT_ROW_ERRORS if self.config.fail_on_row_errors else EXIT_OK
-        return self.summary(
-            "completed_with_errors", code, run, f"{failed} of {self.total_rows} rows failed"
-        )
-
-
-def _check_output_path(paths: JobPaths, *, directory: bool) -> None:
-    """Refuse an output path that can never be written (checks that touch nothing); a
-    `directory` output (parquet-dir) may be an existing directory."""
-    output = paths.output
-    # An object store has no directories to create first; a local output's must exist.
-    if output.is_local and not output.parent.is_dir():
-        raise OutputError(f"output directory does not exist: {output.parent.shown}")
-    if output.is_dir() and not directory:
-        raise OutputError(f"output {output.shown} is a directory; give a file name")
-    if output.same_place(paths.input):
-        raise OutputError(f"output {output.shown} is the input file")
-
-
-def _check_output(paths: JobPaths, config: JobConfig) -> str | None:
-    """Refuse an existing output that is not ours to replace (`output_guard`). Returns the
-    run id of an existing output that the checkpoint beside it produced (its job finished
-    but was killed before removing the checkpoint)."""
-    return check_existing_output(
-        paths.output,
-        paths.stats,
-        output_format=config.output_format,
-        overwrite=config.overwrite,
-        run_id=None if config.restart else peek_run_id(paths.checkpoint),
-    )

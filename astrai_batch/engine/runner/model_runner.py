@@ -18,30 +18,24 @@ import torch
 from astrai_batch.cache.kv_pool import KVPool
 from astrai_batch.engine.attention.block_plan import (
     RUN_SEGMENT_BLOCKS,
-    BlockBatch,
-    DecodeRows,
-    QuerySpan,
     block_tokens_for,
-    plan_blocks,
 )
-from astrai_batch.engine.attention.cascade import DecodePartition, partition_rows
-from astrai_batch.engine.attention.cascade_plan import CascadeBatch, plan_cascade
 from astrai_batch.engine.attention.host_staging import HostStaging
-from astrai_batch.engine.attention.kernels.interface import KernelBatch, PagedKernel
-from astrai_batch.engine.attention.kernels.paged_kv_metadata import paged_kv_metadata
+from astrai_batch.engine.attention.kernels.interface import PagedKernel
 from astrai_batch.engine.attention.page_gather import PageGatherer
 from astrai_batch.engine.attention.paged_attention import (
     ATTENTION_NAME,
     BATCH_KWARG,
-    AttentionBatch,
-    DecodeGroup,
-    PrefillSpan,
-    offset_causal_mask,
     register_paged_attention,
 )
 from astrai_batch.engine.attention.step_arrays import StepArrays
 from astrai_batch.engine.blas_rows import ROWS_AT_LEAST_TWO, attention_row_scheme
 from astrai_batch.engine.lora.bank import find_bank
+from astrai_batch.engine.runner.attention_batches import (
+    block_batch,
+    kernel_batch,
+    step_shaped_batch,
+)
 from astrai_batch.engine.runner.decode_graphs import DecodeGraphs, GraphSpec
 from astrai_batch.engine.runner.forward_timer import ForwardTimer
 from astrai_batch.engine.runner.invariant_linear import row_scheme_for, set_row_tiling
@@ -198,117 +192,26 @@ class ModelRunner:
             staged = self.decode_graphs.stage(step)
             if staged is not None:
                 return staged
-        device = self.device
-        page = self.page_size
         stage = self.staging.array
         input_ids = stage(step.token_ids)
         position_ids = stage(step.positions)
         rows = stage(step.logit_rows)
         if self.numerics == "invariant":
-            batch = self._block_batch(step)
-            return batch, input_ids, position_ids, rows
-        if self.attention_kernel is not None:
-            return self._kernel_batch(step), input_ids, position_ids, rows
-        prefills: list[PrefillSpan] = []
-        for i in np.flatnonzero(step.num_tokens > 1).tolist():
-            row, n = int(step.token_start[i]), int(step.num_tokens[i])
-            start = int(step.context_start[i])
-            if start == 0:
-                prefills.append(PrefillSpan(row, row + n, 0, None, None))
-            else:
-                needed = -(-(start + n) // page)
-                table = stage(step.page_tables[i, :needed])
-                mask = offset_causal_mask(n, start + n, device)
-                prefills.append(PrefillSpan(row, row + n, start, table, mask))
-        decode, cascade = self._decode_groups(step)
-        batch = AttentionBatch(
-            key_cache=self.pool.key_cache,
-            value_cache=self.pool.value_cache,
-            page_size=page,
-            write_slots=stage(step.write_slots),
-            longest_context=step.longest_context,
-            decode=decode,
-            cascade=cascade,
-            prefills=prefills,
-            gatherer=self.gatherer,
-        )
-        return batch, input_ids, position_ids, rows
-
-    def _block_batch(self, step: StepArrays) -> BlockBatch:
-        d = step.decodes
-        if len(d) == len(step.num_tokens):  # decode-only: every chunk's row, as they are
-            spans = []
-            decodes = DecodeRows(step.token_start, step.context_start, step.page_tables)
-        else:
-            spans = [
-                QuerySpan(
-                    int(step.token_start[i]),
-                    int(step.context_start[i]),
-                    int(step.num_tokens[i]),
-                    step.page_tables[i],  # zero-padded past its pages, as the plan pads
-                )
-                for i in np.flatnonzero(step.num_tokens > 1).tolist()
-            ]
-            decodes = DecodeRows(step.token_start[d], step.context_start[d], step.page_tables[d])
-        runs, units = plan_blocks(spans, self.page_size, self.use_cascade, self.staging, decodes)
-        return BlockBatch(
-            key_cache=self.pool.key_cache,
-            value_cache=self.pool.value_cache,
-            page_size=self.page_size,
-            block_tokens=block_tokens_for(self.page_size),
-            write_slots=self.staging.array(step.write_slots),
-            longest_context=step.longest_context,
-            runs=runs,
-            units=units,
-            gatherer=self.gatherer,
-            gemm_rows=self.gemm_rows,
-        )
-
-    def _kernel_batch(self, step: StepArrays) -> KernelBatch:
-        kernel = self.attention_kernel
-        kernel.begin_step(paged_kv_metadata(step, self.page_size))
-        return KernelBatch(
-            key_cache=self.pool.key_cache,
-            value_cache=self.pool.value_cache,
-            page_size=self.page_size,
-            write_slots=self.staging.array(step.write_slots),
-            longest_context=step.longest_context,
-            kernel=kernel,
-        )
-
-    def _decode_groups(self, step: StepArrays) -> tuple[DecodeGroup | None, CascadeBatch | None]:
-        """Decodes sharing prefix pages go to the cascade batch; the rest one padded group."""
-        decodes = step.decodes
-        if len(decodes) == 0:
-            return None, None
-        stage = self.staging.array
-        page = self.page_size
-        tables = step.page_tables[decodes]
-        lengths = step.lengths[decodes]
-        token_rows = step.token_start[decodes]
-        if self.use_cascade:
-            partition = partition_rows(tables, lengths, page)
-        else:
-            partition = DecodePartition(groups=[], rest=list(range(len(decodes))))
-        cascade = None
-        if partition.groups:
-            needed = step.pages_needed(page)[decodes]
-            exact = [tables[i, : needed[i]] for i in range(len(decodes))]
-            cascade = plan_cascade(
-                partition.groups, token_rows.tolist(), exact, lengths.tolist(), page, self.staging
+            batch = block_batch(
+                step,
+                self.pool,
+                self.staging,
+                self.gatherer,
+                use_cascade=self.use_cascade,
+                gemm_rows=self.gemm_rows,
             )
-        if not partition.rest:
-            return None, cascade
-        rest = np.asarray(partition.rest, dtype=np.int64)
-        rest_lengths = lengths[rest]
-        width = int(-(-rest_lengths.max() // page))
-        key_mask = np.arange(width * page) < rest_lengths[:, None]
-        decode = DecodeGroup(
-            token_index=stage(token_rows[rest]),
-            page_tables=stage(tables[rest, :width]),
-            key_mask=stage(key_mask).view(len(rest), 1, 1, -1),
-        )
-        return decode, cascade
+        elif self.attention_kernel is not None:
+            batch = kernel_batch(step, self.pool, self.staging, self.attention_kernel)
+        else:
+            batch = step_shaped_batch(
+                step, self.pool, self.staging, self.gatherer, use_cascade=self.use_cascade
+            )
+        return batch, input_ids, position_ids, rows
 
 
 def _attention_rows(model: torch.nn.Module, pool: KVPool):

@@ -15,14 +15,23 @@ from typing import TYPE_CHECKING, Any, Protocol
 import pyarrow as pa
 
 from astrai_batch.io import InputSource
-from astrai_batch.jobs.executors.local_execution import ExecutionResult
 from astrai_batch.jobs.output.checkpoint import Checkpoint, ExecutorMark
+from astrai_batch.jobs.output.stats import WorkStats
 from astrai_batch.jobs.progress import Progress
 
 if TYPE_CHECKING:
     from astrai_batch.engine.lora.adapter_files import AdapterFiles
 
 __all__ = ["ExecutionResult", "Executor", "ModelFacts"]
+
+
+@dataclass(frozen=True)
+class ExecutionResult:
+    """What this process did. `signum` is set when a signal stopped the job."""
+
+    run_stats: WorkStats
+    wall_seconds: float
+    signum: int | None
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ prepares windows in a worker thread and yields each window's requests in planned
 prepares the next window while the current one finishes, but submits it only once the
 current one is complete, so every engine counter between two flushes belongs to one window.
 Finished rows are saved to the checkpoint every `checkpoint_rows` rows, every
-`checkpoint_seconds` seconds and at the end of each window.
+`checkpoint_seconds` seconds and at the end of each window (`pending_part`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -21,14 +20,15 @@ import pyarrow as pa
 
 from astrai_batch.engine import Engine, EngineConfig
 from astrai_batch.engine.model.loaded import LoadedModel
-from astrai_batch.engine.types import EngineStats, GenerationRequest, GenerationResult
+from astrai_batch.engine.types import GenerationRequest, GenerationResult
 from astrai_batch.errors import AstraiBatchError, JobAbortedError
 from astrai_batch.io import InputRow, InputSource
+from astrai_batch.jobs.executors.base import ExecutionResult
 from astrai_batch.jobs.executors.ordering import SampleCollector
+from astrai_batch.jobs.executors.pending_part import PendingPart
 from astrai_batch.jobs.options.config import JobConfig
 from astrai_batch.jobs.output.checkpoint import Checkpoint, WindowRecord
-from astrai_batch.jobs.output.records import INDEX_COLUMN, error_record, records_table, row_records
-from astrai_batch.jobs.output.stats import WorkStats, engine_stats, records_stats
+from astrai_batch.jobs.output.records import error_record, row_records
 from astrai_batch.jobs.planning.embed_rows import job_embed_request
 from astrai_batch.jobs.planning.tokenize import PromptEncoder
 from astrai_batch.jobs.planning.window import (
@@ -39,15 +39,6 @@ from astrai_batch.jobs.planning.window import (
 )
 from astrai_batch.jobs.progress import Progress, ProgressSnapshot
 from astrai_batch.jobs.signals import SignalWatcher
-
-
-@dataclass(frozen=True)
-class ExecutionResult:
-    """What this process did. `signum` is set when a signal stopped the job."""
-
-    run_stats: WorkStats
-    wall_seconds: float
-    signum: int | None
 
 
 class JobExecution:
@@ -71,7 +62,6 @@ class JobExecution:
         self.checkpoint = checkpoint
         # Planned as the checkpoint's job was, whatever this run was given (see config).
         self.planning = checkpoint.planning
-        self.schema = schema
         self.total_rows = total_rows
         self.progress = progress
         self.clock = clock
@@ -92,18 +82,21 @@ class JobExecution:
         self.allowed_errors = (
             None if config.max_errors is None else config.max_errors.allowed(total_rows)
         )
-        self.run_stats = WorkStats()
         self._engine: Engine | None = None
         self._scope: anyio.CancelScope | None = None
         self._failure: Exception | None = None
         self._window: PreparedWindow | None = None
         self._window_done = anyio.Event()
         self._remaining = 0
-        self._pending: list[dict[str, Any]] = []
-        self._pending_rows = 0
         self._started = clock()
-        self._last_flush = self._started
-        self._last_engine_stats: EngineStats | None = None
+        self._part = PendingPart(
+            checkpoint,
+            schema,
+            every_rows=config.checkpoint_rows,
+            every_seconds=config.checkpoint_seconds,
+            clock=clock,
+            started=self._started,
+        )
         self._run_prompt_tokens = 0
         self._run_cached_tokens = 0
         self._run_decode_tokens = 0
@@ -114,7 +107,7 @@ class JobExecution:
         engine_config = EngineConfig(**self.config.engine_options())
         async with Engine(self.loaded, engine_config) as engine:
             self._engine = engine
-            self._last_engine_stats = engine.stats()
+            self._part.begin(engine.stats())
             try:
                 async with anyio.create_task_group() as tg:
                     self._scope = tg.cancel_scope
@@ -133,18 +126,14 @@ class JobExecution:
                     )
                 raise
             self._flush()
-        return ExecutionResult(self.run_stats, self.clock() - self._started, watcher.signum)
+        return ExecutionResult(self._part.saved, self.clock() - self._started, watcher.signum)
 
     def check_invariants(self) -> None:
         """Counters agree with the buffered rows; no row finished twice."""
         self.collector.check_invariants()
         if self._remaining < 0:
             raise AstraiBatchError(f"window finished {-self._remaining} rows too many")
-        indices = [r[INDEX_COLUMN] for r in self._pending if r["sample_index"] == 0]
-        if len(indices) != self._pending_rows or len(set(indices)) != len(indices):
-            raise AstraiBatchError(
-                f"{self._pending_rows} rows pending but records hold {len(indices)} rows"
-            )
+        self._part.check_invariants()
 
     def _fail(self, error: Exception) -> None:
         """Stop the job because of `error`, raised once the engine has wound down.
@@ -246,8 +235,7 @@ class JobExecution:
             self._after_rows()
 
     def _complete_row(self, row: PreparedRow, records: list[dict[str, Any]]) -> None:
-        self._pending.extend(records)
-        self._pending_rows += 1
+        self._part.add(records)
         self._remaining -= 1
         self._run_rows += 1
         for record in records:
@@ -282,23 +270,11 @@ class JobExecution:
         if self._remaining == 0:
             self._flush()
             self._window_done.set()
-        elif self._pending_rows >= self.config.checkpoint_rows or (
-            self._pending and self.clock() - self._last_flush >= self.config.checkpoint_seconds
-        ):
+        elif self._part.is_due():
             self._flush()
 
     def _flush(self) -> None:
         """Save the finished rows of the current window as one checkpoint part."""
-        if not self._pending or self._window is None or self._engine is None:
+        if not self._part.records or self._window is None or self._engine is None:
             return
-        now = self.clock()
-        after = self._engine.stats()
-        before = self._last_engine_stats or after
-        stats = records_stats(self._pending) + engine_stats(before, after, now - self._last_flush)
-        table = records_table(self._pending, self.schema)
-        self.checkpoint.write_part(self._window.number, table, stats)
-        self.run_stats = self.run_stats + stats
-        self._pending = []
-        self._pending_rows = 0
-        self._last_flush = now
-        self._last_engine_stats = after
+        self._part.save(self._window.number, self._engine.stats())

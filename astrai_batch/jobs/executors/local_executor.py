@@ -17,8 +17,8 @@ from astrai_batch.engine.model.support import require_chat_template
 from astrai_batch.engine.threads import describe_threads
 from astrai_batch.errors import ConfigError
 from astrai_batch.io import InputSource
-from astrai_batch.jobs.executors.base import ModelFacts
-from astrai_batch.jobs.executors.local_execution import ExecutionResult, JobExecution
+from astrai_batch.jobs.executors.base import ExecutionResult, ModelFacts
+from astrai_batch.jobs.executors.local_execution import JobExecution
 from astrai_batch.jobs.job_adapters import install_job_adapters
 from astrai_batch.jobs.options.config import JobConfig
 from astrai_batch.jobs.output.checkpoint import Checkpoint, ExecutorMark

@@ -31,8 +31,7 @@ import pyarrow as pa
 
 from astrai_batch.errors import ConfigError
 from astrai_batch.io import InputSource
-from astrai_batch.jobs.executors.base import ModelFacts
-from astrai_batch.jobs.executors.local_execution import ExecutionResult
+from astrai_batch.jobs.executors.base import ExecutionResult, ModelFacts
 from astrai_batch.jobs.executors.ray_quiet import quiet_ray_data, ray_errors_in_one_line, start_ray
 from astrai_batch.jobs.executors.ray_stages import (
     ChunkReader,

@@ -13,13 +13,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from astrai_batch.checks import require_positive_int
-from astrai_batch.engine.attention.backends import check_backend_name, resolve_from_options
-from astrai_batch.engine.config import KV_LAYOUTS, check_utilization
+from astrai_batch.checks import require_positive_int, require_type
+from astrai_batch.engine.attention.backends import resolve_from_options
+from astrai_batch.engine.config import check_utilization
 from astrai_batch.engine.device_choice import AUTO, resolve_device_name, resolve_dtype_name
 from astrai_batch.engine.sampling.params import SamplingParams
 from astrai_batch.errors import ConfigError
 from astrai_batch.jobs.options.constraint_options import CONSTRAINT_OPTIONS, job_constraint
+from astrai_batch.jobs.options.engine_options import check_engine_options
+from astrai_batch.jobs.options.executor_options import check_executor_options
+from astrai_batch.jobs.options.io_options import check_io_options
 from astrai_batch.jobs.options.lora_options import (
     DEFAULT_MAX_LORA_RANK,
     DEFAULT_MAX_LORAS,
@@ -45,12 +48,8 @@ from astrai_batch.jobs.options.task_options import (
     task_prompt_column,
 )
 from astrai_batch.jobs.planning.prefix_order import PlanningOptions
-from astrai_batch.json_types import json_type
 
 DEFAULT_MODEL = "smollm2-135m"
-OUTPUT_FORMATS = ("parquet", "openai-jsonl", "parquet-dir")
-EXECUTORS = ("local", "ray")
-INPUT_FORMAT_NAMES = ("parquet", "jsonl")
 
 # The CLI default for max_tokens; SamplingParams' own default happens to agree.
 DEFAULT_MAX_TOKENS = 256
@@ -123,7 +122,7 @@ class JobConfig:
 
     def __post_init__(self) -> None:
         for name in ("model", "device", "dtype"):
-            _check_type(name, getattr(self, name), str)
+            require_type(name, getattr(self, name), str)
             if not getattr(self, name).strip():
                 raise ConfigError(f"{name} must not be empty")
         # One concrete device and dtype from here on (identity, summary, loading). Ray
@@ -163,7 +162,7 @@ class JobConfig:
             "fail_on_row_errors",
             "quiet",
         ):
-            _check_type(name, getattr(self, name), bool)
+            require_type(name, getattr(self, name), bool)
         check_tensor_parallel_options(self)
         for name in ("checkpoint_seconds", "progress_seconds", "tp_timeout"):
             value = getattr(self, name)
@@ -172,50 +171,14 @@ class JobConfig:
         for name in ("revision", "input_format", "prompt_column", "id_column", "summary_json"):
             value = getattr(self, name)
             if value is not None:
-                _check_type(name, value, str)
-        check_backend_name(self.attention_backend)
-        if self.kv_layout not in KV_LAYOUTS:
-            raise ConfigError(
-                f"kv_layout must be one of {', '.join(KV_LAYOUTS)}, got {self.kv_layout!r}"
-            )
-        if self.cuda_graphs is not None:
-            _check_type("cuda_graphs", self.cuda_graphs, bool)
-            kind = self.device.split(":", 1)[0].strip().lower()
-            if self.cuda_graphs and kind != "cuda":
-                raise ConfigError(f"cuda_graphs needs device cuda, got device {self.device}")
-            if self.cuda_graphs and self.attention_backend in ("flashinfer", "flash-attn"):
-                raise ConfigError(
-                    f"cuda_graphs cannot be used with attention_backend {self.attention_backend} "
-                    "(its step metadata is planned on the host every step); use sdpa or turn "
-                    "cuda_graphs off"
-                )
-        if self.input_format is not None and self.input_format not in INPUT_FORMAT_NAMES:
-            raise ConfigError(f"input_format must be parquet or jsonl, got {self.input_format!r}")
-        if self.output_format not in OUTPUT_FORMATS:
-            raise ConfigError(
-                "output_format must be parquet, openai-jsonl or parquet-dir, "
-                f"got {self.output_format!r}"
-            )
-        if self.executor not in EXECUTORS:
-            raise ConfigError(f"executor must be local or ray, got {self.executor!r}")
-        if self.ray_address is not None:
-            _check_type("ray_address", self.ray_address, str)
-        gpus = self.worker_gpus
-        if isinstance(gpus, bool) or not isinstance(gpus, (int, float)) or gpus < 0:
-            raise ConfigError(f"worker_gpus must be a number >= 0, got {gpus!r}")
-        if self.executor == "local" and (
-            self.ray_address is not None or self.workers != 1 or gpus or self.worker_threads != 1
-        ):
-            raise ConfigError(
-                "ray_address, workers, worker_threads and worker_gpus need --executor ray"
-            )
-        if not isinstance(self.keep_columns, tuple) or not all(
-            isinstance(name, str) and name for name in self.keep_columns
-        ):
-            raise ConfigError(f"keep_columns must be column names, got {self.keep_columns!r}")
-        kwargs = self.chat_template_kwargs
-        if kwargs is not None and not isinstance(kwargs, dict):
-            raise ConfigError(f"chat_template_kwargs must be an object, got {json_type(kwargs)}")
+                require_type(name, value, str)
+        check_engine_options(self.kv_layout, self.attention_backend, self.cuda_graphs, self.device)
+        check_io_options(
+            self.input_format, self.output_format, self.keep_columns, self.chat_template_kwargs
+        )
+        check_executor_options(
+            self.executor, self.ray_address, self.workers, self.worker_threads, self.worker_gpus
+        )
         if not isinstance(self.sampling, SamplingParams):
             raise ConfigError(
                 f"sampling must be SamplingParams, got {type(self.sampling).__name__}"
@@ -333,9 +296,3 @@ class JobConfig:
     def planning_options(self) -> PlanningOptions:
         """The values of `PLANNING_OPTIONS`, as a new checkpoint records them."""
         return PlanningOptions.from_dict({name: getattr(self, name) for name in PLANNING_OPTIONS})
-
-
-def _check_type(name: str, value: Any, expected: type[str] | type[bool]) -> None:
-    if (expected is not bool and isinstance(value, bool)) or not isinstance(value, expected):
-        wanted = "a boolean" if expected is bool else "a string"
-        raise ConfigError(f"{name} must be {wanted}, got {json_type(value)}")

@@ -7,25 +7,23 @@ commit one part per shard (`shard_parts`), each counting once it exists under th
 checkpoint's run id. Every file is written atomically, so a crash at any moment leaves the
 old state or the new one.
 
-A checkpoint is resumed by the executor that wrote it. The other executor takes it over
-only while it holds no finished rows; otherwise it is refused with a one-line message naming
-the executor that resumes it and ``--restart``. Nothing in it is deleted without
-``--restart`` except our own uncommitted debris (`is_our_debris`). Inside a local window
-parts hold the rows that finished, in any order; a window is complete when its parts hold
-all its rows.
+A checkpoint is resumed by the executor that wrote it (`checkpoint_opening`). The other
+executor takes it over only while it holds no finished rows; otherwise it is refused with a
+one-line message naming the executor that resumes it and ``--restart``. Nothing in it is
+deleted without ``--restart`` except our own uncommitted debris (`is_our_debris`). Inside a
+local window parts hold the rows that finished, in any order; a window is complete when its
+parts hold all its rows.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
-from astrai_batch.errors import CheckpointError, ConfigError, OutputError
-from astrai_batch.io.filesystems import Location, as_location, write_table_at
+from astrai_batch.errors import CheckpointError, ConfigError
+from astrai_batch.io.filesystems import Location, write_table_at
 from astrai_batch.jobs.crash_points import crash_point
 from astrai_batch.jobs.output.checkpoint_manifest import (
     MANIFEST_FORMAT,
@@ -35,13 +33,10 @@ from astrai_batch.jobs.output.checkpoint_manifest import (
     PartRecord,
     WindowRecord,
     checkpoint_dir_for,
-    new_manifest,
     peek_run_id,
-    read_manifest,
     remove_debris,
     write_manifest,
 )
-from astrai_batch.jobs.output.identity import job_differences
 from astrai_batch.jobs.output.records import INDEX_COLUMN
 from astrai_batch.jobs.output.run_lock import LOCK_NAME
 from astrai_batch.jobs.output.shard_parts import ShardInfo, read_info, shard_names
@@ -58,11 +53,9 @@ __all__ = [
     "peek_run_id",
 ]
 
-LOCAL = ExecutorMark("local")
-
 
 class Checkpoint:
-    """The checkpoint of one job; create it with `Checkpoint.open`."""
+    """The checkpoint of one job; open it with `checkpoint_opening.open_checkpoint`."""
 
     def __init__(self, directory: Location, manifest: Mapping[str, Any]) -> None:
         self.directory = directory
@@ -84,78 +77,13 @@ class Checkpoint:
                 f"checkpoint manifest in {directory.shown} is damaged ({exc!r}); {RESTART_HINT}"
             ) from exc
 
-    # -- opening ---------------------------------------------------------------------------
-
-    @classmethod
-    def open(
-        cls,
-        directory: Path | Location,
-        job: Mapping[str, Any],
-        *,
-        planning: PlanningOptions,
-        restart: bool,
-        executor: ExecutorMark = LOCAL,
-        output_written: bool = False,
-    ) -> Checkpoint:
-        """Resume the checkpoint in `directory` if it belongs to `job` and `executor`, else
-        start a new one.
-
-        A checkpoint of a different job is refused with `CheckpointError` listing what
-        changed; one holding rows another executor finished is refused naming that executor;
-        `restart` discards either. A new checkpoint records `planning`; a resumed one keeps
-        its own (`self.planning`), which the job then uses. `output_written`: the output
-        beside it carries its run id, so only its manifest matters. The caller holds the
-        output's run lock.
-        """
-        job = json.loads(json.dumps(job))  # compare as stored: tuples are lists in JSON
-        directory = as_location(directory)
-        if restart:
-            for name in directory.list_names():
-                if name != LOCK_NAME:
-                    directory.child(name).delete()
-        if directory.child(MANIFEST_NAME).exists():
-            checkpoint = cls(directory, read_manifest(directory.child(MANIFEST_NAME)))
-            checkpoint._remove_debris()
-            if checkpoint.executor != executor:
-                checkpoint._take_over(job, planning, executor)
-                return checkpoint
-            differences = job_differences(checkpoint.job, job)
-            if differences:
-                raise CheckpointError(
-                    f"the checkpoint in {directory.shown} was made by a different job "
-                    f"({'; '.join(differences)}); {RESTART_HINT}, or restore the original "
-                    "settings to resume"
-                )
-            if not output_written:  # else a kill while removing it may have taken parts
-                checkpoint._require_parts()
-            return checkpoint
-        # No manifest: nothing was ever saved (a crash right after creating the directory).
-        try:
-            directory.make_dir()
-        except OSError as exc:
-            raise OutputError(
-                f"cannot create checkpoint {directory.shown}: {exc.strerror or exc}"
-            ) from exc
-        checkpoint = cls(directory, new_manifest(job, planning, executor))
-        checkpoint._remove_debris()
-        checkpoint._write_manifest()
-        return checkpoint
-
-    def _take_over(
+    def restart_as(
         self, job: dict[str, Any], planning: PlanningOptions, executor: ExecutorMark
     ) -> None:
-        """Hand a checkpoint to another executor: only while it holds no finished rows (the
-        executors plan rows into windows and shards differently, so one cannot continue the
-        other's partial work)."""
-        if self.has_finished_rows():
-            raise CheckpointError(
-                f"the checkpoint in {self.directory.shown} holds rows finished by "
-                f"{self.executor.describe()}; rerun with {self.executor.describe()} to resume "
-                f"it, or {RESTART_HINT}"
-            )
+        """Make this checkpoint, which holds no finished rows, another job's or executor's."""
         self.job, self.planning, self.executor = job, planning, executor
         self._windows = {}
-        self._write_manifest()
+        self.save_manifest()
 
     # -- what is done ------------------------------------------------------------------------
 
@@ -274,7 +202,7 @@ class Checkpoint:
         write_table_at(self.directory.child(name), table)
         crash_point("part_written")
         self._parts.append(PartRecord(name, window, stats))
-        self._write_manifest()
+        self.save_manifest()
 
     def remove(self) -> None:
         """Delete the checkpoint, its manifest last: until the manifest goes, a rerun after a
@@ -287,7 +215,7 @@ class Checkpoint:
 
     def check_invariants(self) -> None:
         """Every listed part exists; no window holds more rows than it has."""
-        self._require_parts()
+        self.require_parts()
         for number in self._windows:
             done = self.window_stats(number).input_rows
             if done > self._windows[number].rows:
@@ -312,13 +240,13 @@ class Checkpoint:
             "parts": [part.to_dict() for part in self._parts],
         }
 
-    def _write_manifest(self) -> None:
+    def save_manifest(self) -> None:
         write_manifest(self.directory, self._manifest())
 
-    def _remove_debris(self) -> None:
+    def remove_debris(self) -> None:
         remove_debris(self.directory, {part.file for part in self._parts})
 
-    def _require_parts(self) -> None:
+    def require_parts(self) -> None:
         for path in self.part_paths():
             if not path.is_file():
                 raise CheckpointError(f"checkpoint part {path.shown} is missing; {RESTART_HINT}")

@@ -14,6 +14,7 @@ from astrai_batch.io import open_input
 from astrai_batch.jobs.executors.local_execution import JobExecution
 from astrai_batch.jobs.options.config import JobConfig
 from astrai_batch.jobs.output.checkpoint import Checkpoint
+from astrai_batch.jobs.output.checkpoint_opening import open_checkpoint
 from astrai_batch.jobs.output.records import part_schema
 from astrai_batch.jobs.progress import Progress
 
@@ -30,7 +31,7 @@ def execute(loaded, tmp_path: Path, clock=None, **options) -> tuple[JobExecution
     config = JobConfig.from_options(
         {"max_tokens": 2, "kv_cache_memory": "8MiB", "group_window": 4, **options}
     )
-    checkpoint = Checkpoint.open(
+    checkpoint = open_checkpoint(
         tmp_path / ".ckpt", {"job": 1}, planning=config.planning_options(), restart=False
     )
     extra = {} if clock is None else {"clock": clock}

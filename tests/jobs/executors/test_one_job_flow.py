@@ -24,7 +24,8 @@ from jobs.jobkit import (
 )
 
 from astrai_batch.jobs.executors.shard_store import ShardInfo, ShardStore
-from astrai_batch.jobs.output.checkpoint import Checkpoint, ExecutorMark
+from astrai_batch.jobs.output.checkpoint import ExecutorMark
+from astrai_batch.jobs.output.checkpoint_opening import open_checkpoint
 from astrai_batch.jobs.output.records import part_schema
 from astrai_batch.jobs.output.stats import WorkStats
 from astrai_batch.jobs.planning.prefix_order import PlanningOptions
@@ -150,7 +151,7 @@ def test_a_ray_checkpoint_is_refused_by_a_local_run_and_kept(
     output = tmp_path / "out.parquet"
     directory = tmp_path / ".out.parquet.ckpt"
     # What a killed Ray driver leaves: its manifest and one committed shard part.
-    checkpoint = Checkpoint.open(
+    checkpoint = open_checkpoint(
         directory,
         {"job": "ray"},
         planning=PlanningOptions(16, True, 100),
@@ -179,7 +180,7 @@ def test_an_empty_checkpoint_is_taken_over_by_the_other_executor(
 ) -> None:
     source = write_jsonl(tmp_path / "in.jsonl", rows_of(3))
     output = tmp_path / "out.parquet"
-    Checkpoint.open(
+    open_checkpoint(
         tmp_path / ".out.parquet.ckpt",
         {"job": "ray"},
         planning=PlanningOptions(16, True, 100),

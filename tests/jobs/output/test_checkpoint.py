@@ -9,7 +9,8 @@ import pyarrow as pa
 import pytest
 
 from astrai_batch.errors import CheckpointError
-from astrai_batch.jobs.output.checkpoint import Checkpoint, WindowRecord, checkpoint_dir_for
+from astrai_batch.jobs.output.checkpoint import WindowRecord, checkpoint_dir_for
+from astrai_batch.jobs.output.checkpoint_opening import open_checkpoint
 from astrai_batch.jobs.output.identity import job_differences
 from astrai_batch.jobs.output.records import error_record, part_schema, records_table
 from astrai_batch.jobs.output.run_lock import LOCK_NAME
@@ -43,7 +44,7 @@ def test_directory_is_hidden_beside_the_output(tmp_path: Path) -> None:
 
 def test_parts_are_saved_and_found_again(tmp_path: Path) -> None:
     directory = tmp_path / ".out.ckpt"
-    checkpoint = Checkpoint.open(directory, JOB, planning=PLANNING, restart=False)
+    checkpoint = open_checkpoint(directory, JOB, planning=PLANNING, restart=False)
     assert checkpoint.is_empty and (directory / "manifest.json").is_file()
     checkpoint.record_window(WindowRecord(0, 0, 3, 0, 2))
     checkpoint.write_part(0, failed_rows(2, 0), stats(2))
@@ -52,7 +53,7 @@ def test_parts_are_saved_and_found_again(tmp_path: Path) -> None:
     checkpoint.write_part(1, failed_rows(4), stats(1))
     checkpoint.check_invariants()
 
-    again = Checkpoint.open(directory, JOB, planning=PLANNING, restart=False)
+    again = open_checkpoint(directory, JOB, planning=PLANNING, restart=False)
     again.check_invariants()
     assert again.run_id == checkpoint.run_id
     assert [p.name for p in again.part_paths()] == [
@@ -73,14 +74,14 @@ def test_parts_are_saved_and_found_again(tmp_path: Path) -> None:
 
 def test_another_jobs_checkpoint_is_refused_with_what_changed(tmp_path: Path) -> None:
     directory = tmp_path / ".out.ckpt"
-    Checkpoint.open(directory, JOB, planning=PLANNING, restart=False)
+    open_checkpoint(directory, JOB, planning=PLANNING, restart=False)
     changed = {
         **JOB,
         "model": {"name": "other", "source": "/models/other", "digest": "files:2"},
         "options": {"max_tokens": 8, "stop": ["x"], "seed": 3},
     }
     with pytest.raises(CheckpointError) as caught:
-        Checkpoint.open(directory, changed, planning=PLANNING, restart=False)
+        open_checkpoint(directory, changed, planning=PLANNING, restart=False)
     assert str(caught.value) == (
         f"the checkpoint in {directory} was made by a different job (model 'tiny' "
         "(/models/tiny) -> 'other' (/models/other); max_tokens 4 -> 8; seed unset -> 3); "
@@ -88,7 +89,7 @@ def test_another_jobs_checkpoint_is_refused_with_what_changed(tmp_path: Path) ->
         "to resume"
     )
     # --restart discards it and starts a new one.
-    fresh = Checkpoint.open(directory, changed, planning=PLANNING, restart=True)
+    fresh = open_checkpoint(directory, changed, planning=PLANNING, restart=True)
     assert fresh.is_empty
     assert json.loads((directory / "manifest.json").read_text())["job"]["model"]["name"] == "other"
 
@@ -125,25 +126,25 @@ def test_differences_are_named_by_content_not_by_path() -> None:
 
 def test_planning_is_kept_from_the_checkpoint(tmp_path: Path) -> None:
     directory = tmp_path / ".out.ckpt"
-    Checkpoint.open(directory, JOB, planning=PLANNING, restart=False)
+    open_checkpoint(directory, JOB, planning=PLANNING, restart=False)
     other = PlanningOptions(page_size=32, grouping=False, group_window=7)
-    assert Checkpoint.open(directory, JOB, planning=other, restart=False).planning == PLANNING
-    assert Checkpoint.open(directory, JOB, planning=other, restart=True).planning == other
+    assert open_checkpoint(directory, JOB, planning=other, restart=False).planning == PLANNING
+    assert open_checkpoint(directory, JOB, planning=other, restart=True).planning == other
 
 
 def test_the_run_lock_file_survives_cleaning_and_restart(tmp_path: Path) -> None:
     directory = tmp_path / ".out.ckpt"
     directory.mkdir()
     (directory / LOCK_NAME).write_text("123\n")
-    Checkpoint.open(directory, JOB, planning=PLANNING, restart=False)
-    Checkpoint.open(directory, JOB, planning=PLANNING, restart=False)
+    open_checkpoint(directory, JOB, planning=PLANNING, restart=False)
+    open_checkpoint(directory, JOB, planning=PLANNING, restart=False)
     assert sorted(p.name for p in directory.iterdir()) == [LOCK_NAME, "manifest.json"]
-    Checkpoint.open(directory, JOB, planning=PLANNING, restart=True)
+    open_checkpoint(directory, JOB, planning=PLANNING, restart=True)
     assert (directory / LOCK_NAME).read_text() == "123\n"
 
 
 def test_first_error_is_the_earliest_failed_row(tmp_path: Path) -> None:
-    checkpoint = Checkpoint.open(tmp_path / ".ckpt", JOB, planning=PLANNING, restart=False)
+    checkpoint = open_checkpoint(tmp_path / ".ckpt", JOB, planning=PLANNING, restart=False)
     assert checkpoint.first_error() is None
     checkpoint.record_window(WindowRecord(0, 0, 5, 0, 1))
     checkpoint.write_part(0, failed_rows(4, 2), stats(2))
@@ -153,7 +154,7 @@ def test_first_error_is_the_earliest_failed_row(tmp_path: Path) -> None:
 
 def test_unlisted_and_temporary_files_are_removed_on_open(tmp_path: Path) -> None:
     directory = tmp_path / ".out.ckpt"
-    checkpoint = Checkpoint.open(directory, JOB, planning=PLANNING, restart=False)
+    checkpoint = open_checkpoint(directory, JOB, planning=PLANNING, restart=False)
     checkpoint.record_window(WindowRecord(0, 0, 5, 0, 1))
     checkpoint.write_part(0, failed_rows(0), stats(1))
     # What a kill leaves: a part written but not yet listed, and a half-written temp file.
@@ -161,7 +162,7 @@ def test_unlisted_and_temporary_files_are_removed_on_open(tmp_path: Path) -> Non
     (directory / ".part-000003.parquet.tmp-123-abcd").write_bytes(b"torn")
     (directory / ".manifest.json.tmp-123-abcd").write_bytes(b"{")
 
-    again = Checkpoint.open(directory, JOB, planning=PLANNING, restart=False)
+    again = open_checkpoint(directory, JOB, planning=PLANNING, restart=False)
 
     assert sorted(p.name for p in directory.iterdir()) == ["manifest.json", "part-000001.parquet"]
     again.write_part(0, failed_rows(1), stats(1))
@@ -170,12 +171,12 @@ def test_unlisted_and_temporary_files_are_removed_on_open(tmp_path: Path) -> Non
 
 def test_damage_is_reported_with_the_restart_hint(tmp_path: Path) -> None:
     directory = tmp_path / ".out.ckpt"
-    checkpoint = Checkpoint.open(directory, JOB, planning=PLANNING, restart=False)
+    checkpoint = open_checkpoint(directory, JOB, planning=PLANNING, restart=False)
     checkpoint.record_window(WindowRecord(0, 0, 5, 0, 1))
     checkpoint.write_part(0, failed_rows(0), stats(1))
     (directory / "part-000001.parquet").unlink()
     with pytest.raises(CheckpointError) as caught:
-        Checkpoint.open(directory, JOB, planning=PLANNING, restart=False)
+        open_checkpoint(directory, JOB, planning=PLANNING, restart=False)
     assert str(caught.value) == (
         f"checkpoint part {directory / 'part-000001.parquet'} is missing; rerun with "
         "--restart to discard it and start over"
@@ -183,11 +184,11 @@ def test_damage_is_reported_with_the_restart_hint(tmp_path: Path) -> None:
 
     (directory / "manifest.json").write_text("{broken")
     with pytest.raises(CheckpointError, match="cannot read checkpoint manifest"):
-        Checkpoint.open(directory, JOB, planning=PLANNING, restart=False)
+        open_checkpoint(directory, JOB, planning=PLANNING, restart=False)
 
 
 def test_a_window_must_be_planned_the_same_way_again(tmp_path: Path) -> None:
-    checkpoint = Checkpoint.open(tmp_path / ".ckpt", JOB, planning=PLANNING, restart=False)
+    checkpoint = open_checkpoint(tmp_path / ".ckpt", JOB, planning=PLANNING, restart=False)
     with pytest.raises(CheckpointError, match="window 0 must be recorded before its parts"):
         checkpoint.write_part(0, failed_rows(0), stats(1))
     checkpoint.record_window(WindowRecord(0, 0, 5, 0, 2))
@@ -203,6 +204,6 @@ def test_a_window_must_be_planned_the_same_way_again(tmp_path: Path) -> None:
 
 
 def test_remove_deletes_the_directory(tmp_path: Path) -> None:
-    checkpoint = Checkpoint.open(tmp_path / ".ckpt", JOB, planning=PLANNING, restart=False)
+    checkpoint = open_checkpoint(tmp_path / ".ckpt", JOB, planning=PLANNING, restart=False)
     checkpoint.remove()
     assert not (tmp_path / ".ckpt").exists()

@@ -1,0 +1,155 @@
+"""A step's arrays as the batch its attention path reads: the block-ordered plan of invariant
+numerics, a paged kernel's batch, or the step-shaped path's prefill spans, padded decode group
+and cascade (decodes that share prefix pages). The runner picks the path; these build."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from astrai_batch.cache.kv_pool import KVPool
+from astrai_batch.engine.attention.block_plan import (
+    BlockBatch,
+    DecodeRows,
+    QuerySpan,
+    block_tokens_for,
+    plan_blocks,
+)
+from astrai_batch.engine.attention.cascade import DecodePartition, partition_rows
+from astrai_batch.engine.attention.cascade_plan import CascadeBatch, plan_cascade
+from astrai_batch.engine.attention.host_staging import HostStaging
+from astrai_batch.engine.attention.kernels.interface import KernelBatch, PagedKernel
+from astrai_batch.engine.attention.kernels.paged_kv_metadata import paged_kv_metadata
+from astrai_batch.engine.attention.page_gather import PageGatherer
+from astrai_batch.engine.attention.paged_attention import (
+    AttentionBatch,
+    DecodeGroup,
+    PrefillSpan,
+    offset_causal_mask,
+)
+from astrai_batch.engine.attention.step_arrays import StepArrays
+from astrai_batch.engine.blas_rows import RowScheme
+
+
+def block_batch(
+    step: StepArrays,
+    pool: KVPool,
+    staging: HostStaging,
+    gatherer: PageGatherer,
+    *,
+    use_cascade: bool,
+    gemm_rows: RowScheme,
+) -> BlockBatch:
+    d = step.decodes
+    if len(d) == len(step.num_tokens):  # decode-only: every chunk's row, as they are
+        spans = []
+        decodes = DecodeRows(step.token_start, step.context_start, step.page_tables)
+    else:
+        spans = [
+            QuerySpan(
+                int(step.token_start[i]),
+                int(step.context_start[i]),
+                int(step.num_tokens[i]),
+                step.page_tables[i],  # zero-padded past its pages, as the plan pads
+            )
+            for i in np.flatnonzero(step.num_tokens > 1).tolist()
+        ]
+        decodes = DecodeRows(step.token_start[d], step.context_start[d], step.page_tables[d])
+    runs, units = plan_blocks(spans, pool.page_size, use_cascade, staging, decodes)
+    return BlockBatch(
+        key_cache=pool.key_cache,
+        value_cache=pool.value_cache,
+        page_size=pool.page_size,
+        block_tokens=block_tokens_for(pool.page_size),
+        write_slots=staging.array(step.write_slots),
+        longest_context=step.longest_context,
+        runs=runs,
+        units=units,
+        gatherer=gatherer,
+        gemm_rows=gemm_rows,
+    )
+
+
+def kernel_batch(
+    step: StepArrays, pool: KVPool, staging: HostStaging, kernel: PagedKernel
+) -> KernelBatch:
+    kernel.begin_step(paged_kv_metadata(step, pool.page_size))
+    return KernelBatch(
+        key_cache=pool.key_cache,
+        value_cache=pool.value_cache,
+        page_size=pool.page_size,
+        write_slots=staging.array(step.write_slots),
+        longest_context=step.longest_context,
+        kernel=kernel,
+    )
+
+
+def step_shaped_batch(
+    step: StepArrays,
+    pool: KVPool,
+    staging: HostStaging,
+    gatherer: PageGatherer,
+    *,
+    use_cascade: bool,
+) -> AttentionBatch:
+    device = pool.key_cache[0].device
+    page = pool.page_size
+    stage = staging.array
+    prefills: list[PrefillSpan] = []
+    for i in np.flatnonzero(step.num_tokens > 1).tolist():
+        row, n = int(step.token_start[i]), int(step.num_tokens[i])
+        start = int(step.context_start[i])
+        if start == 0:
+            prefills.append(PrefillSpan(row, row + n, 0, None, None))
+        else:
+            needed = -(-(start + n) // page)
+            table = stage(step.page_tables[i, :needed])
+            mask = offset_causal_mask(n, start + n, device)
+            prefills.append(PrefillSpan(row, row + n, start, table, mask))
+    decode, cascade = _decode_groups(step, page, staging, use_cascade)
+    return AttentionBatch(
+        key_cache=pool.key_cache,
+        value_cache=pool.value_cache,
+        page_size=page,
+        write_slots=stage(step.write_slots),
+        longest_context=step.longest_context,
+        decode=decode,
+        cascade=cascade,
+        prefills=prefills,
+        gatherer=gatherer,
+    )
+
+
+def _decode_groups(
+    step: StepArrays, page: int, staging: HostStaging, use_cascade: bool
+) -> tuple[DecodeGroup | None, CascadeBatch | None]:
+    """Decodes sharing prefix pages go to the cascade batch; the rest one padded group."""
+    decodes = step.decodes
+    if len(decodes) == 0:
+        return None, None
+    stage = staging.array
+    tables = step.page_tables[decodes]
+    lengths = step.lengths[decodes]
+    token_rows = step.token_start[decodes]
+    if use_cascade:
+        partition = partition_rows(tables, lengths, page)
+    else:
+        partition = DecodePartition(groups=[], rest=list(range(len(decodes))))
+    cascade = None
+    if partition.groups:
+        needed = step.pages_needed(page)[decodes]
+        exact = [tables[i, : needed[i]] for i in range(len(decodes))]
+        cascade = plan_cascade(
+            partition.groups, token_rows.tolist(), exact, lengths.tolist(), page, staging
+        )
+    if not partition.rest:
+        return None, cascade
+    rest = np.asarray(partition.rest, dtype=np.int64)
+    rest_lengths = lengths[rest]
+    width = int(-(-rest_lengths.max() // page))
+    key_mask = np.arange(width * page) < rest_lengths[:, None]
+    decode = DecodeGroup(
+        token_index=stage(token_rows[rest]),
+        page_tables=stage(tables[rest, :width]),
+        key_mask=stage(key_mask).view(len(rest), 1, 1, -1),
+    )
+    return decode, cascade
