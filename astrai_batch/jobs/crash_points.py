@@ -11,6 +11,7 @@ passes them:
 - ``shard_written``: a Ray worker committed its shard's part, the driver does not know yet
 - ``stats_written``: the stats file is committed, the output is not
 - ``output_written``: the output is committed, the checkpoint is not removed yet
+- ``checkpoint_removed``: the job is done, its process has not exited (a kill while it exits)
 
 The count left is kept in the variable itself, so it survives nothing but this process:
 a rerun (or a Ray worker, which inherits the environment) counts afresh.
@@ -28,6 +29,7 @@ POINTS = (
     "shard_written",
     "stats_written",
     "output_written",
+    "checkpoint_removed",
 )
 
 

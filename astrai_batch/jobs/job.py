@@ -21,6 +21,7 @@ from typing import TextIO
 
 from astrai_batch.errors import AstraiBatchError, JobAbortedError
 from astrai_batch.io import open_input
+from astrai_batch.jobs.crash_points import crash_point
 from astrai_batch.jobs.executors.base import Executor
 from astrai_batch.jobs.job_adapters import adapter_identity, read_job_adapters, with_lora_column
 from astrai_batch.jobs.job_commit import write_outputs
@@ -187,4 +188,5 @@ def _run(
     )
     summary = report.completed(run)  # reads the checkpoint: before it is removed
     checkpoint.remove()
+    crash_point("checkpoint_removed")
     return summary

@@ -133,7 +133,13 @@ def _fault(rng: random.Random, executor: str) -> Fault:
     if rng.random() < 0.4:
         return Fault("kill", delay=round(rng.uniform(1.0, 14.0), 1))
     if executor == "ray":
-        points = ["shard_written", "manifest_written", "stats_written", "output_written"]
+        points = [
+            "shard_written",
+            "manifest_written",
+            "stats_written",
+            "output_written",
+            "checkpoint_removed",
+        ]
     else:
         points = [p for p in POINTS if p != "shard_written"]
     point = rng.choice(points)

@@ -34,6 +34,7 @@ ATTEMPT_TIMEOUT = 600.0
 SENTINEL = "user-notes.txt"
 SENTINEL_TEXT = b"the user's own file: never touched\n"
 REFUSED = "holds rows finished by --executor "
+EXISTS = "already exists; pass --overwrite to replace it"
 OUR_LINES = ("astrai-batch: ", "Error: ")
 
 
@@ -175,6 +176,7 @@ def _run(
     output = place.uri(out_name)
     schedule = list(zip(matrix.faults, matrix.executors, strict=True))
     refusals = 0
+    killed = False  # the previous attempt was killed
     while schedule:
         fault, executor = schedule[0]
         outcome.attempts += 1
@@ -187,7 +189,15 @@ def _run(
         if code == -signal.SIGKILL:
             outcome.kills += 1
             schedule.pop(0)
+            killed = True
             continue
+        if code == 1 and killed and EXISTS in err and len(err.strip().splitlines()) == 1:
+            # The kill landed after the job had committed its output and removed its
+            # checkpoint (while the process was exiting): a rerun of a finished job is
+            # refused, as a user's would be. The output and the leftovers are still checked.
+            outcome.log.append("the killed attempt had finished the job")
+            break
+        killed = False
         if code == 1 and REFUSED in err:
             _check_refusal(err, output, outcome)
             refusals += 1

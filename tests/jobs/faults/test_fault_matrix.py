@@ -15,8 +15,10 @@ from jobs.faults.runner import Place, run_matrix
 # Drawn once and kept because together they pass every crash point of a local run (crash
 # points only: a timed kill may come after a fast job has finished, so it is the soak's),
 # three input formats, the three output formats and both storages.
-LOCAL_SEEDS = (3, 5, 25)
-RAY_SEED = 108  # three workers; killed after the stats file, resumed from its shards
+LOCAL_SEEDS = (3, 5, 40, 69)
+# Three workers on S3: killed after the stats file, resumed from its shards, then killed
+# once the job is done (the rerun is refused as a finished job's)
+RAY_SEED = 126
 
 
 def place_for(matrix: Matrix, tmp_path: Path, s3_bucket) -> Place:
