@@ -312,6 +312,11 @@ def _explicit_options(ctx: click.Context, params: dict[str, Any]) -> tuple[dict[
 @_model_source_options()[0]
 @_model_source_options()[1]
 @click.option("--chat-template-kwargs", default=None, help="As for run: a JSON object.")
+@_option(
+    "--task", _DEFAULTS.task, "As for run: generate, score or embed.", type=click.Choice(TASKS)
+)
+@_option("--pooling", None, "embed: last, mean or cls.", type=click.Choice(POOLINGS))
+@_option("--dimensions", None, "embed: as for run (checks OpenAI lines).", type=int)
 @click.pass_context
 def plan(
     ctx: click.Context,
@@ -327,6 +332,9 @@ def plan(
     prompt_column: str | None,
     id_column: str | None,
     chat_template_kwargs: str | None,
+    task: str,
+    pooling: str | None,
+    dimensions: int | None,
 ) -> None:
     """Predict the prefix-cache saving on INPUT (a path or a URI) without running the
     model."""
@@ -352,6 +360,9 @@ def plan(
             id_column=id_column,
             workers=workers,
             chat_template_kwargs=kwargs,
+            task=task,
+            pooling=pooling,
+            dimensions=dimensions,
         )
     except AstraiBatchError as exc:
         raise click.ClickException(str(exc)) from exc
