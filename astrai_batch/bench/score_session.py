@@ -36,7 +36,7 @@ from astrai_batch.engine import LoadedModel
 from astrai_batch.errors import AstraiBatchError
 from astrai_batch.jobs.planning.prefix_stats import ideal_prefix_stats
 
-WARMUP_ROWS = 2
+WARMUP_ROWS = 1  # one row runs every path (context, forks, the peer batch)
 DIFFERENCE = "max_abs_loglikelihood_difference"  # the peer's against our first layout's
 
 
