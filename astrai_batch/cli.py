@@ -14,10 +14,12 @@ import click
 from click.core import ParameterSource
 
 from astrai_batch import __version__
-from astrai_batch.cli_options import JOB_DEFAULTS, model_source_options, run_options
+from astrai_batch.cli_options import JOB_DEFAULTS, model_source_options, option, run_options
+from astrai_batch.engine.embedding_types import POOLINGS
 from astrai_batch.errors import AstraiBatchError, ConfigError
 from astrai_batch.jobs.options.config import DEFAULT_MODEL, JobConfig
 from astrai_batch.jobs.options.config_file import load_toml_options
+from astrai_batch.jobs.options.task_options import TASKS
 
 EXIT_INTERRUPTED_SIGINT = 130
 
@@ -121,6 +123,11 @@ def _explicit_options(ctx: click.Context, params: dict[str, Any]) -> tuple[dict[
 @model_source_options()[0]
 @model_source_options()[1]
 @click.option("--chat-template-kwargs", default=None, help="As for run: a JSON object.")
+@option(
+    "--task", JOB_DEFAULTS.task, "As for run: generate, score or embed.", type=click.Choice(TASKS)
+)
+@option("--pooling", None, "embed: last, mean or cls.", type=click.Choice(POOLINGS))
+@option("--dimensions", None, "embed: as for run (checks OpenAI lines).", type=int)
 @click.pass_context
 def plan(
     ctx: click.Context,
@@ -136,6 +143,9 @@ def plan(
     prompt_column: str | None,
     id_column: str | None,
     chat_template_kwargs: str | None,
+    task: str,
+    pooling: str | None,
+    dimensions: int | None,
 ) -> None:
     """Predict the prefix-cache saving on INPUT (a path or a URI) without running the
     model."""
@@ -161,6 +171,9 @@ def plan(
             id_column=id_column,
             workers=workers,
             chat_template_kwargs=kwargs,
+            task=task,
+            pooling=pooling,
+            dimensions=dimensions,
         )
     except AstraiBatchError as exc:
         raise click.ClickException(str(exc)) from exc

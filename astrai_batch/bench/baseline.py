@@ -3,8 +3,9 @@
 Tracked figures (medians over repeats), for each of our systems present (`astrai`, the paged
 layout, and `astrai-contiguous`):
 
-* `<system>.generated_tokens_per_second` and `ratio.<peer>` (`astrai`'s generated tokens/s
-  over the peer's): higher is better; a regression is falling below baseline * (1 - tolerance);
+* `<system>.generated_tokens_per_second` (`<system>.pairs_per_second` for the scoring
+  workload) and `ratio.<peer>` (`astrai`'s over the peer's): higher is better; a regression
+  is falling below baseline * (1 - tolerance);
 * `<system>.prefill_ratio` (prefill computed / ideal): lower is better; a regression is rising
   above baseline * (1 + tolerance);
 * `<system>.engine_overhead` (a share of wall time): lower is better, compared in points; a
@@ -54,6 +55,7 @@ TRACKED = (
         for system in OURS_SYSTEMS
         for figure in (
             TrackedFigure(f"{system}.generated_tokens_per_second", "higher", in_points=False),
+            TrackedFigure(f"{system}.pairs_per_second", "higher", in_points=False),
             TrackedFigure(f"{system}.prefill_ratio", "lower", in_points=False),
             TrackedFigure(f"{system}.engine_overhead", "lower", in_points=True),
         )

@@ -17,6 +17,7 @@ from astrai_batch.bench.config import (
     DEFAULT_TOLERANCE,
     HF_GENERATE_BATCH_SIZES,
     PEER_NAMES,
+    SCORING,
     BenchConfig,
     parse_batch_size,
     parse_kv_layouts,
@@ -65,7 +66,8 @@ _ENGINE = EngineConfig()
     "--workload",
     default="shared-prefix",
     show_default=True,
-    help=f"A built-in workload ({', '.join(WORKLOAD_NAMES)}) or an input file `run` accepts.",
+    help=f"A built-in workload ({', '.join((*WORKLOAD_NAMES, SCORING))}) or an input file "
+    "`run` accepts.",
 )
 @click.option("--repeat", type=int, default=3, show_default=True, help="Measured runs per system.")
 @click.option(
@@ -94,7 +96,12 @@ _ENGINE = EngineConfig()
 )
 @click.option("--num-system-prompts", type=int, default=None, help="Workload size: S.")
 @click.option("--questions-per-prompt", type=int, default=None, help="Workload size: U.")
-@click.option("--system-prompt-words", type=int, default=None, help="Workload size: words.")
+@click.option(
+    "--system-prompt-words",
+    type=int,
+    default=None,
+    help="Workload size: words (scoring: tokens of a few-shot context).",
+)
 @click.option("--seed", type=int, default=0, show_default=True, help="Workload seed.")
 @click.option("--max-num-seqs", type=int, default=_ENGINE.max_num_seqs, show_default=True)
 @click.option(

@@ -14,8 +14,14 @@ from astrai_batch.errors import ConfigError
 OURS = "astrai"
 HF_GENERATE = "hf-generate"
 HF_GENERATE_BATCH = "hf-generate-batch"
+HF_SCORE_PAIRS = "hf-score-pairs"  # the scoring workload's peer: one forward per pair
 FLOOR = "floor"
-PEER_NAMES = (HF_GENERATE, HF_GENERATE_BATCH)
+GENERATE_PEERS = (HF_GENERATE, HF_GENERATE_BATCH)
+PEER_NAMES = (*GENERATE_PEERS, HF_SCORE_PAIRS)
+# The log-likelihood workload (`score_bench`): token ids, so it is not a `workloads` text
+# workload; its peer is hf-score-pairs, and it has no floor line.
+SCORING = "scoring"
+SCORE_PEER_BATCH_SIZE = 8  # hf-score-pairs' batch when --hf-batch-size is auto
 DEFAULT_TOLERANCE = 0.05
 # transformers `generate` is run the way a careful script runs it: prompts sorted by length,
 # fixed batches, left-padded; with `hf_generate_batch_size` None (auto) the batch size is the
@@ -39,7 +45,7 @@ class BenchConfig:
     model: str
     workload: str = "shared-prefix"
     repeat: int = 1
-    peers: tuple[str, ...] = PEER_NAMES
+    peers: tuple[str, ...] = GENERATE_PEERS
     max_tokens: int | None = None
     num_system_prompts: int | None = None
     questions_per_prompt: int | None = None
@@ -93,6 +99,7 @@ class BenchConfig:
             )
         if len(set(self.peers)) != len(self.peers):
             raise ConfigError(f"peers: {', '.join(self.peers)} names a peer twice")
+        self._check_scoring()
         if not isinstance(self.kv_layouts, tuple) or not self.kv_layouts:
             raise ConfigError(f"kv_layouts must name at least one layout, got {self.kv_layouts!r}")
         for layout in self.kv_layouts:
@@ -113,6 +120,23 @@ class BenchConfig:
                 "--tensor-parallel-size > 1 benchmarks our engine only (the peers and the "
                 "floor run the whole model in one process): add --peers none --no-floor"
             )
+
+    def _check_scoring(self) -> None:
+        """The scoring workload generates nothing: its own peer, no floor, no max_tokens."""
+        if self.workload != SCORING:
+            if HF_SCORE_PAIRS in self.peers:
+                raise ConfigError(f"peers: {HF_SCORE_PAIRS} runs with --workload {SCORING} only")
+            return
+        others = [peer for peer in self.peers if peer != HF_SCORE_PAIRS]
+        if others:
+            raise ConfigError(
+                f"peers: {others[0]} generates; --workload {SCORING} compares with "
+                f"{HF_SCORE_PAIRS} only"
+            )
+        if self.max_tokens is not None:
+            raise ConfigError(f"--max-tokens does not apply to --workload {SCORING}")
+        if self.tensor_parallel_size > 1:
+            raise ConfigError(f"--workload {SCORING} runs with --tensor-parallel-size 1")
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> BenchConfig:

@@ -10,6 +10,7 @@ from astrai_batch.bench.config import FLOOR, OURS_SYSTEMS
 from astrai_batch.bench.summary import BenchSummary, Spread
 
 _HEADER = ("system", "wall s", "gen tok/s", "total tok/s", "peak RSS", "astrai is")
+_SCORING_HEADER = ("system", "wall s", "pairs/s", "pair tok/s", "peak RSS", "astrai is")
 
 
 def summary_json(summary: BenchSummary, comparison: BaselineComparison | None) -> str:
@@ -23,22 +24,30 @@ def summary_table(summary: BenchSummary) -> str:
     context = summary.context
     ours = next((summary.systems[s] for s in OURS_SYSTEMS if s in summary.systems), {})
     repeats = ours["wall_seconds"].count if "wall_seconds" in ours else 0
+    scoring = context.get("pairs") is not None
+    work = (
+        f"{context.get('num_prompts')} rows, {_int(context.get('pairs'))} pairs "
+        f"({_int(context.get('prompt_tokens'))} pair tokens)"
+        if scoring
+        else f"{context.get('num_prompts')} prompts ({_int(context.get('prompt_tokens'))} prompt "
+        f"tokens) x {context.get('max_tokens')} new tokens"
+    )
+    rate = "pairs_per_second" if scoring else "generated_tokens_per_second"
     title = (
-        f"astrai-batch bench: {context.get('workload')}, {context.get('num_prompts')} prompts "
-        f"({_int(context.get('prompt_tokens'))} prompt tokens) x {context.get('max_tokens')} new "
-        f"tokens; {context.get('model')} {context.get('dtype')} on {context.get('device')}, "
+        f"astrai-batch bench: {context.get('workload')}, {work}; "
+        f"{context.get('model')} {context.get('dtype')} on {context.get('device')}, "
         f"{context.get('cpu_cores')} cores ({context.get('cpu_model')}); "
         f"{repeats} repeat{'s' if repeats != 1 else ''}"
         + (", median (min-max)" if repeats > 1 else "")
     )
-    table = [_HEADER]
+    table = [_SCORING_HEADER if scoring else _HEADER]
     for system, figures in summary.systems.items():
         ratio = summary.ratios.get(system)
         table.append(
             (
                 system,
                 _spread(figures.get("wall_seconds"), ",.1f"),
-                _spread(figures.get("generated_tokens_per_second"), ",.1f"),
+                _spread(figures.get(rate), ",.1f"),
                 _spread(figures.get("total_tokens_per_second"), ",.1f"),
                 _bytes(figures.get("peak_rss_bytes")),
                 f"{_spread(ratio, '.2f')}x faster" if ratio else "",

@@ -1,5 +1,7 @@
 """The results Parquet: one row per system per repeat, plus the floor, with machine info.
 
+The scoring workload's rows (`score_session`) fill `pairs` and `pairs_per_second` and leave
+the generation columns null.
 Engine-only columns (prefill, cache, time to first token, KV pages, layout and seats,
 forward time, overhead, steps, preemptions) are null on peer and floor rows; `repeat` is null on the
 floor row; `peak_rss_bytes` is null on the floor row (it is computed, not run).
@@ -40,6 +42,8 @@ RESULTS_SCHEMA = pa.schema(
         ("wall_seconds", pa.float64()),
         ("generated_tokens_per_second", pa.float64()),
         ("total_tokens_per_second", pa.float64()),
+        ("pairs", pa.int64()),  # scoring: (context, continuation) pairs; else null
+        ("pairs_per_second", pa.float64()),  # scoring: the throughput; else null
         ("ideal_prefill_tokens", pa.int64()),
         ("prefill_tokens", pa.int64()),
         ("prefill_ratio", pa.float64()),  # prefill_tokens / ideal_prefill_tokens

@@ -20,6 +20,8 @@ import torch
 from astrai_batch.engine import EngineConfig, GenerationRequest, generate_sync
 from astrai_batch.engine.model.loaded import LoadedModel
 from astrai_batch.engine.scoring_types import ScoreRequest
+from astrai_batch.errors import AstraiBatchError
+from astrai_batch.jobs.planning.task_prefill import ideal_score_tokens
 
 Row = tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]
 
@@ -55,19 +57,9 @@ class ScoreWorkload:
 
 
 def ideal_tokens(rows: list[Row]) -> int:
-    """Distinct nodes of the prefix tree of every pair's model input, (ctx + cont)[:-1]."""
-    root: dict = {}
-    count = 0
-    for context, conts in rows:
-        for cont in conts:
-            node = root
-            for token in (*context, *cont)[:-1]:
-                child = node.get(token)
-                if child is None:
-                    child = node[token] = {}
-                    count += 1
-                node = child
-    return count
+    """Distinct nodes of the prefix tree of every pair's model input, (ctx + cont)[:-1]:
+    the ideal `astrai-batch plan --task score` reports too."""
+    return ideal_score_tokens(rows)
 
 
 def run_ours(loaded: LoadedModel, rows: list[Row], config: EngineConfig):
@@ -75,12 +67,18 @@ def run_ours(loaded: LoadedModel, rows: list[Row], config: EngineConfig):
     started = time.perf_counter()
     results, stats = generate_sync(loaded, requests, config)
     seconds = time.perf_counter() - started
+    failed = [r for r in results if r.scores is None]
+    if failed:
+        raise AstraiBatchError(
+            f"{len(failed)} of {len(results)} scoring rows failed, first: {failed[0].error}"
+        )
     values = [[s.logprob for s in r.scores] for r in results]
     return values, stats, seconds
 
 
 def run_peer(model: torch.nn.Module, rows: list[Row], batch_size: int):
-    """One forward per (context, continuation) pair, batched by length."""
+    """One forward per (context, continuation) pair, batched by length (longest first, so
+    a batch pads little), right padded under an attention mask."""
     pairs = [
         (i, j, ctx, cont) for i, (ctx, conts) in enumerate(rows) for j, cont in enumerate(conts)
     ]
@@ -97,8 +95,12 @@ def run_peer(model: torch.nn.Module, rows: list[Row], batch_size: int):
             for k, x in enumerate(inputs):
                 ids[k, : len(x)] = torch.tensor(x)
                 mask[k, : len(x)] = 1
-            logprobs = torch.log_softmax(model(ids, attention_mask=mask).logits.float(), dim=-1)
+            logits = model(ids.to(model.device), attention_mask=mask.to(model.device)).logits
+            logprobs = torch.log_softmax(logits.float(), dim=-1)
             for k, (i, j, ctx, cont) in enumerate(batch):
-                positions = torch.arange(len(ctx) - 1, len(ctx) - 1 + len(cont))
-                values[i][j] = float(logprobs[k, positions, torch.tensor(cont)].sum())
+                positions = torch.arange(
+                    len(ctx) - 1, len(ctx) - 1 + len(cont), device=logprobs.device
+                )
+                target = torch.tensor(cont, device=logprobs.device)
+                values[i][j] = float(logprobs[k, positions, target].sum())
     return values, time.perf_counter() - started

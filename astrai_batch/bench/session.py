@@ -16,6 +16,7 @@ from typing import Any
 from astrai_batch.bench.config import (
     HF_GENERATE,
     HF_GENERATE_BATCH_SIZES,
+    SCORING,
     WARMUP_MAX_TOKENS,
     WARMUP_PROMPTS,
     BenchConfig,
@@ -32,6 +33,7 @@ from astrai_batch.bench.peers import (
 )
 from astrai_batch.bench.prompts import BenchPrompts, load_prompts
 from astrai_batch.bench.results import MeasuredRun, result_row
+from astrai_batch.bench.score_session import measure_scoring
 from astrai_batch.engine import LoadedModel, keep_freed_memory, load_model, set_cpu_threads
 from astrai_batch.engine.threads import describe_threads
 from astrai_batch.errors import AstraiBatchError
@@ -42,7 +44,7 @@ Progress = Callable[[str], None]
 @dataclass(frozen=True)
 class BenchOutcome:
     rows: tuple[dict[str, Any], ...]  # `RESULTS_SCHEMA` rows, in run order, floor last
-    prompts: BenchPrompts
+    prompts: BenchPrompts | None  # None for the scoring workload (`score_session`)
     machine: MachineInfo
 
 
@@ -71,6 +73,10 @@ def run_bench(config: BenchConfig, progress: Progress) -> BenchOutcome:
 def _measure(
     loaded: LoadedModel, config: BenchConfig, progress: Progress, started_at: str
 ) -> BenchOutcome:
+    if config.workload == SCORING:
+        machine = machine_info(next(loaded.model.parameters()).device)
+        rows = measure_scoring(loaded, config, progress, started_at, machine)
+        return BenchOutcome(rows=rows, prompts=None, machine=machine)
     prompts = load_prompts(config, loaded.tokenizer, loaded.name)
     machine = machine_info(next(loaded.model.parameters()).device)
     progress(

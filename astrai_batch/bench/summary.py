@@ -3,7 +3,8 @@
 Everything is computed from result rows (dicts with the `RESULTS_SCHEMA` columns), so a
 baseline file read back from disk summarizes exactly as the run that wrote it did.
 
-Ratios to a peer are pairwise: in each repeat, our generated tokens/s over the peer's in
+Ratios to a peer are pairwise: in each repeat, our generated tokens/s (pairs/s for the
+scoring workload) over the peer's in
 the same repeat (the runs alternate, so a machine slowing down mid-benchmark affects both
 sides of each pair); the summary is the median of those per-repeat ratios.
 """
@@ -23,6 +24,7 @@ FIGURES = (
     "wall_seconds",
     "generated_tokens_per_second",
     "total_tokens_per_second",
+    "pairs_per_second",
     "peak_rss_bytes",
     "prefill_tokens",
     "prefill_ratio",
@@ -46,6 +48,7 @@ CONTEXT = (
     "model",
     "dtype",
     "num_prompts",
+    "pairs",
     "max_tokens",
     "prompt_tokens",
     "ideal_prefill_tokens",
@@ -120,14 +123,12 @@ def summarize(rows: Sequence[Mapping[str, Any]]) -> BenchSummary:
         systems[system] = {name: spread for name, spread in figures.items() if spread}
     ours = _by_repeat(measured, OURS)
     ratios = {}
+    rate = throughput_figure(rows[0])
     for peer in systems:
         if peer == OURS:
             continue
         theirs = _by_repeat(measured, peer)
-        pairs = [
-            ours[r]["generated_tokens_per_second"] / theirs[r]["generated_tokens_per_second"]
-            for r in sorted(set(ours) & set(theirs))
-        ]
+        pairs = [ours[r][rate] / theirs[r][rate] for r in sorted(set(ours) & set(theirs))]
         spread = Spread.of(pairs)
         if spread is not None:
             ratios[peer] = spread
@@ -145,6 +146,11 @@ def summarize(rows: Sequence[Mapping[str, Any]]) -> BenchSummary:
             else None
         ),
     )
+
+
+def throughput_figure(row: Mapping[str, Any]) -> str:
+    """What a workload's ratios compare: pairs/s for scoring, else generated tokens/s."""
+    return "pairs_per_second" if row.get("pairs") is not None else "generated_tokens_per_second"
 
 
 def _by_repeat(rows: Sequence[Mapping[str, Any]], system: str) -> dict[int, Mapping[str, Any]]:

@@ -19,9 +19,17 @@ from astrai_batch.engine.sampling.constraints import Constraint
 from astrai_batch.errors import ConfigError, UnsupportedModelError
 from astrai_batch.io import InputRow, open_input
 from astrai_batch.jobs.options.config import DEFAULT_MAX_TOKENS
+from astrai_batch.jobs.options.task_options import TASKS, check_embed_options, task_prompt_column
+from astrai_batch.jobs.plan_tasks import (
+    embed_lines,
+    encode_for_task,
+    score_lines,
+    task_embed_request,
+)
 from astrai_batch.jobs.planning.prefix_stats import PrefixStats, PrefixStatsBuilder
 from astrai_batch.jobs.planning.shard_prediction import ShardPrediction, predict_shards
 from astrai_batch.jobs.planning.sharding import KeyedRow
+from astrai_batch.jobs.planning.task_prefill import EmbedPrefill, ScorePrefill, ScorePrefillBuilder
 from astrai_batch.jobs.planning.tokenize import ENCODE_BATCH_ROWS, PromptEncoder
 from astrai_batch.jobs.planning.window import read_window
 
@@ -42,6 +50,11 @@ class PlanReport:
     # rows naming a LoRA adapter (`lora`): each adapter's own prefix statistics, since the
     # cache never shares pages across adapters; the base model's rows under None
     adapters: dict[str | None, PrefixStats] | None = None
+    task: str = "generate"
+    # --task score: `stats` are the contexts' (`score` adds the continuations); --task
+    # embed: `stats` are the prompts' sharing, `embed` what the pooling lets `run` reuse
+    score: ScorePrefill | None = None
+    embed: EmbedPrefill | None = None
 
     def to_dict(self) -> dict[str, Any]:
         stats = self.stats.to_dict()
@@ -58,6 +71,9 @@ class PlanReport:
             "distinct_constraints": self.distinct_constraints,
             **({"shards": self.shards.to_dict()} if self.shards else {}),
             **({"adapters": self._adapter_dicts()} if self.adapters else {}),
+            "task": self.task,
+            **({"score": self.score.to_dict()} if self.score else {}),
+            **({"embed": self.embed.to_dict()} if self.embed else {}),
         }
 
     def _adapter_dicts(self) -> list[dict[str, Any]]:
@@ -72,6 +88,26 @@ class PlanReport:
             for name, stats in (self.adapters or {}).items()
         ]
 
+    def _task_line(self) -> list[str]:
+        if self.embed is not None:
+            return [f"task                      embed ({self.embed.pooling} pooling)"]
+        if self.score is not None:
+            return ["task                      score"]
+        return []
+
+    def _reuse_lines(self) -> list[str]:
+        if self.score is not None:
+            return score_lines(self.score)
+        if self.embed is not None:
+            return embed_lines(self.embed)
+        stats = self.stats
+        return [
+            f"prompt tokens             {stats.prompt_tokens:,}",
+            f"reusable tokens           {stats.reusable_tokens:,} (page size {stats.page_size})",
+            f"tokens to prefill         {stats.unique_tokens:,}",
+            f"predicted prefill saving  {stats.predicted_prefill_saving:.1%}",
+        ]
+
     def to_json(self) -> str:
         return json.dumps(self.to_dict())
 
@@ -80,12 +116,10 @@ class PlanReport:
         lines = [
             f"input                     {self.input} ({self.shape} rows)",
             f"model                     {self.model} (tokenizer only)",
+            *self._task_line(),
             f"rows                      {stats.rows:,}"
             + (f" (+{self.bad_rows:,} with errors, left out)" if self.bad_rows else ""),
-            f"prompt tokens             {stats.prompt_tokens:,}",
-            f"reusable tokens           {stats.reusable_tokens:,} (page size {stats.page_size})",
-            f"tokens to prefill         {stats.unique_tokens:,}",
-            f"predicted prefill saving  {stats.predicted_prefill_saving:.1%}",
+            *self._reuse_lines(),
         ]
         if self.adapters:
             total = sum(s.prompt_tokens for s in self.adapters.values())
@@ -139,14 +173,31 @@ def plan_input(
     id_column: str | None = None,
     workers: int | None = None,
     chat_template_kwargs: dict[str, Any] | None = None,
+    task: str = "generate",
+    pooling: str | None = None,
+    dimensions: int | None = None,
 ) -> PlanReport:
     """The prefix statistics of INPUT; with `workers`, also the hit rates that prefix-aware
-    shards and input-order blocks would give (this keeps every row's token ids in memory)."""
+    shards and input-order blocks would give (this keeps every row's token ids in memory).
+    `task`, `pooling`, `dimensions`: as for `run` (see `plan_tasks`)."""
+    if task not in TASKS:
+        raise ConfigError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
+    check_embed_options(pooling, True, dimensions)
+    if workers is not None and task != "generate":
+        raise ConfigError(f"--workers predicts Ray shards; --task {task} runs locally only")
     source = open_input(
-        input_path, input_format=input_format, prompt_column=prompt_column, id_column=id_column
+        input_path,
+        input_format=input_format,
+        prompt_column=task_prompt_column(task, prompt_column),
+        id_column=id_column,
+        task=task,
     )
     builder = PrefixStatsBuilder(page_size, top)  # checks page_size and top before loading
-    tokenizer, _ = load_tokenizer(model, revision=revision, trust_remote_code=trust_remote_code)
+    tokenizer, location = load_tokenizer(
+        model, revision=revision, trust_remote_code=trust_remote_code
+    )
+    embed = task_embed_request(task, pooling, dimensions, location)
+    scores = ScorePrefillBuilder(page_size, top) if task == "score" else None
     encoder = PromptEncoder(tokenizer, model, chat_template_kwargs=chat_template_kwargs)
     if source.shape == "messages" and not encoder.has_chat_template:
         raise UnsupportedModelError(no_chat_template_message(model))
@@ -157,18 +208,21 @@ def plan_input(
     keyed: list[KeyedRow] = []
     by_adapter: dict[str | None, PrefixStatsBuilder] = {}
     for batch in _batches(source.iter_rows()):
-        for row, encoding in zip(batch, encoder.encode(batch), strict=True):
-            if encoding.token_ids is None:
+        for planned in encode_for_task(encoder, batch, task, embed):
+            row, token_ids = planned.row, planned.token_ids
+            if token_ids is None:
                 bad_rows += 1
             else:
-                builder.add(encoding.token_ids)
+                builder.add(token_ids)
+                if scores is not None:
+                    scores.add(token_ids, planned.continuations)
                 adapter = by_adapter.get(row.lora)
                 if adapter is None:
                     adapter = by_adapter[row.lora] = PrefixStatsBuilder(page_size, top)
-                adapter.add(encoding.token_ids)
+                adapter.add(token_ids)
                 constraints.add(row)
                 if workers is not None:
-                    keyed.append(KeyedRow(row.index, encoding.token_ids, DEFAULT_MAX_TOKENS))
+                    keyed.append(KeyedRow(row.index, token_ids, DEFAULT_MAX_TOKENS))
     stats = builder.result()
     previews = tuple(
         tokenizer.decode(list(prefix.preview_token_ids)) for prefix in stats.top_shared_prefixes
@@ -188,6 +242,9 @@ def plan_input(
             if set(by_adapter) - {None}
             else None
         ),
+        task=task,
+        score=scores.result() if scores is not None else None,
+        embed=EmbedPrefill(embed.pooling, stats) if embed is not None else None,
     )
 
 

@@ -38,6 +38,8 @@ DOCUMENTED_COLUMNS = (
     "wall_seconds",
     "generated_tokens_per_second",
     "total_tokens_per_second",
+    "pairs",
+    "pairs_per_second",
     "ideal_prefill_tokens",
     "prefill_tokens",
     "prefill_ratio",
@@ -247,6 +249,7 @@ def test_results_file_has_the_documented_columns_and_one_row_per_system_and_repe
         assert row["ideal_prefill_tokens"] == ideal.unique_tokens
         assert row["ideal_cache_hit_rate"] == ideal.predicted_prefill_saving
         assert row["generated_tokens_per_second"] == 12 / row["wall_seconds"]
+        assert row["pairs"] is None and row["pairs_per_second"] is None  # scoring only
         assert row["cpu_cores"] >= 1 and row["torch_version"] and row["device"] == "cpu"
         assert row["torch_threads"] == 1
     contiguous, ours, hf_generate, hf_generate_batch, floor = rows

@@ -52,7 +52,8 @@ def test_peers_parse_from_a_comma_list() -> None:
         ({"repeat": 0}, "repeat must be >= 1, got 0"),
         (
             {"peers": ("vllm",)},
-            "peers: unknown peer 'vllm'; known peers: hf-generate, hf-generate-batch",
+            "peers: unknown peer 'vllm'; known peers: hf-generate, hf-generate-batch, "
+            "hf-score-pairs",
         ),
         (
             {"peers": ("hf-generate", "hf-generate")},
