@@ -61,6 +61,16 @@ class EngineCore:
         self.loaded = loaded
         self.config = config
         self.tokenizer = loaded.tokenizer
+        if invariance_probe and config.numerics == "invariant":
+            # before this engine is assembled: the probe's engines come and go first (with
+            # tensor parallelism every rank follows the engine assembled last)
+            check_invariance_at_start(
+                loaded,
+                config,
+                lambda probe: EngineCore(
+                    loaded, probe, static_decode=static_decode, invariance_probe=False
+                ),
+            )
         parts = assemble_engine(loaded, config, static_decode=static_decode)
         self.max_model_len = parts.max_model_len
         self.attention_backend = parts.attention_backend
@@ -69,14 +79,6 @@ class EngineCore:
         self.runner = parts.runner
         self.lora = self.runner.lora  # the model's LoRA adapters, or None
         self._usable_pages = parts.usable_pages
-        if invariance_probe and config.numerics == "invariant":
-            check_invariance_at_start(
-                loaded,
-                config,
-                lambda probe: EngineCore(
-                    loaded, probe, static_decode=static_decode, invariance_probe=False
-                ),
-            )
         # (request id, sample index, logits row) of every sampled position; tests of the
         # batch-invariance promise compare these bitwise
         self.logits_observer: Callable[[Hashable, int, torch.Tensor], None] | None = None

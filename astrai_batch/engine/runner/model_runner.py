@@ -187,7 +187,7 @@ class ModelRunner:
         timer.stop()
         return ForwardOutput(logits=logits, timer=timer)
 
-    def _build_batch(self, step: StepArrays, graphed: bool):
+    def _build_batch(self, step: StepArrays, graphed: bool = True):
         if graphed and self.decode_graphs is not None:
             staged = self.decode_graphs.stage(step)
             if staged is not None:
