@@ -57,6 +57,9 @@ def load_shard(
         model = AutoModelForCausalLM.from_config(
             config, dtype=dtype, trust_remote_code=trust_remote_code
         )
+    # tied weights (an LM head that is the embedding, as SmolLM2's) share one parameter, read
+    # once: from_config on the meta device leaves them apart until asked
+    model.tie_weights()
     styles = _shard_layers(model, plan, group, dtype)
     _read_parameters(model, safetensors_index(model_dir), styles, plan, group, dtype)
     model.to(group.device)  # the computed buffers; parameters are there already
