@@ -83,9 +83,10 @@ def install_adapters(
                 pairs.append(None)
                 continue
             a, b = (t.to(device=weight.device, dtype=weight.dtype) for t in found)
-            bank.nbytes += a.nbytes + b.nbytes
             pairs.append(LoraPair(a, b, adapter.config.scaling))
-        model.set_submodule(path, LoraLinear(base, bank, pairs))
+        layer = LoraLinear(base, bank, pairs)
+        bank.nbytes += layer.a_all.nbytes + layer.b_all.nbytes
+        model.set_submodule(path, layer)
     return bank
 
 

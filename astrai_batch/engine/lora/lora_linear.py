@@ -43,6 +43,24 @@ class LoraLinear(nn.Module):
         # by adapter slot (0: the base model, always None); read, never owned
         self.pairs = pairs
         object.__setattr__(self, "bank", bank)  # shared by every layer: not a submodule
+        # every slot's matrices stacked, zero-padded to the largest rank (slot 0 and adapters
+        # that leave this layer alone: zeros), for one batched pass over all adapters' tiles
+        weight = base.weight
+        rank = max((p.a_t.shape[1] for p in pairs if p is not None), default=1)
+        a_all = weight.new_zeros(len(pairs), self.in_features, rank)
+        b_all = weight.new_zeros(len(pairs), rank, self.out_features)
+        scaling = weight.new_zeros(len(pairs))
+        for slot, pair in enumerate(pairs):
+            if pair is not None:
+                r = pair.a_t.shape[1]
+                a_all[slot, :, :r] = pair.a_t
+                b_all[slot, :r, :] = pair.b_t
+                scaling[slot] = pair.scaling
+                # the pair reads the stack from now on: the matrices are held once
+                pair.a_t, pair.b_t = a_all[slot, :, :r], b_all[slot, :r, :]
+        self.register_buffer("a_all", a_all, persistent=False)
+        self.register_buffer("b_all", b_all, persistent=False)
+        self.register_buffer("scaling_all", scaling, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.base(x)
@@ -51,6 +69,9 @@ class LoraLinear(nn.Module):
             return out
         flat_x = x.reshape(-1, self.in_features)
         flat_out = out.view(-1, self.out_features)
+        if rows.tile_slots is not None:
+            flat_out.index_add_(0, rows.targets, self._tiled_delta(flat_x, rows))
+            return out
         gathered = None
         for segment in rows.segments:
             pair = self.pairs[segment.slot]
@@ -62,6 +83,16 @@ class LoraLinear(nn.Module):
             delta = low_rank(seg_x, pair, rows.tile_rows)[: segment.count] * pair.scaling
             flat_out.index_add_(0, segment.targets, delta)
         return out
+
+    def _tiled_delta(self, flat_x: torch.Tensor, rows: StepAdapterRows) -> torch.Tensor:
+        """Every adapter row's `(x A^T) B^T * scaling`, as two batched GEMMs over tiles of
+        exactly `tile_rows` rows, each tile with its own adapter's matrices: a row's bits
+        depend on neither its segment nor the step (test_lora_linear)."""
+        tiles = flat_x.index_select(0, rows.gather).view(-1, rows.tile_rows, self.in_features)
+        hidden = torch.bmm(tiles, self.a_all.index_select(0, rows.tile_slots))
+        delta = torch.bmm(hidden, self.b_all.index_select(0, rows.tile_slots))
+        delta = delta * self.scaling_all.index_select(0, rows.tile_slots)[:, None, None]
+        return delta.view(-1, self.out_features).index_select(0, rows.real)
 
     def extra_repr(self) -> str:
         return f"adapters={sum(p is not None for p in self.pairs)}"

@@ -1,11 +1,13 @@
 """Which token rows of a step use which adapter, grouped once per step on the host.
 
 Every wrapped layer of the step reads the same grouping: the rows of each adapter as one
-segment of a single gather (rows sorted by adapter, S-LoRA / Punica style), so a layer runs
-one gather, two small GEMMs per adapter present and one scatter-add per adapter, whatever
-the number of rows. With fixed tiles (invariant numerics) each segment is padded to whole
-tiles with copies of its first row; a padded row's result is dropped, and since a GEMM row
-never depends on the other rows of a fixed-shape tile, what fills the padding does not matter.
+segment of a single gather (rows sorted by adapter, S-LoRA / Punica style). With tiles, a
+layer runs one gather, two batched GEMMs over every adapter's tiles at once (each tile with
+its adapter's matrices) and one scatter-add, whatever the number of rows or adapters; without
+(fast numerics), two small GEMMs and one scatter-add per adapter present. With fixed tiles
+(invariant numerics) each segment is padded to whole tiles with copies of its first row; a
+padded row's result is dropped, and since a GEMM row never depends on the other rows of a
+fixed-shape tile, what fills the padding does not matter.
 """
 
 from __future__ import annotations
@@ -32,6 +34,11 @@ class StepAdapterRows(NamedTuple):
     gather: torch.Tensor  # [sum of padded] step rows, segment after segment
     segments: tuple[Segment, ...]
     tile_rows: int | None  # None: one GEMM per segment (fast numerics)
+    # with tiles: every tile's adapter slot, the gathered positions of the real rows and the
+    # step rows they are added to (segment after segment), for one batched pass per layer
+    tile_slots: torch.Tensor | None = None  # [tiles]
+    real: torch.Tensor | None = None  # [real rows] positions in `gather`
+    targets: torch.Tensor | None = None  # [real rows] step rows
 
 
 def group_rows(
@@ -64,4 +71,16 @@ def group_rows(
             Segment(int(sorted_slots[begin]), position, count, padded, targets[begin:end])
         )
         position += padded
-    return StepAdapterRows(to_device(np.concatenate(gather), device), tuple(segments), tile_rows)
+    gathered = to_device(np.concatenate(gather), device)
+    if tile_rows is None:
+        return StepAdapterRows(gathered, tuple(segments), None)
+    tile_slots = np.concatenate([np.full(s.padded // tile_rows, s.slot) for s in segments])
+    real = np.concatenate([np.arange(s.start, s.start + s.count) for s in segments])
+    return StepAdapterRows(
+        gathered,
+        tuple(segments),
+        tile_rows,
+        to_device(tile_slots.astype(np.int64), device),
+        to_device(real.astype(np.int64), device),
+        targets,
+    )
