@@ -70,6 +70,7 @@ class EngineCore:
                 lambda probe: EngineCore(
                     loaded, probe, static_decode=static_decode, invariance_probe=False
                 ),
+                decode_path="static" if static_decode else "eager",
             )
         parts = assemble_engine(loaded, config, static_decode=static_decode)
         self.max_model_len = parts.max_model_len

@@ -40,8 +40,12 @@ def batch_dependent(loaded):
         return out + 1e-3 * out.mean(dim=1, keepdim=True)
 
     handle = loaded.model.model.norm.register_forward_hook(mix)
+    passed = set(loaded.invariance_passed)
+    loaded.invariance_passed.clear()  # verdicts of the model without the hook
     yield
     handle.remove()
+    loaded.invariance_passed.clear()
+    loaded.invariance_passed.update(passed)
 
 
 def cores(loaded):
@@ -94,3 +98,20 @@ def test_probe_rows_fit_a_short_context() -> None:
 def test_probe_is_deterministic() -> None:
     assert probe_prompts(384, PROBE_SEED, 1000) == probe_prompts(384, PROBE_SEED, 1000)
     assert torch.tensor(probe_prompts(384, PROBE_SEED, 1000)[0]).max() < 384
+
+
+def test_a_passed_probe_is_not_run_again_for_the_same_model_and_configuration(loaded) -> None:
+    made = []
+
+    def cores(config):
+        made.append(config)
+        return EngineCore(loaded, config, invariance_probe=False)
+
+    loaded.invariance_passed.clear()
+    check_invariance_at_start(loaded, EngineConfig(page_size=8), cores)
+    first = len(made)
+    assert first == 3  # alone, then the two crowds
+    check_invariance_at_start(loaded, EngineConfig(page_size=8), cores)
+    assert len(made) == first
+    check_invariance_at_start(loaded, EngineConfig(page_size=16), cores)  # another probe
+    assert len(made) == 2 * first

@@ -6,7 +6,7 @@ Kept apart from the loader so that model checks and kernels can name `LoadedMode
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
@@ -46,6 +46,10 @@ class LoadedModel:
     # group and, on rank 0, the other ranks' processes); `model` is then this rank's shard
     # and `num_kv_heads` its own KV heads
     parallel: Any = None
+    # the start-up invariance probes this model passed, by what they ran (`invariance_probe`):
+    # a verdict is a function of the model, its device and the probe's configuration, so
+    # further engines over the same model and configuration need not run it again
+    invariance_passed: set = field(default_factory=set, repr=False)
 
     def __post_init__(self) -> None:
         for field_name in ("max_model_len", "num_layers", "num_kv_heads", "head_dim"):
