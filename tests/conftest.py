@@ -143,26 +143,8 @@ class S3Bucket:
 @pytest.fixture(scope="session")
 def s3_bucket():
     """An S3 server (moto's) on 127.0.0.1 for the session, with one empty bucket."""
-    import socket
+    pytest.importorskip("moto.server")
+    from s3_server import s3_server
 
-    moto_server = pytest.importorskip("moto.server")
-    import pyarrow.fs as pafs
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    try:
-        fs = pafs.S3FileSystem(
-            access_key="test",
-            secret_key="test",
-            endpoint_override=f"127.0.0.1:{port}",
-            scheme="http",
-            region="us-east-1",
-            allow_bucket_creation=True,
-        )
-        fs.create_dir("bucket")
-        yield S3Bucket(fs, f"endpoint_override=127.0.0.1:{port}&scheme=http&region=us-east-1")
-    finally:
-        server.stop()
+    with s3_server() as (fs, query):
+        yield S3Bucket(fs, query)

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import random
-
 import torch
 
+from astrai_batch.bench.invariance_check import crowd_prompts
 from astrai_batch.engine import EngineConfig, GenerationRequest, SamplingParams
 from astrai_batch.engine.core import EngineCore
 
@@ -34,14 +33,9 @@ def capture_rows(core: EngineCore, requests) -> dict:
 
 
 def invariance_prompts(vocab_size: int, count: int, seed: int) -> list[list[int]]:
-    """Mixed lengths (2 to 150 tokens); a third share one of two prefixes of 40-70 tokens."""
-    rng = random.Random(seed)
-    prefixes = [[rng.randrange(3, vocab_size) for _ in range(rng.randint(40, 70))] for _ in "ab"]
-    prompts = []
-    for i in range(count):
-        tail = [rng.randrange(3, vocab_size) for _ in range(rng.choice([2, 9, 17, 33, 80, 150]))]
-        prompts.append(prefixes[i % 2] + tail if i % 3 == 0 else tail)
-    return prompts
+    """Mixed lengths (2 to 150 tokens); a third share one of two prefixes of 40-70 tokens:
+    the device check's crowd (`bench.invariance_check`), run here on CPU."""
+    return crowd_prompts(vocab_size, count, seed)
 
 
 def requests_for(prompts, ids, params) -> list[GenerationRequest]:

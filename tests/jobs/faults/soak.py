@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import random
-import socket
 import sys
 import tempfile
 import time
@@ -21,31 +20,7 @@ from pathlib import Path
 import pyarrow.fs as pafs
 from jobs.faults.matrix import draw
 from jobs.faults.runner import Place, run_matrix
-
-
-@contextlib.contextmanager
-def s3_server() -> Iterator[tuple[pafs.FileSystem, str]]:
-    """moto's S3 server on loopback with one bucket: (filesystem, URI query)."""
-    from moto.server import ThreadedMotoServer
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    try:
-        fs = pafs.S3FileSystem(
-            access_key="test",
-            secret_key="test",
-            endpoint_override=f"127.0.0.1:{port}",
-            scheme="http",
-            region="us-east-1",
-            allow_bucket_creation=True,
-        )
-        fs.create_dir("bucket")
-        yield fs, f"endpoint_override=127.0.0.1:{port}&scheme=http&region=us-east-1"
-    finally:
-        server.stop()
+from s3_server import s3_server
 
 
 @contextlib.contextmanager
