@@ -53,7 +53,8 @@ def open_checkpoint(
                 directory.child(name).delete()
     if directory.child(MANIFEST_NAME).exists():
         checkpoint = Checkpoint(directory, read_manifest(directory.child(MANIFEST_NAME)))
-        checkpoint.remove_debris()
+        # a refused checkpoint is left exactly as it was, its debris too: debris goes only
+        # once this run takes the checkpoint over or resumes it
         if checkpoint.executor != executor:
             _take_over(checkpoint, job, planning, executor)
             return checkpoint
@@ -64,6 +65,7 @@ def open_checkpoint(
                 f"({'; '.join(differences)}); {RESTART_HINT}, or restore the original "
                 "settings to resume"
             )
+        checkpoint.remove_debris()
         if not output_written:  # else a kill while removing it may have taken parts
             checkpoint.require_parts()
         return checkpoint
@@ -92,4 +94,5 @@ def _take_over(
             f"{checkpoint.executor.describe()}; rerun with {checkpoint.executor.describe()} to "
             f"resume it, or {RESTART_HINT}"
         )
+    checkpoint.remove_debris()
     checkpoint.restart_as(job, planning, executor)

@@ -10,6 +10,7 @@ import pytest
 
 from astrai_batch.errors import CheckpointError
 from astrai_batch.jobs.output.checkpoint import WindowRecord, checkpoint_dir_for
+from astrai_batch.jobs.output.checkpoint_manifest import ExecutorMark
 from astrai_batch.jobs.output.checkpoint_opening import open_checkpoint
 from astrai_batch.jobs.output.identity import job_differences
 from astrai_batch.jobs.output.records import error_record, part_schema, records_table
@@ -167,6 +168,29 @@ def test_unlisted_and_temporary_files_are_removed_on_open(tmp_path: Path) -> Non
     assert sorted(p.name for p in directory.iterdir()) == ["manifest.json", "part-000001.parquet"]
     again.write_part(0, failed_rows(1), stats(1))
     assert again.done_indices(0) == {0, 1}
+
+
+@pytest.mark.parametrize("refusal", ["another job", "another executor"])
+def test_a_refused_checkpoint_keeps_its_debris_too(tmp_path: Path, refusal: str) -> None:
+    # A kill -9 mid-write leaves a temp file; a rerun that is refused must not touch it (it
+    # did: the debris went before the refusal, so "refused and kept" depended on timing).
+    directory = tmp_path / ".out.ckpt"
+    checkpoint = open_checkpoint(directory, JOB, planning=PLANNING, restart=False)
+    checkpoint.record_window(WindowRecord(0, 0, 5, 0, 1))
+    checkpoint.write_part(0, failed_rows(0), stats(1))
+    (directory / "part-000002.parquet").write_bytes(b"unlisted")
+    (directory / ".part-000003.parquet.tmp-4194000-abcd").write_bytes(b"torn")
+    before = {p.name: p.read_bytes() for p in directory.iterdir()}
+    job, executor = JOB, ExecutorMark("local")
+    if refusal == "another job":
+        job = {**JOB, "options": {"max_tokens": 5, "stop": ["x"]}}
+    else:
+        executor = ExecutorMark("ray", 2, 1)
+
+    with pytest.raises(CheckpointError):
+        open_checkpoint(directory, job, planning=PLANNING, restart=False, executor=executor)
+
+    assert {p.name: p.read_bytes() for p in directory.iterdir()} == before
 
 
 def test_damage_is_reported_with_the_restart_hint(tmp_path: Path) -> None:
