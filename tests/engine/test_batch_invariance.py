@@ -3,7 +3,7 @@
 Each of 32 prompts of mixed lengths runs alone, then among 64 with token budgets of 64, 256
 and 1024, with the prefix cache on and off, and under a pool so small that sequences are
 preempted and recomputed. Every generated position's logits must be `torch.equal`, and the
-greedy and seeded-sampled tokens identical.
+greedy and seeded-sampled tokens identical. On SmolLM2 (slow) the same with 16 watched prompts.
 """
 
 from __future__ import annotations
@@ -40,18 +40,18 @@ def mixed_requests(prompts, ids):
     return [r for i in ids for r in requests_for(prompts, [i], params_of(i))]
 
 
-def alone_rows(loaded, page_size: int):
-    """The 32 watched prompts (of 64), each run on its own engine."""
+def alone_rows(loaded, page_size: int, watched=WATCHED):
+    """The watched prompts (of 64), each run on its own engine."""
     prompts = invariance_prompts(loaded.model.config.vocab_size, len(CROWD), seed=5)
     config = EngineConfig(page_size=page_size, num_pages=128, enable_prefix_cache=False)
     rows = {}
-    for i in WATCHED:
+    for i in watched:
         got, _ = run_capturing(loaded, mixed_requests(prompts, [i]), config)
         rows.update(got)
     return prompts, rows
 
 
-def check_crowd(loaded, alone, page_size, budget, prefix_cache, num_pages) -> None:
+def check_crowd(loaded, alone, page_size, budget, prefix_cache, num_pages, watched=WATCHED):
     prompts, reference = alone
     config = EngineConfig(
         page_size=page_size,
@@ -60,7 +60,7 @@ def check_crowd(loaded, alone, page_size, budget, prefix_cache, num_pages) -> No
         enable_prefix_cache=prefix_cache,
     )
     crowd, stats = run_capturing(loaded, mixed_requests(prompts, CROWD), config)
-    assert_same_rows(reference, crowd, WATCHED)
+    assert_same_rows(reference, crowd, watched)
     if num_pages == 40:
         assert stats.preemptions > 0
     if prefix_cache:
@@ -82,16 +82,24 @@ def smollm2():
     return load_model("smollm2-135m")
 
 
+# On SmolLM2 half the tiny model's watched prompts, greedy and sampled, short and long (each
+# runs alone: the setup's cost), and the crowd cases but the largest budget (the tiny model
+# covers it)
+SMOLLM2_WATCHED = [i for i in WATCHED if i % 4 < 2]
+SMOLLM2_CASES = [case for case in CROWD_CASES if case[0] != 1024]
+SMOLLM2_IDS = [name for name in CROWD_IDS if "1024" not in name]
+
+
 @pytest.fixture(scope="module")
 def smollm2_alone(smollm2):
-    return alone_rows(smollm2, page_size=16)
+    return alone_rows(smollm2, page_size=16, watched=SMOLLM2_WATCHED)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("budget", "prefix_cache", "num_pages"), CROWD_CASES, ids=CROWD_IDS)
+@pytest.mark.parametrize(("budget", "prefix_cache", "num_pages"), SMOLLM2_CASES, ids=SMOLLM2_IDS)
 def test_smollm2_alone_equals_in_crowd(smollm2, smollm2_alone, budget, prefix_cache, num_pages):
     # 40 pages of 16 tokens still preempt: the crowd's prompts need up to 14 pages each
-    check_crowd(smollm2, smollm2_alone, 16, budget, prefix_cache, num_pages)
+    check_crowd(smollm2, smollm2_alone, 16, budget, prefix_cache, num_pages, SMOLLM2_WATCHED)
 
 
 def test_fast_numerics_is_selectable(loaded):

@@ -33,8 +33,8 @@ from astrai_batch.jobs.planning.prefix_order import PlanningOptions
 ray = pytest.importorskip("ray")
 
 
-def ray_args(*extra: str) -> list[str]:
-    return ["--executor", "ray", "--workers", "2", "--worker-threads", "1", *extra]
+def ray_args(*extra: str, workers: int = 2) -> list[str]:
+    return ["--executor", "ray", "--workers", str(workers), "--worker-threads", "1", *extra]
 
 
 def rows_of(count: int) -> list[dict]:
@@ -94,7 +94,10 @@ def test_an_all_failed_ray_job_exits_1_like_a_local_one(
         executor: run_cli(
             "run", source, tmp_path / f"{executor}.parquet", *engine_args(tiny_llama_dir), *extra
         )
-        for executor, extra in (("local", []), ("ray", ray_args("--ray-address", ray_address)))
+        for executor, extra in (
+            ("local", []),
+            ("ray", ray_args("--ray-address", ray_address, workers=1)),
+        )
     }
 
     for executor, result in results.items():
@@ -118,7 +121,9 @@ def test_ray_openai_output_takes_its_created_time_from_the_checkpoint(
     output = tmp_path / "out.jsonl"
     args = [*engine_args(tiny_llama_dir), "--output-format", "openai-jsonl"]
 
-    result = run_cli("run", source, output, *args, *ray_args("--ray-address", ray_address))
+    result = run_cli(
+        "run", source, output, *args, *ray_args("--ray-address", ray_address, workers=1)
+    )
 
     assert result.exit_code == 0, result.stderr
     lines = [json.loads(line) for line in output.read_text().splitlines()]

@@ -137,12 +137,12 @@ def test_a_killed_driver_resumes_without_recomputing_finished_shards(
     tiny_llama_dir: Path, tmp_path: Path, ray_address: str
 ) -> None:
     # One short group (4 distinct questions) and one long, unsplittable group (6 identical
-    # prompts of 900 tokens each): the short shard is usually done long before the long one.
+    # prompts of 400 tokens each): the short shard is usually done long before the long one.
     short = [
         {"id": f"s{i}", "prompt": f"{SYSTEM_PROMPTS[0]} {question(i)}", "max_tokens": 2}
         for i in range(4)
     ]
-    long = [{"id": f"l{i}", "prompt": SYSTEM_PROMPTS[1], "max_tokens": 900} for i in range(6)]
+    long = [{"id": f"l{i}", "prompt": SYSTEM_PROMPTS[1], "max_tokens": 400} for i in range(6)]
     source = write_jsonl(tmp_path / "in.jsonl", [*long[:3], *short, *long[3:]])
     args = [*engine_args(tiny_llama_dir), "--ignore-eos", "--kv-cache-memory", "16MiB"]
     output = tmp_path / "ray.parquet"
