@@ -35,6 +35,12 @@ class GenerationRequest:
     # an embedding request: no decode, `GenerationResult.embedding` (`embedding`)
     embed: EmbedRequest | None = None
 
+    def __post_init__(self) -> None:
+        # one answer comes back for a request that decodes nothing: a caller waiting for n
+        # of them would wait forever
+        if (self.score is not None or self.embed is not None) and self.params.n != 1:
+            raise ValueError(f"a scoring or embedding request takes n=1, got n={self.params.n}")
+
 
 @dataclass(frozen=True)
 class Timings:

@@ -45,6 +45,7 @@ from astrai_batch.jobs.options.parallel_options import check_tensor_parallel_opt
 from astrai_batch.jobs.options.task_options import (
     check_embed_options,
     check_task,
+    check_task_sampling,
     task_prompt_column,
 )
 from astrai_batch.jobs.planning.prefix_order import PlanningOptions
@@ -184,6 +185,7 @@ class JobConfig:
                 f"sampling must be SamplingParams, got {type(self.sampling).__name__}"
             )
         check_task(self.task, self.output_format, self.executor)
+        check_task_sampling(self.task, self.sampling, SamplingParams(max_tokens=DEFAULT_MAX_TOKENS))
         check_embed_options(self.pooling, self.normalize, self.dimensions)
         if self.max_errors is not None and not isinstance(self.max_errors, ErrorLimit):
             raise ConfigError(f"max_errors must be an ErrorLimit, got {self.max_errors!r}")

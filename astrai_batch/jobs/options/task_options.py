@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+from astrai_batch.engine import SamplingParams
 from astrai_batch.engine.embedding_types import POOLINGS
 from astrai_batch.errors import ConfigError
 from astrai_batch.io.task_fields import TASKS
+from astrai_batch.jobs.options.option_groups import SAMPLING_OPTIONS
 
-__all__ = ["TASKS", "check_embed_options", "check_task", "task_prompt_column"]
+__all__ = [
+    "TASKS",
+    "check_embed_options",
+    "check_task",
+    "check_task_sampling",
+    "task_prompt_column",
+]
 
 
 def check_task(task: object, output_format: str, executor: str) -> None:
@@ -18,6 +26,23 @@ def check_task(task: object, output_format: str, executor: str) -> None:
         raise ConfigError("--task score writes Parquet (parquet or parquet-dir), not openai-jsonl")
     if task == "score" and executor != "local":
         raise ConfigError("--task score runs with --executor local only")
+
+
+def check_task_sampling(task: str, sampling: SamplingParams, default: SamplingParams) -> None:
+    """Score and embed generate nothing: a sampling option or constraint set for them is
+    refused (it would be ignored, and `--n 2` would wait for a second result forever)."""
+    if task == "generate":
+        return
+    given, usual = sampling.to_dict(), default.to_dict()
+    for name in SAMPLING_OPTIONS:
+        if given.get(name) != usual.get(name):
+            flag = name.replace("_", "-")
+            raise ConfigError(f"--{flag} is an option of --task generate, not of --task {task}")
+    if sampling.constraint is not None:
+        raise ConfigError(
+            f"a constraint (--{sampling.constraint.kind.replace('_', '-')}) is an option of "
+            f"--task generate, not of --task {task}"
+        )
 
 
 def task_prompt_column(task: str, prompt_column: str | None) -> str | None:
