@@ -11,12 +11,13 @@ import gzip
 import itertools
 import json
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from jobs.faults.job_kinds import JobKind, adapter_of, draw_kind, row_fields
 
 from astrai_batch.jobs.crash_points import POINTS
 
@@ -65,6 +66,7 @@ class Matrix:
     checkpoint_rows: int
     group_window: int | None
     faults: tuple[Fault, ...]  # per attempt; the last is "none"
+    kind: JobKind = field(default_factory=JobKind)  # the task and adapters (`job_kinds`)
 
     @property
     def uses_ray(self) -> bool:
@@ -73,12 +75,15 @@ class Matrix:
     def describe(self) -> str:
         layout = f" groups {list(self.row_groups)}" if self.row_groups else ""
         switch = "->".join(dict.fromkeys(self.executors)) if self.uses_ray else "local"
+        sampling = ""  # score and embed sample nothing
+        if self.kind.task == "generate":
+            sampling = f"{'sampled' if self.sampled else 'greedy'} n={self.n}; "
         return (
             f"seed {self.seed}: {self.rows} rows {self.input_format}{layout}, "
             f"{len(self.bad_rows)} bad, {len(self.duplicate_rows)} duplicate ids -> "
             f"{self.output_format} on {self.storage}; executor {switch}"
-            f"{f' ({self.workers} workers)' if self.uses_ray else ''}; "
-            f"{'sampled' if self.sampled else 'greedy'} n={self.n}; checkpoint every "
+            f"{f' ({self.workers} workers)' if self.uses_ray else ''}; {self.kind.describe()}; "
+            f"{sampling}checkpoint every "
             f"{self.checkpoint_rows} rows, window {self.group_window or 'default'}; faults: "
             f"{', '.join(f.describe() for f in self.faults)}"
         )
@@ -105,6 +110,10 @@ def draw(seed: int, *, allow_ray: bool = True, allow_s3: bool = True) -> Matrix:
     executors = executors[:attempts]
     faults = [_fault(rng, executor) for executor in executors[:-1]]
     faults.append(Fault("none"))
+    output_format = rng.choice(OUTPUT_FORMATS)
+    kind = draw_kind(
+        seed, uses_ray=uses_ray, input_format=input_format, output_format=output_format
+    )
     return Matrix(
         seed=seed,
         rows=rows,
@@ -112,7 +121,7 @@ def draw(seed: int, *, allow_ray: bool = True, allow_s3: bool = True) -> Matrix:
         row_groups=row_groups,
         bad_rows=bad,
         duplicate_rows=duplicates,
-        output_format=rng.choice(OUTPUT_FORMATS),
+        output_format=output_format,
         executors=executors,
         workers=rng.randint(1, 3),
         storage="s3" if allow_s3 and rng.random() < 0.3 else "local",
@@ -124,6 +133,7 @@ def draw(seed: int, *, allow_ray: bool = True, allow_s3: bool = True) -> Matrix:
         # or prefix-group numbers (an output column) would legitimately differ.
         group_window=None if uses_ray else rng.choice((None, rng.randint(3, 12))),
         faults=tuple(faults),
+        kind=kind,
     )
 
 
@@ -173,13 +183,13 @@ def write_input(matrix: Matrix, directory: Path) -> Path:
     rows = records(matrix)
     bad = set(matrix.bad_rows)
     fmt = matrix.input_format
+    kind = matrix.kind
     if fmt in ("parquet", "parquet-dir"):
-        table = pa.table(
-            {
-                "id": [r["id"] for r in rows],
-                "prompt": [None if i in bad else r["prompt"] for i, r in enumerate(rows)],
-            }
-        )
+        fields = [
+            {"id": r["id"], **row_fields(kind, i, None if i in bad else r["prompt"])}
+            for i, r in enumerate(rows)
+        ]
+        table = pa.Table.from_pylist(fields)
         if fmt == "parquet":
             path = directory / "in.parquet"
             with pq.ParquetWriter(path, table.schema) as writer:
@@ -199,7 +209,7 @@ def write_input(matrix: Matrix, directory: Path) -> Path:
     for i, row in enumerate(rows):
         if fmt == "openai":
             body: dict[str, Any] = {
-                "model": "tiny",
+                "model": (adapter_of(i) if kind.adapters else None) or "tiny",
                 "messages": [{"role": "user", "content": row["prompt"]}],
             }
             if i in bad:
@@ -213,7 +223,9 @@ def write_input(matrix: Matrix, directory: Path) -> Path:
                 }
             )
         else:
-            lines.append({**row, "prompt": 17} if i in bad else row)
+            lines.append(
+                {"id": row["id"], **row_fields(kind, i, 17 if i in bad else row["prompt"])}
+            )
     text = "".join(json.dumps(line) + "\n" for line in lines)
     if fmt == "jsonl.gz":
         path = directory / "in.jsonl.gz"

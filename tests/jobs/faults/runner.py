@@ -25,6 +25,7 @@ from typing import Any
 
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
+from jobs.faults.job_kinds import kind_args
 from jobs.faults.matrix import Matrix, write_input
 
 from astrai_batch.jobs.crash_points import CRASH_ENV
@@ -98,14 +99,16 @@ def command(
 ) -> list[str]:
     args = [
         sys.executable, "-m", "astrai_batch.cli", "run", source, output,
-        "--model", str(model), "--max-tokens", str(matrix.max_tokens),
-        "--kv-cache-memory", "8MiB", "--quiet", "--output-format", matrix.output_format,
-        "--checkpoint-rows", str(matrix.checkpoint_rows), "--n", str(matrix.n),
+        "--model", str(model), "--kv-cache-memory", "8MiB", "--quiet",
+        "--output-format", matrix.output_format, "--checkpoint-rows", str(matrix.checkpoint_rows),
+        *kind_args(matrix.kind, model),
     ]  # fmt: skip
     if matrix.group_window is not None:
         args += ["--group-window", str(matrix.group_window)]
-    if matrix.sampled:
-        args += ["--temperature", "0.9", "--seed", "7"]
+    if matrix.kind.task == "generate":  # score and embed generate nothing
+        args += ["--max-tokens", str(matrix.max_tokens), "--n", str(matrix.n)]
+        if matrix.sampled:
+            args += ["--temperature", "0.9", "--seed", "7"]
     if executor == "ray":
         args += ["--executor", "ray", "--workers", str(matrix.workers), "--worker-threads", "1"]
         if ray_address is not None:

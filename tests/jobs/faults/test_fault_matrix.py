@@ -14,8 +14,10 @@ from jobs.faults.runner import Place, run_matrix
 
 # Drawn once and kept because together they pass every crash point of a local run (crash
 # points only: a timed kill may come after a fast job has finished, so it is the soak's),
-# three input formats, the three output formats and both storages.
-LOCAL_SEEDS = (3, 5, 40, 69)
+# three input formats, the three output formats, both storages, both tasks beyond
+# generation (5 embeds, 64 scores on S3) and adapters picked per row (3 by an OpenAI line's
+# body.model, 69 by a Parquet column).
+LOCAL_SEEDS = (3, 5, 40, 64, 69)
 # Three workers on S3: killed after the stats file, resumed from its shards, then killed
 # once the job is done (the rerun is refused as a finished job's)
 RAY_SEED = 126
