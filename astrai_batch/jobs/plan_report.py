@@ -222,7 +222,7 @@ def plan_input(
                 adapter.add(token_ids)
                 constraints.add(row)
                 if workers is not None:
-                    keyed.append(KeyedRow(row.index, token_ids, DEFAULT_MAX_TOKENS))
+                    keyed.append(KeyedRow(row.index, token_ids, DEFAULT_MAX_TOKENS, row.lora))
     stats = builder.result()
     previews = tuple(
         tokenizer.decode(list(prefix.preview_token_ids)) for prefix in stats.top_shared_prefixes

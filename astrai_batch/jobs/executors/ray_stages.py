@@ -38,6 +38,7 @@ KEYED_SCHEMA = pa.schema(
         pa.field("group", pa.string()),  # null for rows that failed before planning
         pa.field("tokens", pa.list_(pa.int64())),
         pa.field("max_new", pa.int64()),
+        pa.field("adapter", pa.string()),  # the row's LoRA adapter; null: the base model
         pa.field("row", pa.binary()),
     ]
 )
@@ -50,6 +51,7 @@ SUMMARY_SCHEMA = pa.schema(
         pa.field("work", pa.int64()),
         pa.field("split_depth", pa.int64()),
         pa.field("pieces", pa.string()),  # JSON [[key, rows, work], ...]
+        pa.field("adapter", pa.string()),
     ]
 )
 ROUTED_SCHEMA = pa.schema(
@@ -107,9 +109,12 @@ def keyed_record(row: PreparedRow, page_size: int) -> dict[str, Any]:
     runnable = row.token_ids is not None and row.params is not None
     return {
         "index": row.index,
-        "group": group_key(row.index, row.token_ids, page_size) if runnable else None,  # type: ignore[arg-type]
+        "group": group_key(row.index, row.token_ids, page_size, row.adapter)  # type: ignore[arg-type]
+        if runnable
+        else None,
         "tokens": list(row.token_ids) if runnable else None,  # type: ignore[arg-type]
         "max_new": row.params.max_tokens * row.params.n if runnable else 0,  # type: ignore[union-attr]
+        "adapter": row.adapter,
         "row": pickle.dumps(dataclasses.replace(row, prefix_group=None)),
     }
 
@@ -122,11 +127,12 @@ def summarize_batch(group: pa.Table, *, page_size: int) -> pa.Table:
     if len(keys) != 1:
         raise AstraiBatchError(f"a prefix-group batch holds {len(keys)} groups")
     rows = [
-        KeyedRow(index, tuple(tokens), max_new)
-        for index, tokens, max_new in zip(
+        KeyedRow(index, tuple(tokens), max_new, adapter)
+        for index, tokens, max_new, adapter in zip(
             group.column("index").to_pylist(),
             group.column("tokens").to_pylist(),
             group.column("max_new").to_pylist(),
+            group.column("adapter").to_pylist(),
             strict=True,
         )
     ]
@@ -143,6 +149,7 @@ def summary_record(summary: GroupSummary) -> dict[str, Any]:
         "work": summary.work,
         "split_depth": summary.split_depth,
         "pieces": json.dumps([[p.key, p.rows, p.work] for p in summary.pieces]),
+        "adapter": summary.adapter,
     }
 
 
@@ -155,6 +162,7 @@ def summary_from_record(record: dict[str, Any]) -> GroupSummary:
         work=record["work"],
         split_depth=record["split_depth"],
         pieces=tuple(Piece(key, rows, work) for key, rows, work in json.loads(record["pieces"])),
+        adapter=record["adapter"],
     )
 
 

@@ -31,7 +31,7 @@ from astrai_batch.errors import AstraiBatchError, ConfigError
 KEY_BYTES = 12
 # Part of a sharded job's identity: a change to how rows are assigned must not let a rerun
 # take shards that an older assignment finished.
-SHARDING_VERSION = 1
+SHARDING_VERSION = 2  # 2: a group's key and order start with its LoRA adapter
 # A group up to this many times a worker's share stays whole: splitting it costs its shared
 # pages once more per extra worker, while a somewhat uneven shard costs little.
 SPLIT_ABOVE = 1.5
@@ -43,16 +43,26 @@ def page_key(token_ids: Sequence[int], pages: int, page_size: int) -> str:
     return hashlib.blake2b(prefix.tobytes(), digest_size=KEY_BYTES).hexdigest()
 
 
-def group_key(index: int, token_ids: Sequence[int], page_size: int) -> str:
-    """The prefix group of a row: its first page, or the row itself when shorter than one."""
+def group_key(
+    index: int, token_ids: Sequence[int], page_size: int, adapter: str | None = None
+) -> str:
+    """The prefix group of a row: its adapter and first page (rows of two adapters never
+    share pages, as in `prefix_order.plan_window`), or the row itself when shorter than one
+    page."""
     if len(token_ids) < page_size:
         return f"row-{index}"
-    return page_key(token_ids, 1, page_size)
+    key = page_key(token_ids, 1, page_size)
+    return key if adapter is None else f"{key}@{adapter}"
 
 
 def group_sort_key(token_ids: Sequence[int], page_size: int) -> tuple[int, ...]:
     """Where the group of this row comes in sorted token order (how `planning` numbers it)."""
     return tuple(token_ids[:page_size])
+
+
+def adapter_order(adapter: str | None) -> tuple[bool, str]:
+    """Where an adapter's rows come in `plan_window`'s order: the base model's first."""
+    return (adapter is not None, adapter or "")
 
 
 @dataclass(frozen=True)
@@ -62,6 +72,7 @@ class KeyedRow:
     index: int
     token_ids: tuple[int, ...]
     max_new_tokens: int  # tokens the row may generate, over all its samples
+    adapter: str | None = None  # the row's LoRA adapter; None: the base model
 
 
 @dataclass(frozen=True)
@@ -84,9 +95,10 @@ class GroupSummary:
     work: int
     split_depth: int  # pages; 0 when the rows never branch (no subtree boundary)
     pieces: tuple[Piece, ...]  # in sorted order; empty when split_depth is 0
+    adapter: str | None = None  # every row of a group has the same
 
-    def order_key(self) -> tuple[tuple[int, ...], int]:
-        return (self.sort_key, self.first_index)
+    def order_key(self) -> tuple[tuple[bool, str], tuple[int, ...], int]:
+        return (adapter_order(self.adapter), self.sort_key, self.first_index)
 
 
 def estimate_work(rows: Sequence[KeyedRow], page_size: int) -> int:
@@ -129,6 +141,7 @@ def summarize_group(key: str, rows: Sequence[KeyedRow], page_size: int) -> Group
         work=estimate_work(ordered, page_size),
         split_depth=depth,
         pieces=pieces,
+        adapter=ordered[0].adapter,
     )
 
 
@@ -144,7 +157,8 @@ def summarize_rows(rows: Iterable[KeyedRow], page_size: int) -> list[GroupSummar
     """Group rows in memory and summarize every group (for `plan` and tests)."""
     groups: dict[str, list[KeyedRow]] = {}
     for row in rows:
-        groups.setdefault(group_key(row.index, row.token_ids, page_size), []).append(row)
+        key = group_key(row.index, row.token_ids, page_size, row.adapter)
+        groups.setdefault(key, []).append(row)
     return [summarize_group(key, members, page_size) for key, members in groups.items()]
 
 
@@ -197,7 +211,7 @@ def assign_shards(groups: Sequence[GroupSummary], workers: int, page_size: int) 
         raise ConfigError(f"workers must be >= 1, got {workers}")
     share = sum(group.work for group in groups) / workers
     # (work, tie-break, group key, piece key or "") in assignment order.
-    items: list[tuple[int, tuple[tuple[int, ...], int], str, str]] = []
+    items: list[tuple[int, tuple[tuple[bool, str], tuple[int, ...], int], str, str]] = []
     for group in groups:
         if workers > 1 and group.work > SPLIT_ABOVE * share and len(group.pieces) >= 2:
             items.extend((p.work, group.order_key(), group.key, p.key) for p in group.pieces)

@@ -4,11 +4,13 @@ boundaries, and the hit rates `plan --workers` predicts (checked against brute f
 from __future__ import annotations
 
 import itertools
+import random
 
 import pytest
 from jobs.jobkit import run_cli, shared_prefix_prompts, write_jsonl
 
 from astrai_batch.errors import ConfigError
+from astrai_batch.jobs.planning.prefix_order import plan_window
 from astrai_batch.jobs.planning.shard_prediction import predict_shards
 from astrai_batch.jobs.planning.sharding import (
     KeyedRow,
@@ -136,3 +138,28 @@ def test_plan_prints_the_prediction(tiny_llama_dir, tmp_path) -> None:
     bad = run_cli("plan", source, "--model", tiny_llama_dir, "--workers", "0")
     assert bad.exit_code == 1
     assert bad.stderr == "Error: workers must be >= 1, got 0\n"
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_group_numbers_and_groups_are_the_local_plans_with_adapters(seed: int) -> None:
+    # A Ray run numbered prefix groups without the rows' adapters: rows of two adapters with
+    # one first page were one group, and the prefix_group column differed from a local run's.
+    rng = random.Random(seed)
+    stems = [[rng.randrange(6) for _ in range(PAGE)] for _ in range(3)]
+    prompts = [
+        [*rng.choice(stems), *(rng.randrange(6) for _ in range(rng.randrange(0, 7)))][
+            : rng.randrange(2, 12)
+        ]
+        for _ in range(rng.randrange(8, 30))
+    ]
+    adapters = [rng.choice((None, "a", "b", "long-name")) for _ in prompts]
+    rows = [
+        KeyedRow(i, tuple(p), 2, adapter)
+        for i, (p, adapter) in enumerate(zip(prompts, adapters, strict=True))
+    ]
+
+    plan = assign_shards(summarize_rows(rows, PAGE), rng.randint(1, 3), PAGE)
+    local = plan_window(prompts, page_size=PAGE, adapters=adapters)
+
+    keys = [group_key(r.index, r.token_ids, PAGE, r.adapter) for r in rows]
+    assert [plan.group_numbers[key] for key in keys] == list(local.prefix_group)
