@@ -85,13 +85,27 @@ class LoraLinear(nn.Module):
         return out
 
     def _tiled_delta(self, flat_x: torch.Tensor, rows: StepAdapterRows) -> torch.Tensor:
-        """Every adapter row's `(x A^T) B^T * scaling`, as two batched GEMMs over tiles of
-        exactly `tile_rows` rows, each tile with its own adapter's matrices: a row's bits
-        depend on neither its segment nor the step (test_lora_linear)."""
-        tiles = flat_x.index_select(0, rows.gather).view(-1, rows.tile_rows, self.in_features)
-        hidden = torch.bmm(tiles, self.a_all.index_select(0, rows.tile_slots))
-        delta = torch.bmm(hidden, self.b_all.index_select(0, rows.tile_slots))
-        delta = delta * self.scaling_all.index_select(0, rows.tile_slots)[:, None, None]
+        """Every adapter row's `(x A^T) B^T * scaling`, as batched GEMMs over tiles of exactly
+        `tile_rows` rows, each tile with its own adapter's matrices: a row's bits depend on
+        neither its segment nor the step (test_lora_linear).
+
+        One batched GEMM pair per adapter present, over its segment's tiles with the
+        adapter's matrices broadcast (an expanded view: a step of many tiles, a long prefill
+        chunk, copies no weights), each tile the same fixed-shape GEMM."""
+        size = rows.tile_rows
+        tiles = flat_x.index_select(0, rows.gather).view(-1, size, self.in_features)
+        delta = tiles.new_empty(tiles.shape[0], size, self.out_features)
+        for segment in rows.segments:
+            first, count = segment.start // size, segment.padded // size
+            out = delta[first : first + count]
+            pair = self.pairs[segment.slot]
+            if pair is None:  # this adapter leaves this layer alone
+                out.zero_()
+                continue
+            a, b = self.a_all[segment.slot], self.b_all[segment.slot]
+            hidden = torch.bmm(tiles[first : first + count], a.expand(count, *a.shape))
+            torch.bmm(hidden, b.expand(count, *b.shape), out=out)
+            out.mul_(self.scaling_all[segment.slot])
         return delta.view(-1, self.out_features).index_select(0, rows.real)
 
     def extra_repr(self) -> str:
