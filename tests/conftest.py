@@ -7,6 +7,7 @@ saved as ordinary Hugging Face model directories so the real loading code reads 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -148,3 +149,15 @@ def s3_bucket():
 
     with s3_server() as (fs, query):
         yield S3Bucket(fs, query)
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """`long` tests (each most of a minute, their promise also soaked by `scripts/soak`) run
+    with ASTRAI_LONG_TESTS=1 (`scripts/test-long`), keeping the default suite inside its
+    time budget on 2 cores."""
+    if os.environ.get("ASTRAI_LONG_TESTS") == "1":
+        return
+    skip = pytest.mark.skip(reason="long test: scripts/test-long runs it")
+    for item in items:
+        if "long" in item.keywords:
+            item.add_marker(skip)

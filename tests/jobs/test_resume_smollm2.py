@@ -22,7 +22,8 @@ from jobs.jobkit import (
     write_jsonl,
 )
 
-pytestmark = pytest.mark.slow
+# long: the promise is soaked on the tiny model by scripts/soak; this is the real model's
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 ROWS = 24
 

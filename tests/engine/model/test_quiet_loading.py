@@ -73,6 +73,7 @@ def test_a_first_gguf_load_converts_without_bars(tiny_llama_dir, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.long  # a tiny GGUF's first load is checked the same way in the suite
 def test_the_default_model_converts_without_bars(tmp_path):
     # The real first run: SmolLM2's GGUF converted into an empty cache (about 45 s).
     done, _ = run_logged(tmp_path, "smollm2-135m", tmp_path / "cache")

@@ -43,6 +43,7 @@ def test_a_drawn_local_configuration_survives_its_faults(
     assert outcome.kills >= 1, outcome.line()
 
 
+@pytest.mark.long  # Ray draws are soaked by scripts/soak; Ray kills also in test_ray_executor
 def test_a_drawn_ray_configuration_survives_its_faults(
     tiny_llama_dir: Path, tmp_path: Path, s3_bucket, ray_address: str
 ) -> None:
