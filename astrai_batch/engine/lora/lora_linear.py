@@ -69,7 +69,7 @@ class LoraLinear(nn.Module):
             return out
         flat_x = x.reshape(-1, self.in_features)
         flat_out = out.view(-1, self.out_features)
-        if rows.tile_slots is not None:
+        if rows.tile_rows is not None:
             flat_out.index_add_(0, rows.targets, self._tiled_delta(flat_x, rows))
             return out
         gathered = None

@@ -2,8 +2,8 @@
 
 Every wrapped layer of the step reads the same grouping: the rows of each adapter as one
 segment of a single gather (rows sorted by adapter, S-LoRA / Punica style). With tiles, a
-layer runs one gather, two batched GEMMs over every adapter's tiles at once (each tile with
-its adapter's matrices) and one scatter-add, whatever the number of rows or adapters; without
+layer runs one gather, two batched GEMMs per adapter present over its segment's tiles (its
+matrices broadcast to every tile) and one scatter-add, whatever the number of rows; without
 (fast numerics), two small GEMMs and one scatter-add per adapter present. With fixed tiles
 (invariant numerics) each segment is padded to whole tiles with copies of its first row; a
 padded row's result is dropped, and since a GEMM row never depends on the other rows of a
@@ -34,9 +34,8 @@ class StepAdapterRows(NamedTuple):
     gather: torch.Tensor  # [sum of padded] step rows, segment after segment
     segments: tuple[Segment, ...]
     tile_rows: int | None  # None: one GEMM per segment (fast numerics)
-    # with tiles: every tile's adapter slot, the gathered positions of the real rows and the
-    # step rows they are added to (segment after segment), for one batched pass per layer
-    tile_slots: torch.Tensor | None = None  # [tiles]
+    # with tiles: the gathered positions of the real rows and the step rows they are added to
+    # (segment after segment), for one gather and one scatter-add per layer
     real: torch.Tensor | None = None  # [real rows] positions in `gather`
     targets: torch.Tensor | None = None  # [real rows] step rows
 
@@ -74,13 +73,7 @@ def group_rows(
     gathered = to_device(np.concatenate(gather), device)
     if tile_rows is None:
         return StepAdapterRows(gathered, tuple(segments), None)
-    tile_slots = np.concatenate([np.full(s.padded // tile_rows, s.slot) for s in segments])
     real = np.concatenate([np.arange(s.start, s.start + s.count) for s in segments])
     return StepAdapterRows(
-        gathered,
-        tuple(segments),
-        tile_rows,
-        to_device(tile_slots.astype(np.int64), device),
-        to_device(real.astype(np.int64), device),
-        targets,
+        gathered, tuple(segments), tile_rows, to_device(real.astype(np.int64), device), targets
     )

@@ -103,6 +103,12 @@ class WindowPlan:
             )
 
 
+def adapter_order(adapter: str | None) -> tuple[bool, str]:
+    """Where an adapter's rows come in a window's order: the base model's first, then by name
+    (Ray's sharding numbers prefix groups the same way)."""
+    return (adapter is not None, adapter or "")
+
+
 def plan_window(
     token_ids: Sequence[Sequence[int]],
     *,
@@ -129,10 +135,7 @@ def plan_window(
     if len(names) != len(prompts):
         raise ConfigError(f"{len(names)} adapters for {len(prompts)} prompts")
     if enable_grouping:
-        keys = [
-            (name is not None, name or "", prompt)
-            for name, prompt in zip(names, prompts, strict=True)
-        ]
+        keys = [(*adapter_order(name), prompt) for name, prompt in zip(names, prompts, strict=True)]
         order = tuple(sorted(range(len(prompts)), key=keys.__getitem__))
     else:
         order = tuple(range(len(prompts)))

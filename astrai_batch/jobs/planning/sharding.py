@@ -27,6 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from astrai_batch.errors import AstraiBatchError, ConfigError
+from astrai_batch.jobs.planning.prefix_order import adapter_order
 
 KEY_BYTES = 12
 # Part of a sharded job's identity: a change to how rows are assigned must not let a rerun
@@ -58,11 +59,6 @@ def group_key(
 def group_sort_key(token_ids: Sequence[int], page_size: int) -> tuple[int, ...]:
     """Where the group of this row comes in sorted token order (how `planning` numbers it)."""
     return tuple(token_ids[:page_size])
-
-
-def adapter_order(adapter: str | None) -> tuple[bool, str]:
-    """Where an adapter's rows come in `plan_window`'s order: the base model's first."""
-    return (adapter is not None, adapter or "")
 
 
 @dataclass(frozen=True)
