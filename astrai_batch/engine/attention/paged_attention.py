@@ -27,6 +27,8 @@ from astrai_batch.engine.attention.block_attention import block_attention
 from astrai_batch.engine.attention.block_plan import BlockBatch
 from astrai_batch.engine.attention.cascade import cascade_attention
 from astrai_batch.engine.attention.cascade_plan import CascadeBatch
+from astrai_batch.engine.attention.flash_block_plan import FlashBlockBatch
+from astrai_batch.engine.attention.flash_blocks import flash_block_attention
 from astrai_batch.engine.attention.kernels.interface import KernelBatch
 from astrai_batch.engine.attention.page_gather import PageGatherer
 from astrai_batch.engine.attention.static_decode import StaticDecodeBatch, static_decode_attention
@@ -80,9 +82,9 @@ def paged_attention(
     dropout: float = 0.0,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
-    batch: AttentionBatch | BlockBatch | KernelBatch | StaticDecodeBatch | None = kwargs.get(
-        BATCH_KWARG
-    )
+    batch: (
+        AttentionBatch | BlockBatch | FlashBlockBatch | KernelBatch | StaticDecodeBatch | None
+    ) = kwargs.get(BATCH_KWARG)
     if batch is None:
         raise RuntimeError(
             f"the '{ATTENTION_NAME}' attention needs the engine's step metadata; "
@@ -110,6 +112,9 @@ def paged_attention(
 
     num_tokens, q_heads, head_dim = q.shape
     scale = scaling if scaling is not None else head_dim**-0.5
+    if isinstance(batch, FlashBlockBatch):  # invariant numerics on the CPU's flash kernel
+        out = flash_block_attention(q, k_cache, v_cache, batch, scale)
+        return out.to(q.dtype).unsqueeze(0), None
     if isinstance(batch, BlockBatch):
         out = block_attention(q, k_cache, v_cache, batch, scale)
         return out.to(q.dtype).unsqueeze(0), None

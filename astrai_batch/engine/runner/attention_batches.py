@@ -1,6 +1,7 @@
-"""A step's arrays as the batch its attention path reads: the block-ordered plan of invariant
-numerics, a paged kernel's batch, or the step-shaped path's prefill spans, padded decode group
-and cascade (decodes that share prefix pages). The runner picks the path; these build."""
+"""A step's arrays as the batch its attention path reads: invariant numerics' flash-kernel
+calls or block-ordered plan, a paged kernel's batch, or the step-shaped path's prefill spans,
+padded decode group and cascade (decodes that share prefix pages). The runner picks the path;
+these build."""
 
 from __future__ import annotations
 
@@ -16,6 +17,11 @@ from astrai_batch.engine.attention.block_plan import (
 )
 from astrai_batch.engine.attention.cascade import DecodePartition, partition_rows
 from astrai_batch.engine.attention.cascade_plan import CascadeBatch, plan_cascade
+from astrai_batch.engine.attention.flash_block_plan import (
+    FlashBlockBatch,
+    FlashRules,
+    plan_flash_calls,
+)
 from astrai_batch.engine.attention.host_staging import HostStaging
 from astrai_batch.engine.attention.kernels.interface import KernelBatch, PagedKernel
 from astrai_batch.engine.attention.kernels.paged_kv_metadata import paged_kv_metadata
@@ -66,6 +72,21 @@ def block_batch(
         units=units,
         gatherer=gatherer,
         gemm_rows=gemm_rows,
+    )
+
+
+def flash_block_batch(
+    step: StepArrays, pool: KVPool, staging: HostStaging, gatherer: PageGatherer, rules: FlashRules
+) -> FlashBlockBatch:
+    calls = plan_flash_calls(step, pool.page_size, rules, pool.key_cache[0].dtype, staging)
+    return FlashBlockBatch(
+        key_cache=pool.key_cache,
+        value_cache=pool.value_cache,
+        page_size=pool.page_size,
+        write_slots=staging.array(step.write_slots),
+        longest_context=step.longest_context,
+        calls=calls,
+        gatherer=gatherer,
     )
 
 

@@ -20,6 +20,8 @@ from astrai_batch.engine.attention.block_plan import (
     RUN_SEGMENT_BLOCKS,
     block_tokens_for,
 )
+from astrai_batch.engine.attention.flash_block_plan import FlashRules
+from astrai_batch.engine.attention.flash_probe import invariant_tails
 from astrai_batch.engine.attention.host_staging import HostStaging
 from astrai_batch.engine.attention.kernels.interface import PagedKernel
 from astrai_batch.engine.attention.page_gather import PageGatherer
@@ -33,6 +35,7 @@ from astrai_batch.engine.blas_rows import ROWS_AT_LEAST_TWO, attention_row_schem
 from astrai_batch.engine.lora.bank import find_bank
 from astrai_batch.engine.runner.attention_batches import (
     block_batch,
+    flash_block_batch,
     kernel_batch,
     step_shaped_batch,
 )
@@ -83,7 +86,8 @@ NUMERICS = ("invariant", "fast")
 
 class ModelRunner:
     """numerics="invariant": a row's logits never depend on the rest of the step (row-tiled
-    linear layers, block-ordered attention); "fast": the step-shaped kernels, or a paged
+    linear layers; attention in fixed 512-key blocks in torch's CPU flash kernel where its
+    probe passes, else block-ordered attention); "fast": the step-shaped kernels, or a paged
     CUDA kernel (`attention_kernel`, see `kernel_attention`) for the whole step's attention.
     `graphs`: decode-only steps run at bucketed shapes (`decode_graphs`), captured or eagerly."""
 
@@ -106,10 +110,14 @@ class ModelRunner:
         model.set_attn_implementation(ATTENTION_NAME)
         # the BLAS's invariant GEMM row counts, probed once (raises where there are none)
         self.gemm_rows = ROWS_AT_LEAST_TWO
+        # the flash kernel's invariant shapes when invariant attention runs in it (the CPU)
+        self.flash: FlashRules | None = None
         if numerics == "invariant":
             refuse_variant_linears(model)  # quantized layers: invariant, or refused
             set_row_tiling(model, True, row_scheme_for(model))
-            self.gemm_rows = _attention_rows(model, pool)
+            self.flash = _flash_rules(model, pool, graphs)
+            if self.flash is None:
+                self.gemm_rows = _attention_rows(model, pool)
         else:
             set_row_tiling(model, False)
         self.numerics = numerics
@@ -196,7 +204,9 @@ class ModelRunner:
         input_ids = stage(step.token_ids)
         position_ids = stage(step.positions)
         rows = stage(step.logit_rows)
-        if self.numerics == "invariant":
+        if self.flash is not None:
+            batch = flash_block_batch(step, self.pool, self.staging, self.gatherer, self.flash)
+        elif self.numerics == "invariant":
             batch = block_batch(
                 step,
                 self.pool,
@@ -212,6 +222,20 @@ class ModelRunner:
                 step, self.pool, self.staging, self.gatherer, use_cascade=self.use_cascade
             )
         return batch, input_ids, position_ids, rows
+
+
+def _flash_rules(model: torch.nn.Module, pool: KVPool, graphs: GraphSpec | None):
+    """Where invariant attention can run in torch's CPU flash kernel (`flash_blocks`): on the
+    CPU, without decode graphs (their fixed-shape attention gives the block attention's
+    bits), equal key and value sizes, and the probe passing; else None."""
+    key, value = pool.key_cache[0], pool.value_cache[0]
+    kv_heads, head_dim = key.shape[1:]
+    if key.device.type != "cpu" or graphs is not None or value.shape[-1] != head_dim:
+        return None
+    tails = invariant_tails(head_dim, kv_heads, key.dtype)
+    if tails is None:
+        return None
+    return FlashRules(group=model.config.num_attention_heads // kv_heads, tails=tails)
 
 
 def _attention_rows(model: torch.nn.Module, pool: KVPool):
