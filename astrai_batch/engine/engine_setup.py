@@ -117,6 +117,7 @@ def assemble_engine(
         attention_kernel=make_kernel(backend, param.device),
         graphs=graphs,
         step_sender=None if parallel is None else parallel.sender,
+        probe_results=loaded.probe_results,
     )
     if capture:  # every bucket now, before the first step: none is captured mid-job
         runner.decode_graphs.capture_up_front()

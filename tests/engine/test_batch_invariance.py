@@ -19,7 +19,10 @@ from invariance_kit import (
 )
 
 from astrai_batch.engine import EngineConfig
+from astrai_batch.engine.attention.flash_probe import invariant_tails
+from astrai_batch.engine.core import EngineCore
 from astrai_batch.engine.model.loader import load_model
+from astrai_batch.engine.runner import model_runner
 
 WATCHED = range(32)
 CROWD = range(64)
@@ -75,6 +78,31 @@ def alone(loaded):
 @pytest.mark.parametrize(("budget", "prefix_cache", "num_pages"), CROWD_CASES, ids=CROWD_IDS)
 def test_alone_equals_in_crowd(loaded, alone, budget, prefix_cache, num_pages):
     check_crowd(loaded, alone, 8, budget, prefix_cache, num_pages)
+
+
+@pytest.mark.parametrize("case", [0, 3], ids=[CROWD_IDS[0], CROWD_IDS[3]])
+def test_alone_equals_in_crowd_in_the_block_attention(tiny_model_dir, monkeypatch, case):
+    """Where the flash kernel's probe fails (and on CUDA) invariant attention runs in the
+    block attention: the same promise there."""
+    monkeypatch.setattr(model_runner, "_flash_rules", lambda model, pool: None)
+    loaded = load_model(tiny_model_dir)
+    watched = range(0, 32, 3)
+    alone = alone_rows(loaded, page_size=8, watched=watched)
+    check_crowd(loaded, alone, 8, *CROWD_CASES[case], watched=watched)
+    core = EngineCore(loaded, EngineConfig(page_size=8, num_pages=64))
+    assert core.runner.flash is None
+
+
+def test_the_cpu_engine_runs_attention_in_the_flash_kernel_where_its_probe_passes(loaded):
+    core = EngineCore(loaded, EngineConfig(page_size=8, num_pages=64))
+    config = loaded.model.config
+    kv_heads = config.num_key_value_heads
+    head_dim = config.hidden_size // config.num_attention_heads
+    tails = invariant_tails(head_dim, kv_heads, next(loaded.model.parameters()).dtype)
+    assert (core.runner.flash is None) == (tails is None)
+    if tails is not None:
+        assert core.runner.flash.tails == tails
+        assert core.runner.flash.group == config.num_attention_heads // kv_heads
 
 
 @pytest.fixture(scope="module")

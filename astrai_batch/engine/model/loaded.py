@@ -50,6 +50,10 @@ class LoadedModel:
     # a verdict is a function of the model, its device and the probe's configuration, so
     # further engines over the same model and configuration need not run it again
     invariance_passed: set = field(default_factory=set, repr=False)
+    # the BLAS's and the flash kernel's probes at engine start, by what they probed (shapes,
+    # dtype, torch's thread count): their results are functions of those, so further engines
+    # over the same model skip them (`runner.model_runner`)
+    probe_results: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         for field_name in ("max_model_len", "num_layers", "num_kv_heads", "head_dim"):

@@ -31,7 +31,7 @@ from astrai_batch.engine.attention.paged_attention import (
     register_paged_attention,
 )
 from astrai_batch.engine.attention.step_arrays import StepArrays
-from astrai_batch.engine.blas_rows import ROWS_AT_LEAST_TWO, attention_row_scheme
+from astrai_batch.engine.blas_rows import ROWS_AT_LEAST_TWO, attention_row_scheme, linear_shapes
 from astrai_batch.engine.lora.bank import find_bank
 from astrai_batch.engine.runner.attention_batches import (
     block_batch,
@@ -101,6 +101,7 @@ class ModelRunner:
         attention_kernel: PagedKernel | None = None,
         graphs: GraphSpec | None = None,
         step_sender=None,
+        probe_results: dict | None = None,
     ) -> None:
         if numerics not in NUMERICS:
             raise ValueError(f"numerics must be one of {NUMERICS}, got {numerics!r}")
@@ -114,10 +115,24 @@ class ModelRunner:
         self.flash: FlashRules | None = None
         if numerics == "invariant":
             refuse_variant_linears(model)  # quantized layers: invariant, or refused
-            set_row_tiling(model, True, row_scheme_for(model))
-            self.flash = _flash_rules(model, pool, graphs)
+            memo = {} if probe_results is None else probe_results
+            param = next(model.parameters())
+            where = (torch.get_num_threads(), param.device.type, param.dtype)
+            rows_key = ("linear rows", tuple(linear_shapes(model)), where)
+            if rows_key not in memo:
+                memo[rows_key] = row_scheme_for(model)  # raises where no scheme exists
+            set_row_tiling(model, True, memo[rows_key])
+            heads = (model.config.num_attention_heads, *pool.key_cache[0].shape[1:])
+            heads = (*heads, pool.value_cache[0].shape[-1], pool.page_size)
+            flash_key = ("flash", heads, where)
+            if graphs is None and flash_key not in memo:
+                memo[flash_key] = _flash_rules(model, pool)
+            self.flash = memo[flash_key] if graphs is None else None
             if self.flash is None:
-                self.gemm_rows = _attention_rows(model, pool)
+                blocks_key = ("block attention rows", heads, where)
+                if blocks_key not in memo:
+                    memo[blocks_key] = _attention_rows(model, pool)
+                self.gemm_rows = memo[blocks_key]
         else:
             set_row_tiling(model, False)
         self.numerics = numerics
@@ -224,13 +239,13 @@ class ModelRunner:
         return batch, input_ids, position_ids, rows
 
 
-def _flash_rules(model: torch.nn.Module, pool: KVPool, graphs: GraphSpec | None):
+def _flash_rules(model: torch.nn.Module, pool: KVPool) -> FlashRules | None:
     """Where invariant attention can run in torch's CPU flash kernel (`flash_blocks`): on the
-    CPU, without decode graphs (their fixed-shape attention gives the block attention's
-    bits), equal key and value sizes, and the probe passing; else None."""
+    CPU, equal key and value sizes, and the probe passing; else None. (Not with decode graphs
+    either: their fixed-shape attention gives the block attention's bits.)"""
     key, value = pool.key_cache[0], pool.value_cache[0]
     kv_heads, head_dim = key.shape[1:]
-    if key.device.type != "cpu" or graphs is not None or value.shape[-1] != head_dim:
+    if key.device.type != "cpu" or value.shape[-1] != head_dim:
         return None
     tails = invariant_tails(head_dim, kv_heads, key.dtype)
     if tails is None:

@@ -35,6 +35,7 @@ from astrai_batch.engine.attention.static_decode import StaticDecodeBatch, stati
 from astrai_batch.engine.blas_rows import attention_row_scheme
 from astrai_batch.engine.core import EngineCore
 from astrai_batch.engine.model.loader import load_model
+from astrai_batch.engine.runner import model_runner
 from astrai_batch.engine.runner.decode_graphs import GraphSpec, resolve_cuda_graphs
 from astrai_batch.engine.runner.graph_buckets import GraphBuckets
 from astrai_batch.engine.runner.model_runner import ModelRunner, ScheduledChunk
@@ -204,12 +205,23 @@ def random_pool(loaded, device: str) -> KVPool:
     return pool
 
 
+class EagerSteps:
+    """A graphed runner's own eager path: what its steps outside the buckets run (on the CPU
+    an engine with decode graphs keeps the block attention, whose bits the graphs give; one
+    without them may run invariant attention in the flash kernel instead)."""
+
+    def __init__(self, runner: ModelRunner) -> None:
+        self.runner = runner
+
+    def forward(self, chunks):
+        return self.runner.forward_step(self.runner.buffers.build(chunks), graphed=False)
+
+
 def runners(loaded, numerics: str, max_context: int = 512):
     pool = random_pool(loaded, "cpu")
     spec = GraphSpec(scratch_page=SCRATCH, max_num_seqs=32, max_context=max_context, capture=False)
-    eager = ModelRunner(loaded.model, pool, numerics=numerics)
     graphed = ModelRunner(loaded.model, pool, numerics=numerics, graphs=spec)
-    return eager, graphed
+    return EagerSteps(graphed), graphed
 
 
 def decode_chunks(rng: random.Random, count: int, longest: int, vocab: int, wants=None):
@@ -275,12 +287,25 @@ def test_fast_numerics_graph_path_matches_closely(loaded):
 # -- whole engine runs ---------------------------------------------------------------------------
 
 
+@pytest.fixture
+def block_attention_everywhere(monkeypatch, loaded):
+    """Engines without graphs run the block attention too, as on CUDA: the graphs' promise is
+    the eager block attention's bits (a CPU engine without graphs may run invariant attention
+    in the flash kernel, other bits, equally invariant: `test_flash_blocks`)."""
+    monkeypatch.setattr(model_runner, "_flash_rules", lambda model, pool: None)
+    loaded.probe_results.clear()
+    yield
+    loaded.probe_results.clear()
+
+
 @pytest.mark.parametrize(
     ("layout", "budget", "num_pages"),
     [("paged", 256, 256), ("paged", 128, 40), ("contiguous", 256, 256)],
     ids=["paged", "paged-preempt", "contiguous"],
 )
-def test_engine_with_graph_path_gives_the_same_rows(loaded, layout, budget, num_pages):
+def test_engine_with_graph_path_gives_the_same_rows(
+    loaded, block_attention_everywhere, layout, budget, num_pages
+):
     prompts = invariance_prompts(loaded.model.config.vocab_size, 24, seed=8)
     requests = [
         GenerationRequest(i, prompts[i], SAMPLED if i % 2 else GREEDY) for i in range(len(prompts))
@@ -303,7 +328,8 @@ def test_engine_with_graph_path_gives_the_same_rows(loaded, layout, budget, num_
 
 
 @pytest.mark.slow
-def test_smollm2_with_graph_path_gives_the_same_rows():
+def test_smollm2_with_graph_path_gives_the_same_rows(monkeypatch):
+    monkeypatch.setattr(model_runner, "_flash_rules", lambda model, pool: None)
     smollm2 = load_model("smollm2-135m")  # 9 query heads on 3 KV heads, head size 64
     prompts = invariance_prompts(smollm2.model.config.vocab_size, 12, seed=9)
     requests = [
