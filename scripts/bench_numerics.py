@@ -1,7 +1,8 @@
 """The cost of batch-invariant numerics: our engine with invariant and fast numerics, alternated.
 
 Run: .venv/bin/python scripts/bench_numerics.py [--repeat 3] [--num-system-prompts 4]
-     [--questions-per-prompt 16] [--max-tokens 32] [--workloads shared-prefix,unique]
+     [--questions-per-prompt 16] [--max-tokens 32] [--system-prompt-words N]
+     [--workloads shared-prefix,unique]
 
 One process, SmolLM2-135M float32 on the CPU, the bench workloads' prompts, greedy with end
 of sequence ignored (every prompt generates exactly max_tokens). For each workload the two
@@ -30,6 +31,7 @@ def main() -> None:
     parser.add_argument("--num-system-prompts", type=int, default=4)
     parser.add_argument("--questions-per-prompt", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--system-prompt-words", type=int, default=None)
     parser.add_argument("--workloads", default="shared-prefix,unique")
     parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args()
@@ -42,6 +44,7 @@ def main() -> None:
             max_tokens=args.max_tokens,
             num_system_prompts=args.num_system_prompts,
             questions_per_prompt=args.questions_per_prompt,
+            system_prompt_words=args.system_prompt_words,
         )
         prompts = load_prompts(config, loaded.tokenizer, loaded.name)
         modes = {name: replace(EngineConfig(), numerics=name) for name in ("invariant", "fast")}
