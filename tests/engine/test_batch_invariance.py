@@ -8,6 +8,8 @@ greedy and seeded-sampled tokens identical. On SmolLM2 (slow) the same with 16 w
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from invariance_kit import (
     GREEDY,
@@ -78,6 +80,34 @@ def alone(loaded):
 @pytest.mark.parametrize(("budget", "prefix_cache", "num_pages"), CROWD_CASES, ids=CROWD_IDS)
 def test_alone_equals_in_crowd(loaded, alone, budget, prefix_cache, num_pages):
     check_crowd(loaded, alone, 8, budget, prefix_cache, num_pages)
+
+
+@pytest.mark.parametrize(
+    ("budget", "num_pages"), [(256, 512), (200, 300)], ids=["chunked", "preempt"]
+)
+def test_rows_past_one_key_block_alone_equal_in_crowd(loaded, budget, num_pages):
+    """Contexts past 512 keys (the CPU flash kernel's block): queries folded block by block,
+    decodes that share a whole 512-token prefix block read it once; prefills chunked across
+    the block boundary; preempted rows recomputed."""
+    rng = random.Random(12)
+    vocab = loaded.model.config.vocab_size
+
+    def tokens(n):
+        return [rng.randrange(3, vocab) for _ in range(n)]
+
+    prefix = tokens(600)
+    prompts = [prefix + tokens(n) for n in (20, 150, 300)] + [tokens(n) for n in (700, 480, 90)]
+    requests = mixed_requests(prompts, range(len(prompts)))
+    alone = {}
+    for request in requests:
+        config = EngineConfig(page_size=8, num_pages=160, enable_prefix_cache=False)
+        alone.update(run_capturing(loaded, [request], config)[0])
+    config = EngineConfig(page_size=8, num_pages=num_pages, max_num_batched_tokens=budget)
+    crowd, stats = run_capturing(loaded, requests, config)
+    assert_same_rows(alone, crowd, range(len(prompts)))
+    assert stats.cache.hit_tokens >= 600
+    if num_pages == 300:
+        assert stats.preemptions > 0
 
 
 @pytest.mark.parametrize("case", [0, 3], ids=[CROWD_IDS[0], CROWD_IDS[3]])

@@ -19,10 +19,17 @@ therefore the same in every call when:
    micro-kernels);
 3. masked keys get -inf from an additive mask, in every call the same code path.
 
-`flash_probe` checks these on the engine's CPU at start. A call is one prefill chunk (its
-rows are the chunk's tokens) or the step's decodes with the same number of key blocks (a
-batch of one-token elements, each with its own pages), query heads sharing a KV head folded
-into the query rows: (group member, token) order, as the fast path folds them.
+`flash_probe` checks these on the engine's CPU at start.
+
+A query whose keys fit one block (position < 512) takes the kernel's output as it is: one call
+per prefill chunk, one per class of decodes with the same key length. A longer query never
+lets the kernel fold its blocks: each of its blocks is an element of its own (keys
+[512 b, 512 b + length)), whose output and log-sum-exp land in the step's merge slots, and
+`flash_merge` folds them in block order, so a query's bits never depend on which element
+computed a block. That is what lets decodes sharing a prefix's full blocks read them once:
+such a block is one element whose query rows are every sharer's (the cascade's saving).
+Elements with the same key length and query count form one call; query heads sharing a KV
+head are folded into the query rows, (group member, token) order.
 """
 
 from __future__ import annotations
@@ -49,16 +56,26 @@ class FlashRules(NamedTuple):
 
 
 class FlashCall(NamedTuple):
-    """`elements` sequences of `tokens` query tokens each, attending `keys` keys each."""
+    """`elements` x `tokens` queries, each element with its own `keys` keys."""
 
-    rows: torch.Tensor  # [elements * tokens] packed-batch rows, element-major
-    first_row: int | None  # rows are first_row, first_row + 1, ... (a prefill chunk)
+    token_index: torch.Tensor  # [elements * tokens] packed-batch rows, element-major
     elements: int
     tokens: int
     query_rows: int  # group * tokens, padded up to a multiple of ROW_MULTIPLE
-    keys: int  # whole KEY_BLOCKs and a probed tail
+    keys: int  # whole KEY_BLOCKs and a probed tail (one block: elements of a longer query)
     page_tables: torch.Tensor  # [elements, pages covering `keys`], padded with page 0
     mask: torch.Tensor  # [elements, 1, query_rows or 1, keys]: 0, or -inf past the query
+    slots: torch.Tensor  # [elements * tokens] output rows, or merge slots when `merged`
+    merged: bool  # outputs go to the merge slots, with their log-sum-exp
+
+
+class FlashMerge(NamedTuple):
+    """The step's queries longer than one block: their per-block results, folded."""
+
+    rows: torch.Tensor  # [M] packed-batch rows
+    blocks: int  # slots per query: query i's block b is slot i * blocks + b
+    keys: int  # the fold's length: a probed tail (or whole blocks) holding `blocks`
+    mask: torch.Tensor  # [M, 1, 1, keys]: -inf past each query's last block
 
 
 class FlashBlockBatch(NamedTuple):
@@ -70,7 +87,18 @@ class FlashBlockBatch(NamedTuple):
     write_slots: torch.Tensor  # [T]
     longest_context: int
     calls: list[FlashCall]
+    merge: FlashMerge | None
     gatherer: PageGatherer
+
+
+class _Element(NamedTuple):
+    rows: np.ndarray  # [t] packed rows
+    positions: np.ndarray  # [t]
+    key_start: int
+    keys: int
+    table: np.ndarray  # the sequence's page table (zero-padded)
+    slots: np.ndarray  # [t] output rows, or (merge index, block) pairs as [t, 2]
+    merged: bool
 
 
 def padded_rows(rows: int) -> int:
@@ -86,86 +114,124 @@ def key_lengths(contexts: np.ndarray, tails: tuple[int, ...]) -> np.ndarray:
     return full * KEY_BLOCK + table[np.searchsorted(table, rest)]
 
 
-def plan_flash_calls(
+def plan_flash_step(
     step: StepArrays, page_size: int, rules: FlashRules, dtype: torch.dtype, staging: HostStaging
-) -> list[FlashCall]:
-    """One call per prefill chunk, one per decode class (decodes with as many keys)."""
-    group = rules.group
+) -> tuple[list[FlashCall], FlashMerge | None]:
+    def tail(keys: int) -> int:
+        return int(key_lengths(np.array([keys]), rules.tails)[0])
+
+    elements: list[_Element] = []
+    merge_rows: list[int] = []
+    merge_blocks: list[int] = []
+    shared: dict[tuple, list] = {}  # (block, its pages) -> [rows, positions, slots, table]
+    for c in range(len(step.num_tokens)):
+        n, start, table = int(step.num_tokens[c]), int(step.context_start[c]), step.page_tables[c]
+        rows = step.token_start[c] + np.arange(n)
+        positions = start + np.arange(n)
+        one = positions < KEY_BLOCK
+        if one.any():
+            keys = tail(int(positions[one].max()) + 1)
+            elements.append(_Element(rows[one], positions[one], 0, keys, table, rows[one], False))
+        if one.all():
+            continue
+        rows, positions = rows[~one], positions[~one]
+        first = len(merge_rows)
+        merge_rows.extend(rows.tolist())
+        merge_blocks.extend((positions // KEY_BLOCK + 1).tolist())
+        index = np.arange(first, first + len(rows))
+        for b in range(int(positions[-1]) // KEY_BLOCK + 1):
+            has = positions >= b * KEY_BLOCK
+            last = int(positions[has].max()) + 1 - b * KEY_BLOCK
+            slots = np.stack([index[has], np.full(int(has.sum()), b)], axis=1)
+            if n == 1 and last > KEY_BLOCK:  # a decode's full block: shared if its pages are
+                per_block = KEY_BLOCK // page_size
+                pages = tuple(table[b * per_block : (b + 1) * per_block].tolist())
+                entry = shared.setdefault((b, pages), [[], [], [], table])
+                entry[0].append(rows[0])
+                entry[1].append(positions[0])
+                entry[2].append(slots[0])
+                continue
+            keys = tail(min(last, KEY_BLOCK))
+            elements.append(
+                _Element(rows[has], positions[has], b * KEY_BLOCK, keys, table, slots, True)
+            )
+    for (b, _), (rows, positions, slots, table) in shared.items():
+        element = _Element(
+            np.array(rows),
+            np.array(positions),
+            b * KEY_BLOCK,
+            KEY_BLOCK,
+            table,
+            np.array(slots),
+            True,
+        )
+        elements.append(element)
+    merge = None
+    blocks = max(merge_blocks, default=0)
+    if merge_rows:
+        keys = tail(blocks)
+        masked = np.arange(keys)[None, :] >= np.array(merge_blocks)[:, None]
+        mask = torch.zeros(len(merge_rows), keys, dtype=dtype).masked_fill_(
+            torch.from_numpy(masked), float("-inf")
+        )
+        merge = FlashMerge(
+            rows=staging.array(np.array(merge_rows, dtype=np.int64)),
+            blocks=blocks,
+            keys=keys,
+            mask=staging.tensor(mask.view(len(merge_rows), 1, 1, keys)),
+        )
+    return _calls(elements, blocks, page_size, rules.group, dtype, staging), merge
+
+
+def _calls(elements, blocks, page_size, group, dtype, staging) -> list[FlashCall]:
+    """Elements with the same key length, query count and destination as one call each."""
+    classes: dict[tuple[int, int, bool], list[_Element]] = {}
+    for e in elements:
+        classes.setdefault((e.keys, len(e.rows), e.merged), []).append(e)
     calls = []
-    for i in np.flatnonzero(step.num_tokens > 1).tolist():
-        context = step.context_start[i] + step.num_tokens[i]
+    for (keys, tokens, merged), members in classes.items():
+        query_rows = padded_rows(group * tokens)
+        positions = np.stack([e.positions for e in members])  # [B, t]
+        starts = np.array([e.key_start for e in members])
+        key_pos = starts[:, None, None] + np.arange(keys)[None, None, :]
+        masked = torch.from_numpy(key_pos > positions[:, :, None])  # [B, t, keys]
+        b = len(members)
+        if tokens == 1:
+            mask = torch.zeros(b, 1, 1, keys, dtype=dtype)
+            mask.view(b, keys).masked_fill_(masked.view(b, keys), float("-inf"))
+        else:
+            mask = torch.zeros(b, query_rows, keys, dtype=dtype)
+            mask[:, : group * tokens].view(b, group, tokens, keys).masked_fill_(
+                masked[:, None], float("-inf")
+            )
+            mask = mask.view(b, 1, query_rows, keys)
+        if merged:
+            pairs = np.concatenate([e.slots for e in members])
+            slots = pairs[:, 0] * blocks + pairs[:, 1]
+        else:
+            slots = np.concatenate([e.slots for e in members])
+        tables = np.stack([_pages(e.table, e.key_start, keys, page_size) for e in members])
         calls.append(
-            _chunk_call(
-                int(key_lengths(np.array([context]), rules.tails)[0]),
-                int(step.token_start[i]),
-                int(step.context_start[i]),
-                int(step.num_tokens[i]),
-                step.page_tables[i],
-                page_size,
-                group,
-                dtype,
-                staging,
+            FlashCall(
+                token_index=staging.array(np.concatenate([e.rows for e in members])),
+                elements=b,
+                tokens=tokens,
+                query_rows=query_rows,
+                keys=keys,
+                page_tables=staging.array(tables),
+                mask=staging.tensor(mask),
+                slots=staging.array(slots.astype(np.int64)),
+                merged=merged,
             )
         )
-    d = step.decodes
-    if len(d):
-        keys = key_lengths(step.context_start[d] + 1, rules.tails)
-        for count in np.unique(keys).tolist():
-            members = d[keys == count]
-            calls.append(
-                _decode_call(
-                    step.token_start[members],
-                    step.context_start[members],
-                    step.page_tables[members],
-                    count,
-                    page_size,
-                    group,
-                    dtype,
-                    staging,
-                )
-            )
     return calls
 
 
-def _chunk_call(keys, row, start, n, table, page_size, group, dtype, staging) -> FlashCall:
-    positions = torch.arange(start, start + n)
-    masked = torch.arange(keys)[None, :] > positions[:, None]  # [n, keys]
-    rows = padded_rows(group * n)
-    mask = torch.zeros(rows, keys, dtype=dtype)
-    mask[: group * n].view(group, n, keys).masked_fill_(masked, float("-inf"))
-    return FlashCall(
-        rows=staging.array(np.arange(row, row + n, dtype=np.int64)),
-        first_row=row,
-        elements=1,
-        tokens=n,
-        query_rows=rows,
-        keys=keys,
-        page_tables=staging.array(_tables(table[None, :], keys, page_size)),
-        mask=staging.tensor(mask.view(1, 1, rows, keys)),
-    )
-
-
-def _decode_call(rows, positions, tables, keys, page_size, group, dtype, staging) -> FlashCall:
-    masked = np.arange(keys)[None, :] > positions[:, None]  # [B, keys]
-    mask = torch.zeros(len(rows), keys, dtype=dtype)
-    mask.masked_fill_(torch.from_numpy(masked), float("-inf"))
-    return FlashCall(
-        rows=staging.array(rows),
-        first_row=None,
-        elements=len(rows),
-        tokens=1,
-        query_rows=padded_rows(group),
-        keys=keys,
-        page_tables=staging.array(_tables(tables, keys, page_size)),
-        mask=staging.tensor(mask.view(len(rows), 1, 1, keys)),
-    )
-
-
-def _tables(tables: np.ndarray, keys: int, page_size: int) -> np.ndarray:
-    """[N, pages covering `keys`]: cut, or padded with page 0 (its keys are masked)."""
-    pages = -(-keys // page_size)
-    if tables.shape[1] >= pages:
-        return tables[:, :pages]
-    out = np.zeros((len(tables), pages), dtype=np.int64)
-    out[:, : tables.shape[1]] = tables
+def _pages(table: np.ndarray, key_start: int, keys: int, page_size: int) -> np.ndarray:
+    """The pages holding keys [key_start, key_start + keys), padded with page 0 (masked)."""
+    first = key_start // page_size
+    count = -(-keys // page_size)
+    out = np.zeros(count, dtype=np.int64)
+    own = table[first : first + count]
+    out[: len(own)] = own
     return out

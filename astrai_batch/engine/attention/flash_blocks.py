@@ -13,7 +13,11 @@ from __future__ import annotations
 
 import torch
 
-from astrai_batch.engine.attention.flash_block_plan import FlashBlockBatch
+from astrai_batch.engine.attention.flash_block_plan import (
+    ROW_MULTIPLE,
+    FlashBlockBatch,
+    FlashMerge,
+)
 
 
 def flash_kernel():
@@ -34,13 +38,15 @@ def flash_block_attention(
     group = q_heads // kv_heads
     width = v_cache.shape[-1]
     out = q.new_empty(num_tokens, q_heads, width)
+    merge = batch.merge
+    if merge is not None:  # every block of every longer query: its output and log-sum-exp
+        slots = merge.rows.shape[0] * merge.blocks
+        block_out = q.new_zeros(slots, q_heads, width)
+        block_lse = q.new_zeros(slots, q_heads, dtype=torch.float32)
     kernel = flash_kernel()
     for call in batch.calls:
         b, t, rows = call.elements, call.tokens, group * call.tokens
-        if call.first_row is not None:
-            picked = q[call.first_row : call.first_row + b * t]
-        else:
-            picked = q.index_select(0, call.rows)
+        picked = q.index_select(0, call.token_index)
         queries = q.new_zeros(b, kv_heads, call.query_rows, head_dim)
         # [b * t, Hq, D] -> [b, Hkv, G, t, D]: rows in (group member, token) order
         queries[:, :, :rows].view(b, kv_heads, group, t, head_dim).copy_(
@@ -48,17 +54,41 @@ def flash_block_attention(
         )
         keys = batch.gatherer.gather("key", k_cache, call.page_tables, batch.page_size)
         values = batch.gatherer.gather("value", v_cache, call.page_tables, batch.page_size)
-        result = kernel(
+        result, lse = kernel(
             queries,
             keys[:, : call.keys].transpose(1, 2).to(q.dtype),
             values[:, : call.keys].transpose(1, 2).to(q.dtype),
             attn_mask=call.mask,
             scale=scale,
-        )[0]
+        )
         # [b, Hkv, rows, Dv] -> [b * t, Hq, Dv]
         result = result[:, :, :rows].reshape(b, kv_heads, group, t, width).permute(0, 3, 1, 2, 4)
-        if call.first_row is not None:
-            out[call.first_row : call.first_row + b * t] = result.reshape(b * t, q_heads, width)
-        else:
-            out.index_copy_(0, call.rows, result.reshape(b * t, q_heads, width))
+        result = result.reshape(b * t, q_heads, width)
+        if not call.merged:
+            out.index_copy_(0, call.slots, result)
+            continue
+        lse = lse[:, :, :rows].reshape(b, kv_heads, group, t).permute(0, 3, 1, 2)
+        block_out.index_copy_(0, call.slots, result)
+        block_lse.index_copy_(0, call.slots, lse.reshape(b * t, q_heads))
+    if merge is not None:
+        out.index_copy_(0, merge.rows, fold_blocks(block_out, block_lse, merge, kernel))
     return out
+
+
+def fold_blocks(block_out: torch.Tensor, block_lse: torch.Tensor, merge: FlashMerge, kernel):
+    """Each longer query's blocks folded in block order: sum_b exp(lse_b - max) out_b over
+    sum_b exp(lse_b - max). Folded by the kernel itself, as attention whose keys are the
+    blocks: a one-hot query scores key b as lse_b exactly (1 x lse_b plus zero products),
+    and its values are the block outputs; every exponential and sum then runs per row
+    over a fixed length (`merge.keys`, a probed tail), never by a vectorized loop whose
+    tail would follow the step's size."""
+    count, q_heads, width = merge.rows.shape[0], block_out.shape[1], block_out.shape[2]
+    blocks = merge.blocks
+    keys = block_out.new_zeros(count, q_heads, merge.keys, width)
+    keys[:, :, :blocks, 0] = block_lse.view(count, blocks, q_heads).transpose(1, 2)
+    values = block_out.new_zeros(count, q_heads, merge.keys, width)
+    values[:, :, :blocks] = block_out.view(count, blocks, q_heads, width).transpose(1, 2)
+    query = block_out.new_zeros(1, 1, ROW_MULTIPLE, width)
+    query[0, 0, 0, 0] = 1.0
+    query = query.expand(count, q_heads, ROW_MULTIPLE, width)
+    return kernel(query, keys, values, attn_mask=merge.mask, scale=1.0)[0][:, :, 0]

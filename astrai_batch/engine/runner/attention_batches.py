@@ -20,7 +20,7 @@ from astrai_batch.engine.attention.cascade_plan import CascadeBatch, plan_cascad
 from astrai_batch.engine.attention.flash_block_plan import (
     FlashBlockBatch,
     FlashRules,
-    plan_flash_calls,
+    plan_flash_step,
 )
 from astrai_batch.engine.attention.host_staging import HostStaging
 from astrai_batch.engine.attention.kernels.interface import KernelBatch, PagedKernel
@@ -78,7 +78,7 @@ def block_batch(
 def flash_block_batch(
     step: StepArrays, pool: KVPool, staging: HostStaging, gatherer: PageGatherer, rules: FlashRules
 ) -> FlashBlockBatch:
-    calls = plan_flash_calls(step, pool.page_size, rules, pool.key_cache[0].dtype, staging)
+    calls, merge = plan_flash_step(step, pool.page_size, rules, pool.key_cache[0].dtype, staging)
     return FlashBlockBatch(
         key_cache=pool.key_cache,
         value_cache=pool.value_cache,
@@ -86,6 +86,7 @@ def flash_block_batch(
         write_slots=staging.array(step.write_slots),
         longest_context=step.longest_context,
         calls=calls,
+        merge=merge,
         gatherer=gatherer,
     )
 

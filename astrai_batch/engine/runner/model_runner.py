@@ -20,7 +20,7 @@ from astrai_batch.engine.attention.block_plan import (
     RUN_SEGMENT_BLOCKS,
     block_tokens_for,
 )
-from astrai_batch.engine.attention.flash_block_plan import FlashRules
+from astrai_batch.engine.attention.flash_block_plan import KEY_BLOCK, FlashRules
 from astrai_batch.engine.attention.flash_probe import invariant_tails
 from astrai_batch.engine.attention.host_staging import HostStaging
 from astrai_batch.engine.attention.kernels.interface import PagedKernel
@@ -245,7 +245,8 @@ def _flash_rules(model: torch.nn.Module, pool: KVPool) -> FlashRules | None:
     either: their fixed-shape attention gives the block attention's bits.)"""
     key, value = pool.key_cache[0], pool.value_cache[0]
     kv_heads, head_dim = key.shape[1:]
-    if key.device.type != "cpu" or value.shape[-1] != head_dim:
+    whole_pages = KEY_BLOCK % pool.page_size == 0  # a query's blocks are whole pages
+    if key.device.type != "cpu" or value.shape[-1] != head_dim or not whole_pages:
         return None
     tails = invariant_tails(head_dim, kv_heads, key.dtype)
     if tails is None:

@@ -18,10 +18,9 @@ import torch
 
 from astrai_batch.engine.attention import flash_probe
 from astrai_batch.engine.attention.flash_block_plan import (
-    ROW_MULTIPLE,
     FlashBlockBatch,
     FlashRules,
-    plan_flash_calls,
+    plan_flash_step,
 )
 from astrai_batch.engine.attention.flash_blocks import flash_block_attention, flash_kernel
 from astrai_batch.engine.attention.flash_probe import invariant_tails
@@ -32,13 +31,18 @@ from astrai_batch.engine.attention.step_arrays import StepArrays
 PAGE = 16
 KV_HEADS, GROUP, DIM = 2, 3, 16
 SCALE = DIM**-0.5
-LENGTHS = (5, 40, 300, 511, 512, 513, 700, 1100)  # sequence lengths of the pool's sequences
+LENGTHS = (5, 40, 300, 511, 512, 513, 700, 1100, 1500)  # the pool's sequences
+# (sequence, shares the first pages of) : a prefix cache's shared pages, so decodes share
+# whole 512-key blocks (the cascade): 513 and 700 share 512 tokens with 512, 1500 shares
+# 1,024 with 1100
+SHARED = {5: (4, 32), 6: (4, 32), 8: (7, 64)}
 # the tails MKL gives here (`flash_probe`); the crowd test uses what the probe finds
 MEASURED_TAILS = (64, 128, 192, 384, 448, 512)
 
 
 class Pool:
-    """KV for every sequence in LENGTHS, in shuffled pages; a fixed query per position."""
+    """KV for every sequence in LENGTHS, in shuffled pages (some shared, `SHARED`); a fixed
+    query per position."""
 
     def __init__(self, seed: int) -> None:
         rng = random.Random(seed)
@@ -47,9 +51,13 @@ class Pool:
         order = list(range(1, sum(pages) + 1))  # page 0: the padding page
         rng.shuffle(order)
         self.tables, used = [], 0
-        for count in pages:
-            self.tables.append(np.array(order[used : used + count], dtype=np.int64))
+        for seq, count in enumerate(pages):
+            table = np.array(order[used : used + count], dtype=np.int64)
             used += count
+            if seq in SHARED:
+                owner, shared = SHARED[seq]
+                table[:shared] = self.tables[owner][:shared]
+            self.tables.append(table)
         slots = (sum(pages) + 1) * PAGE
         self.keys = torch.randn(slots, KV_HEADS, DIM, generator=generator)
         self.values = torch.randn(slots, KV_HEADS, DIM, generator=generator)
@@ -61,7 +69,10 @@ class Pool:
 
 
 def run_step(
-    pool: Pool, chunks: list[tuple[int, int, int]], tails: tuple[int, ...] = MEASURED_TAILS
+    pool: Pool,
+    chunks: list[tuple[int, int, int]],
+    tails: tuple[int, ...] = MEASURED_TAILS,
+    seen: list | None = None,
 ) -> dict[tuple[int, int], torch.Tensor]:
     """chunks: (sequence, start, length) -> {(sequence, position): output row}."""
     width = max(len(pool.tables[s]) for s, _, _ in chunks)
@@ -87,9 +98,18 @@ def run_step(
         longest_context=max(s + n for _, s, n in chunks),
     )
     staging = HostStaging("cpu")
-    calls = plan_flash_calls(step, PAGE, FlashRules(GROUP, tails), torch.float32, staging)
+    calls, merge = plan_flash_step(step, PAGE, FlashRules(GROUP, tails), torch.float32, staging)
+    if seen is not None:
+        seen.extend(calls)
     batch = FlashBlockBatch(
-        [pool.keys], [pool.values], PAGE, staging.array(step.write_slots), 0, calls, PageGatherer()
+        [pool.keys],
+        [pool.values],
+        PAGE,
+        staging.array(step.write_slots),
+        0,
+        calls,
+        merge,
+        PageGatherer(),
     )
     out = flash_block_attention(torch.cat(queries), pool.keys, pool.values, batch, SCALE)
     got, row = {}, 0
@@ -159,7 +179,7 @@ def test_a_query_has_the_same_bits_alone_and_in_random_crowds(tails_here, seed) 
             assert torch.equal(row, alone[key]), f"seed {seed}: {key} differs in step {step}"
 
 
-def test_the_plan_pads_rows_and_keys_and_classes_decodes_by_blocks() -> None:
+def test_the_plan_splits_long_queries_into_blocks_and_shares_whole_prefix_blocks() -> None:
     pool = Pool(seed=2)
     chunks = [(2, 3, 297), (0, 4, 1), (3, 510, 1), (5, 512, 1), (7, 1099, 1), (6, 600, 1)]
     starts = np.cumsum([0] + [n for _, _, n in chunks[:-1]])
@@ -177,30 +197,52 @@ def test_the_plan_pads_rows_and_keys_and_classes_decodes_by_blocks() -> None:
         longest_context=1100,
     )
     rules = FlashRules(GROUP, MEASURED_TAILS)
-    calls = plan_flash_calls(step, PAGE, rules, torch.float32, HostStaging("cpu"))
-    # the chunk (300 keys: a 384-key tail), then decodes by key length: contexts 5 (a 64-key
-    # tail), 511, 513 (a full block and 64), 601 (512 + 128) and 1100 (1024 + 128)
-    assert [(c.elements, c.tokens, c.keys) for c in calls] == [
-        (1, 297, 384),
-        (1, 1, 64),
-        (1, 1, 512),
-        (1, 1, 576),
-        (1, 1, 640),
-        (1, 1, 1152),
+    calls, merge = plan_flash_step(step, PAGE, rules, torch.float32, HostStaging("cpu"))
+    # one block's queries take the kernel's output: the chunk (300 keys: a 384-key tail),
+    # decodes at contexts 5 (64) and 511 (512); longer ones go block by block to the merge:
+    # 513 and 601 (sharing block 0's pages: one element), 1100 (blocks 0 and 1, its tail)
+    assert [(c.keys, c.tokens, c.merged, c.elements) for c in calls] == [
+        (384, 297, False, 1),
+        (64, 1, False, 1),
+        (512, 1, False, 1),
+        (64, 1, True, 1),  # context 513's last block: 1 key
+        (128, 1, True, 2),  # 1100's and 601's last blocks: 76 and 89 keys
+        (512, 2, True, 1),  # block 0 of 513 and 601, read once
+        (512, 1, True, 2),  # blocks 0 and 1 of 1100
     ]
-    assert all(c.query_rows % ROW_MULTIPLE == 0 for c in calls)
-    assert calls[0].query_rows == 892 and calls[1].query_rows == 4
-    chunk = calls[0]
-    assert chunk.page_tables.shape == (1, 384 // PAGE)
-    # row (member g, token t) sees keys 0 .. 3 + t; the padding row sees every key
-    visible = (chunk.mask[0, 0] == 0).sum(dim=1).tolist()
+    assert [c.query_rows for c in calls] == [892, 4, 4, 4, 4, 8, 4]
+    assert calls[0].slots.tolist() == list(range(297))
+    assert [calls[i].slots.tolist() for i in (1, 2)] == [[297], [298]]
+    # merge slots: query i's block b is i * 3 + b (queries 299, 300, 301 of the batch)
+    assert merge.rows.tolist() == [299, 300, 301] and merge.blocks == 3 and merge.keys == 64
+    assert [calls[i].slots.tolist() for i in (3, 4, 5, 6)] == [[1], [5, 7], [0, 6], [3, 4]]
+    assert (merge.mask[:, 0, 0] == 0).sum(dim=1).tolist() == [2, 3, 2]
+    shared = calls[5]
+    assert shared.token_index.tolist() == [299, 301]
+    assert shared.page_tables[0].tolist() == pool.tables[4][:32].tolist()
+    assert (shared.mask == 0).all()  # a whole shared block ends before either query
+    # row (member g, token t) of the chunk sees keys 0 .. 3 + t; the padding row every key
+    visible = (calls[0].mask[0, 0] == 0).sum(dim=1).tolist()
     assert visible == [4 + t for t in range(297)] * GROUP + [384]
-    assert [c.rows.tolist() for c in calls[1:]] == [[starts[i]] for i in (1, 2, 3, 5, 4)]
-    seen = [(c.mask[:, 0, 0] == 0).sum(dim=1).tolist() for c in calls[1:]]
-    assert seen == [[5], [511], [513], [601], [1100]]
-    # tables cover the keys, padded with page 0 past the sequence's own pages
-    assert calls[5].page_tables.shape == (1, 1152 // PAGE)
-    assert calls[5].page_tables[0, 69:].tolist() == [0] * 3
+    # the tail of 1100 reads keys 1024..1151: its pages from the 65th, padded with page 0
+    tail = calls[4].page_tables[0].tolist()
+    assert tail == pool.tables[7][64:69].tolist() + [0] * 3
+    assert (calls[4].mask[:, 0, 0] == 0).sum(dim=1).tolist() == [76, 89]
+
+
+def test_decodes_sharing_whole_blocks_have_their_bits_alone(tails_here) -> None:
+    pool = Pool(seed=7)
+    alone = {}
+    for seq, n in enumerate(LENGTHS):
+        alone.update(run_step(pool, [(seq, 0, n)], tails_here))
+    rng = random.Random(7)
+    calls: list = []
+    for _ in range(12):  # every sequence decodes at once, within its last 200 positions
+        step = [(seq, n - 1 - rng.randrange(min(n, 200)), 1) for seq, n in enumerate(LENGTHS)]
+        for key, row in run_step(pool, step, tails_here, calls).items():
+            assert torch.equal(row, alone[key]), f"{key} differs in step {step}"
+    shared = [c for c in calls if c.merged and c.tokens > 1]
+    assert len(shared) >= 12  # every step shares block 0 of 1100 and 1500, some block 1
 
 
 def test_the_probe_refuses_a_kernel_whose_short_calls_differ(monkeypatch) -> None:
