@@ -25,9 +25,9 @@ A query whose keys fit one block (position < 512) takes the kernel's output as i
 per prefill chunk, one per class of decodes with the same key length. A longer query never
 lets the kernel fold its blocks: each of its blocks is an element of its own (keys
 [512 b, 512 b + length)), whose output and log-sum-exp land in the step's merge slots, and
-`flash_merge` folds them in block order, so a query's bits never depend on which element
-computed a block. That is what lets decodes sharing a prefix's full blocks read them once:
-such a block is one element whose query rows are every sharer's (the cascade's saving).
+`flash_blocks.fold_blocks` folds them in block order, so a query's bits never depend on
+which element computed a block. That lets decodes sharing a prefix's full blocks read them
+once: such a block is one element whose query rows are every sharer's (the cascade's saving).
 Elements with the same key length and query count form one call; query heads sharing a KV
 head are folded into the query rows, (group member, token) order.
 """
@@ -74,8 +74,6 @@ class FlashMerge(NamedTuple):
 
     rows: torch.Tensor  # [M] packed-batch rows
     blocks: int  # slots per query: query i's block b is slot i * blocks + b
-    keys: int  # the fold's length: a probed tail (or whole blocks) holding `blocks`
-    mask: torch.Tensor  # [M, 1, 1, keys]: -inf past each query's last block
 
 
 class FlashBlockBatch(NamedTuple):
@@ -169,17 +167,8 @@ def plan_flash_step(
     merge = None
     blocks = max(merge_blocks, default=0)
     if merge_rows:
-        keys = tail(blocks)
-        masked = np.arange(keys)[None, :] >= np.array(merge_blocks)[:, None]
-        mask = torch.zeros(len(merge_rows), keys, dtype=dtype).masked_fill_(
-            torch.from_numpy(masked), float("-inf")
-        )
-        merge = FlashMerge(
-            rows=staging.array(np.array(merge_rows, dtype=np.int64)),
-            blocks=blocks,
-            keys=keys,
-            mask=staging.tensor(mask.view(len(merge_rows), 1, 1, keys)),
-        )
+        rows = staging.array(np.array(merge_rows, dtype=np.int64))
+        merge = FlashMerge(rows=rows, blocks=blocks)
     return _calls(elements, blocks, page_size, rules.group, dtype, staging), merge
 
 

@@ -13,11 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from astrai_batch.engine.attention.flash_block_plan import (
-    ROW_MULTIPLE,
-    FlashBlockBatch,
-    FlashMerge,
-)
+from astrai_batch.engine.attention.flash_block_plan import FlashBlockBatch, FlashMerge
 
 
 def flash_kernel():
@@ -42,7 +38,7 @@ def flash_block_attention(
     if merge is not None:  # every block of every longer query: its output and log-sum-exp
         slots = merge.rows.shape[0] * merge.blocks
         block_out = q.new_zeros(slots, q_heads, width)
-        block_lse = q.new_zeros(slots, q_heads, dtype=torch.float32)
+        block_lse = q.new_full((slots, q_heads), float("-inf"), dtype=torch.float32)
     kernel = flash_kernel()
     for call in batch.calls:
         b, t, rows = call.elements, call.tokens, group * call.tokens
@@ -71,24 +67,24 @@ def flash_block_attention(
         block_out.index_copy_(0, call.slots, result)
         block_lse.index_copy_(0, call.slots, lse.reshape(b * t, q_heads))
     if merge is not None:
-        out.index_copy_(0, merge.rows, fold_blocks(block_out, block_lse, merge, kernel))
+        out.index_copy_(0, merge.rows, fold_blocks(block_out, block_lse, merge).to(q.dtype))
     return out
 
 
-def fold_blocks(block_out: torch.Tensor, block_lse: torch.Tensor, merge: FlashMerge, kernel):
+def fold_blocks(block_out: torch.Tensor, block_lse: torch.Tensor, merge: FlashMerge):
     """Each longer query's blocks folded in block order: sum_b exp(lse_b - max) out_b over
-    sum_b exp(lse_b - max). Folded by the kernel itself, as attention whose keys are the
-    blocks: a one-hot query scores key b as lse_b exactly (1 x lse_b plus zero products),
-    and its values are the block outputs; every exponential and sum then runs per row
-    over a fixed length (`merge.keys`, a probed tail), never by a vectorized loop whose
-    tail would follow the step's size."""
+    sum_b exp(lse_b - max). Absent blocks (past a query's last) have lse -inf: weight 0.
+    Every step is elementwise with one rounding each (the maximum exact; products and sums
+    as separate operations, never a fused multiply-add, whose vectorized and scalar forms
+    round differently), the blocks added in block order; `flash_probe` checks that the
+    exponential gives an element the same bits wherever it sits in a tensor."""
     count, q_heads, width = merge.rows.shape[0], block_out.shape[1], block_out.shape[2]
-    blocks = merge.blocks
-    keys = block_out.new_zeros(count, q_heads, merge.keys, width)
-    keys[:, :, :blocks, 0] = block_lse.view(count, blocks, q_heads).transpose(1, 2)
-    values = block_out.new_zeros(count, q_heads, merge.keys, width)
-    values[:, :, :blocks] = block_out.view(count, blocks, q_heads, width).transpose(1, 2)
-    query = block_out.new_zeros(1, 1, ROW_MULTIPLE, width)
-    query[0, 0, 0, 0] = 1.0
-    query = query.expand(count, q_heads, ROW_MULTIPLE, width)
-    return kernel(query, keys, values, attn_mask=merge.mask, scale=1.0)[0][:, :, 0]
+    lse = block_lse.view(count, merge.blocks, q_heads)
+    outs = block_out.view(count, merge.blocks, q_heads, width)
+    weights = torch.exp(lse - lse.amax(dim=1, keepdim=True))  # [M, blocks, Hq]
+    total = outs[:, 0] * weights[:, 0, :, None]
+    norm = weights[:, 0].clone()
+    for b in range(1, merge.blocks):
+        total += outs[:, b] * weights[:, b, :, None]
+        norm += weights[:, b]
+    return total / norm[:, :, None]

@@ -214,9 +214,8 @@ def test_the_plan_splits_long_queries_into_blocks_and_shares_whole_prefix_blocks
     assert calls[0].slots.tolist() == list(range(297))
     assert [calls[i].slots.tolist() for i in (1, 2)] == [[297], [298]]
     # merge slots: query i's block b is i * 3 + b (queries 299, 300, 301 of the batch)
-    assert merge.rows.tolist() == [299, 300, 301] and merge.blocks == 3 and merge.keys == 64
+    assert merge.rows.tolist() == [299, 300, 301] and merge.blocks == 3
     assert [calls[i].slots.tolist() for i in (3, 4, 5, 6)] == [[1], [5, 7], [0, 6], [3, 4]]
-    assert (merge.mask[:, 0, 0] == 0).sum(dim=1).tolist() == [2, 3, 2]
     shared = calls[5]
     assert shared.token_index.tolist() == [299, 301]
     assert shared.page_tables[0].tolist() == pool.tables[4][:32].tolist()
