@@ -39,54 +39,17 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from astrai_batch.engine.attention.flash_block_types import (
+    KEY_BLOCK,
+    FlashCall,
+    FlashMerge,
+    FlashRules,
+    key_lengths,
+    padded_rows,
+)
+from astrai_batch.engine.attention.flash_decode_plan import DecodeBlocks
 from astrai_batch.engine.attention.host_staging import HostStaging
-from astrai_batch.engine.attention.page_gather import PageGatherer
 from astrai_batch.engine.attention.step_arrays import StepArrays
-
-KEY_BLOCK = 512  # torch's CPU flash kernel's key split (`kv_split_size`)
-TAIL_STEP = 64  # candidate last-block lengths: multiples of this up to KEY_BLOCK
-ROW_MULTIPLE = 4  # query rows per call padded to a multiple of this
-
-
-class FlashRules(NamedTuple):
-    """What the probe found: the kernel's invariant shapes for this model, here."""
-
-    group: int  # query heads per KV head
-    tails: tuple[int, ...]  # last-block key lengths with the full block's bits, ascending
-
-
-class FlashCall(NamedTuple):
-    """`elements` x `tokens` queries, each element with its own `keys` keys."""
-
-    token_index: torch.Tensor  # [elements * tokens] packed-batch rows, element-major
-    elements: int
-    tokens: int
-    query_rows: int  # group * tokens, padded up to a multiple of ROW_MULTIPLE
-    keys: int  # whole KEY_BLOCKs and a probed tail (one block: elements of a longer query)
-    page_tables: torch.Tensor  # [elements, pages covering `keys`], padded with page 0
-    mask: torch.Tensor  # [elements, 1, query_rows or 1, keys]: 0, or -inf past the query
-    slots: torch.Tensor  # [elements * tokens] output rows, or merge slots when `merged`
-    merged: bool  # outputs go to the merge slots, with their log-sum-exp
-
-
-class FlashMerge(NamedTuple):
-    """The step's queries longer than one block: their per-block results, folded."""
-
-    rows: torch.Tensor  # [M] packed-batch rows
-    blocks: int  # slots per query: query i's block b is slot i * blocks + b
-
-
-class FlashBlockBatch(NamedTuple):
-    """What every layer needs; built once per step."""
-
-    key_cache: list[torch.Tensor]  # per layer [num_slots, kv_heads, head_dim]
-    value_cache: list[torch.Tensor]
-    page_size: int
-    write_slots: torch.Tensor  # [T]
-    longest_context: int
-    calls: list[FlashCall]
-    merge: FlashMerge | None
-    gatherer: PageGatherer
 
 
 class _Element(NamedTuple):
@@ -95,21 +58,8 @@ class _Element(NamedTuple):
     key_start: int
     keys: int
     table: np.ndarray  # the sequence's page table (zero-padded)
-    slots: np.ndarray  # [t] output rows, or (merge index, block) pairs as [t, 2]
+    slots: np.ndarray  # [t] output rows, or merge slots (query index * blocks + block)
     merged: bool
-
-
-def padded_rows(rows: int) -> int:
-    return -(-rows // ROW_MULTIPLE) * ROW_MULTIPLE
-
-
-def key_lengths(contexts: np.ndarray, tails: tuple[int, ...]) -> np.ndarray:
-    """Keys a call reads for sequences of `contexts` tokens: whole blocks, then the shortest
-    probed tail that holds the rest."""
-    full = (contexts - 1) // KEY_BLOCK
-    rest = contexts - full * KEY_BLOCK
-    table = np.array(tails)
-    return full * KEY_BLOCK + table[np.searchsorted(table, rest)]
 
 
 def plan_flash_step(
@@ -118,11 +68,12 @@ def plan_flash_step(
     def tail(keys: int) -> int:
         return int(key_lengths(np.array([keys]), rules.tails)[0])
 
+    last = step.context_start + step.num_tokens - 1
+    blocks = int(last.max()) // KEY_BLOCK + 1 if len(last) else 1  # merge slots per query
     elements: list[_Element] = []
-    merge_rows: list[int] = []
-    merge_blocks: list[int] = []
-    shared: dict[tuple, list] = {}  # (block, its pages) -> [rows, positions, slots, table]
-    for c in range(len(step.num_tokens)):
+    merge_rows: list[np.ndarray] = []
+    count = 0  # longer queries so far
+    for c in np.flatnonzero(step.num_tokens > 1).tolist():
         n, start, table = int(step.num_tokens[c]), int(step.context_start[c]), step.page_tables[c]
         rows = step.token_start[c] + np.arange(n)
         positions = start + np.arange(n)
@@ -133,46 +84,38 @@ def plan_flash_step(
         if one.all():
             continue
         rows, positions = rows[~one], positions[~one]
-        first = len(merge_rows)
-        merge_rows.extend(rows.tolist())
-        merge_blocks.extend((positions // KEY_BLOCK + 1).tolist())
-        index = np.arange(first, first + len(rows))
+        merge_rows.append(rows)
+        index = np.arange(count, count + len(rows))
+        count += len(rows)
         for b in range(int(positions[-1]) // KEY_BLOCK + 1):
             has = positions >= b * KEY_BLOCK
-            last = int(positions[has].max()) + 1 - b * KEY_BLOCK
-            slots = np.stack([index[has], np.full(int(has.sum()), b)], axis=1)
-            if n == 1 and last > KEY_BLOCK:  # a decode's full block: shared if its pages are
-                per_block = KEY_BLOCK // page_size
-                pages = tuple(table[b * per_block : (b + 1) * per_block].tolist())
-                entry = shared.setdefault((b, pages), [[], [], [], table])
-                entry[0].append(rows[0])
-                entry[1].append(positions[0])
-                entry[2].append(slots[0])
-                continue
-            keys = tail(min(last, KEY_BLOCK))
+            keys = tail(min(int(positions[has].max()) + 1 - b * KEY_BLOCK, KEY_BLOCK))
+            slots = index[has] * blocks + b
             elements.append(
                 _Element(rows[has], positions[has], b * KEY_BLOCK, keys, table, slots, True)
             )
-    for (b, _), (rows, positions, slots, table) in shared.items():
-        element = _Element(
-            np.array(rows),
-            np.array(positions),
-            b * KEY_BLOCK,
-            KEY_BLOCK,
-            table,
-            np.array(slots),
-            True,
-        )
-        elements.append(element)
+    decodes = DecodeBlocks(rules.tails, blocks, page_size)
+    d = step.decodes
+    if len(d):
+        positions = step.context_start[d]
+        longer = positions >= KEY_BLOCK
+        index = np.full(len(d), -1)
+        index[longer] = np.arange(count, count + int(longer.sum()))
+        count += int(longer.sum())
+        merge_rows.append(step.token_start[d][longer])
+        decodes.add(step.token_start[d], positions, step.page_tables[d], index)
+    for b, rows, positions, slots, table in decodes.shared:
+        elements.append(_Element(rows, positions, b * KEY_BLOCK, KEY_BLOCK, table, slots, True))
+    calls = _calls(elements, page_size, rules.group, dtype, staging)
+    calls += decodes.calls(page_size, rules.group, dtype, staging)
     merge = None
-    blocks = max(merge_blocks, default=0)
-    if merge_rows:
-        rows = staging.array(np.array(merge_rows, dtype=np.int64))
+    if count:
+        rows = staging.array(np.concatenate(merge_rows).astype(np.int64))
         merge = FlashMerge(rows=rows, blocks=blocks)
-    return _calls(elements, blocks, page_size, rules.group, dtype, staging), merge
+    return calls, merge
 
 
-def _calls(elements, blocks, page_size, group, dtype, staging) -> list[FlashCall]:
+def _calls(elements, page_size, group, dtype, staging) -> list[FlashCall]:
     """Elements with the same key length, query count and destination as one call each."""
     classes: dict[tuple[int, int, bool], list[_Element]] = {}
     for e in elements:
@@ -194,11 +137,7 @@ def _calls(elements, blocks, page_size, group, dtype, staging) -> list[FlashCall
                 masked[:, None], float("-inf")
             )
             mask = mask.view(b, 1, query_rows, keys)
-        if merged:
-            pairs = np.concatenate([e.slots for e in members])
-            slots = pairs[:, 0] * blocks + pairs[:, 1]
-        else:
-            slots = np.concatenate([e.slots for e in members])
+        slots = np.concatenate([e.slots for e in members])
         tables = np.stack([_pages(e.table, e.key_start, keys, page_size) for e in members])
         calls.append(
             FlashCall(

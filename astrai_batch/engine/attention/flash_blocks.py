@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from astrai_batch.engine.attention.flash_block_plan import FlashBlockBatch, FlashMerge
+from astrai_batch.engine.attention.flash_block_types import FlashBlockBatch, FlashMerge
 
 
 def flash_kernel():

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from astrai_batch.engine.attention.flash_block_plan import KEY_BLOCK, ROW_MULTIPLE, TAIL_STEP
+from astrai_batch.engine.attention.flash_block_types import KEY_BLOCK, ROW_MULTIPLE, TAIL_STEP
 from astrai_batch.engine.attention.flash_blocks import flash_kernel
 
 # call row counts: every query-block size (32, 64, 256) with remainders 0 and 4, and small

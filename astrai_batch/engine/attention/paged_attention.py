@@ -27,7 +27,7 @@ from astrai_batch.engine.attention.block_attention import block_attention
 from astrai_batch.engine.attention.block_plan import BlockBatch
 from astrai_batch.engine.attention.cascade import cascade_attention
 from astrai_batch.engine.attention.cascade_plan import CascadeBatch
-from astrai_batch.engine.attention.flash_block_plan import FlashBlockBatch
+from astrai_batch.engine.attention.flash_block_types import FlashBlockBatch
 from astrai_batch.engine.attention.flash_blocks import flash_block_attention
 from astrai_batch.engine.attention.kernels.interface import KernelBatch
 from astrai_batch.engine.attention.page_gather import PageGatherer

@@ -17,11 +17,8 @@ from astrai_batch.engine.attention.block_plan import (
 )
 from astrai_batch.engine.attention.cascade import DecodePartition, partition_rows
 from astrai_batch.engine.attention.cascade_plan import CascadeBatch, plan_cascade
-from astrai_batch.engine.attention.flash_block_plan import (
-    FlashBlockBatch,
-    FlashRules,
-    plan_flash_step,
-)
+from astrai_batch.engine.attention.flash_block_plan import plan_flash_step
+from astrai_batch.engine.attention.flash_block_types import FlashBlockBatch, FlashRules
 from astrai_batch.engine.attention.host_staging import HostStaging
 from astrai_batch.engine.attention.kernels.interface import KernelBatch, PagedKernel
 from astrai_batch.engine.attention.kernels.paged_kv_metadata import paged_kv_metadata

@@ -20,7 +20,7 @@ from astrai_batch.engine.attention.block_plan import (
     RUN_SEGMENT_BLOCKS,
     block_tokens_for,
 )
-from astrai_batch.engine.attention.flash_block_plan import KEY_BLOCK, FlashRules
+from astrai_batch.engine.attention.flash_block_types import KEY_BLOCK, FlashRules
 from astrai_batch.engine.attention.flash_probe import invariant_tails
 from astrai_batch.engine.attention.host_staging import HostStaging
 from astrai_batch.engine.attention.kernels.interface import PagedKernel

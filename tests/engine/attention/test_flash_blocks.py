@@ -17,11 +17,8 @@ import pytest
 import torch
 
 from astrai_batch.engine.attention import flash_probe
-from astrai_batch.engine.attention.flash_block_plan import (
-    FlashBlockBatch,
-    FlashRules,
-    plan_flash_step,
-)
+from astrai_batch.engine.attention.flash_block_plan import plan_flash_step
+from astrai_batch.engine.attention.flash_block_types import FlashBlockBatch, FlashRules
 from astrai_batch.engine.attention.flash_blocks import flash_block_attention, flash_kernel
 from astrai_batch.engine.attention.flash_probe import invariant_tails
 from astrai_batch.engine.attention.host_staging import HostStaging
@@ -203,20 +200,20 @@ def test_the_plan_splits_long_queries_into_blocks_and_shares_whole_prefix_blocks
     # 513 and 601 (sharing block 0's pages: one element), 1100 (blocks 0 and 1, its tail)
     assert [(c.keys, c.tokens, c.merged, c.elements) for c in calls] == [
         (384, 297, False, 1),
+        (512, 2, True, 1),  # block 0 of 513 and 601, read once
         (64, 1, False, 1),
-        (512, 1, False, 1),
         (64, 1, True, 1),  # context 513's last block: 1 key
         (128, 1, True, 2),  # 1100's and 601's last blocks: 76 and 89 keys
-        (512, 2, True, 1),  # block 0 of 513 and 601, read once
+        (512, 1, False, 1),
         (512, 1, True, 2),  # blocks 0 and 1 of 1100
     ]
-    assert [c.query_rows for c in calls] == [892, 4, 4, 4, 4, 8, 4]
+    assert [c.query_rows for c in calls] == [892, 8, 4, 4, 4, 4, 4]
     assert calls[0].slots.tolist() == list(range(297))
-    assert [calls[i].slots.tolist() for i in (1, 2)] == [[297], [298]]
+    assert [calls[i].slots.tolist() for i in (2, 5)] == [[297], [298]]
     # merge slots: query i's block b is i * 3 + b (queries 299, 300, 301 of the batch)
     assert merge.rows.tolist() == [299, 300, 301] and merge.blocks == 3
-    assert [calls[i].slots.tolist() for i in (3, 4, 5, 6)] == [[1], [5, 7], [0, 6], [3, 4]]
-    shared = calls[5]
+    assert [calls[i].slots.tolist() for i in (3, 4, 1, 6)] == [[1], [5, 7], [0, 6], [3, 4]]
+    shared = calls[1]
     assert shared.token_index.tolist() == [299, 301]
     assert shared.page_tables[0].tolist() == pool.tables[4][:32].tolist()
     assert (shared.mask == 0).all()  # a whole shared block ends before either query

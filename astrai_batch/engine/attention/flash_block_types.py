@@ -1,0 +1,71 @@
+"""The flash-kernel attention's constants and step types (`flash_block_plan` says why).
+
+Kept apart so the prefill and decode planners and the attention share them.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from astrai_batch.engine.attention.page_gather import PageGatherer
+
+KEY_BLOCK = 512  # torch's CPU flash kernel's key split (`kv_split_size`)
+TAIL_STEP = 64  # candidate last-block lengths: multiples of this up to KEY_BLOCK
+ROW_MULTIPLE = 4  # query rows per call padded to a multiple of this
+
+
+class FlashRules(NamedTuple):
+    """What the probe found: the kernel's invariant shapes for this model, here."""
+
+    group: int  # query heads per KV head
+    tails: tuple[int, ...]  # last-block key lengths with the full block's bits, ascending
+
+
+class FlashCall(NamedTuple):
+    """`elements` x `tokens` queries, each element with its own `keys` keys."""
+
+    token_index: torch.Tensor  # [elements * tokens] packed-batch rows, element-major
+    elements: int
+    tokens: int
+    query_rows: int  # group * tokens, padded up to a multiple of ROW_MULTIPLE
+    keys: int  # whole KEY_BLOCKs and a probed tail (one block: elements of a longer query)
+    page_tables: torch.Tensor  # [elements, pages covering `keys`], padded with page 0
+    mask: torch.Tensor  # [elements, 1, query_rows or 1, keys]: 0, or -inf past the query
+    slots: torch.Tensor  # [elements * tokens] output rows, or merge slots when `merged`
+    merged: bool  # outputs go to the merge slots, with their log-sum-exp
+
+
+class FlashMerge(NamedTuple):
+    """The step's queries longer than one block: their per-block results, folded."""
+
+    rows: torch.Tensor  # [M] packed-batch rows
+    blocks: int  # slots per query: query i's block b is slot i * blocks + b
+
+
+class FlashBlockBatch(NamedTuple):
+    """What every layer needs; built once per step."""
+
+    key_cache: list[torch.Tensor]  # per layer [num_slots, kv_heads, head_dim]
+    value_cache: list[torch.Tensor]
+    page_size: int
+    write_slots: torch.Tensor  # [T]
+    longest_context: int
+    calls: list[FlashCall]
+    merge: FlashMerge | None
+    gatherer: PageGatherer
+
+
+def padded_rows(rows: int) -> int:
+    return -(-rows // ROW_MULTIPLE) * ROW_MULTIPLE
+
+
+def key_lengths(contexts: np.ndarray, tails: tuple[int, ...]) -> np.ndarray:
+    """Keys a call reads for sequences of `contexts` tokens: whole blocks, then the shortest
+    probed tail that holds the rest."""
+    full = (contexts - 1) // KEY_BLOCK
+    rest = contexts - full * KEY_BLOCK
+    table = np.array(tails)
+    return full * KEY_BLOCK + table[np.searchsorted(table, rest)]
