@@ -135,6 +135,19 @@ def test_the_cpu_engine_runs_attention_in_the_flash_kernel_where_its_probe_passe
         assert core.runner.flash.group == config.num_attention_heads // kv_heads
 
 
+def test_a_kernel_refusing_the_shapes_leaves_the_block_attention(loaded, monkeypatch):
+    def refuses(*args):
+        raise RuntimeError("scaled_dot_product_attention_flash_attention: head size")
+
+    monkeypatch.setattr(model_runner, "invariant_tails", refuses)
+    loaded.probe_results.clear()
+    try:
+        core = EngineCore(loaded, EngineConfig(page_size=8, num_pages=64))
+        assert core.runner.flash is None
+    finally:
+        loaded.probe_results.clear()
+
+
 @pytest.fixture(scope="module")
 def smollm2():
     return load_model("smollm2-135m")

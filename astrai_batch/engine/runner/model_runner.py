@@ -248,7 +248,10 @@ def _flash_rules(model: torch.nn.Module, pool: KVPool) -> FlashRules | None:
     whole_pages = KEY_BLOCK % pool.page_size == 0  # a query's blocks are whole pages
     if key.device.type != "cpu" or value.shape[-1] != head_dim or not whole_pages:
         return None
-    tails = invariant_tails(head_dim, kv_heads, key.dtype)
+    try:
+        tails = invariant_tails(head_dim, kv_heads, key.dtype)
+    except RuntimeError:  # the kernel does not take this dtype or head size here
+        return None
     if tails is None:
         return None
     return FlashRules(group=model.config.num_attention_heads // kv_heads, tails=tails)

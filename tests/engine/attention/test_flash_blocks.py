@@ -96,6 +96,7 @@ def run_step(
     )
     staging = HostStaging("cpu")
     calls, merge = plan_flash_step(step, PAGE, FlashRules(GROUP, tails), torch.float32, staging)
+    assert_each_block_once(step, calls, merge)
     if seen is not None:
         seen.extend(calls)
     batch = FlashBlockBatch(
@@ -115,6 +116,27 @@ def run_step(
             got[(seq, p)] = out[row]
             row += 1
     return got
+
+
+def assert_each_block_once(step: StepArrays, calls, merge) -> None:
+    """Every query within one block gets its output from exactly one call; every longer
+    query's every block (and nothing past its last) from exactly one element."""
+    positions = np.concatenate(
+        [s + np.arange(n) for s, n in zip(step.context_start, step.num_tokens, strict=True)]
+    )
+    rows = np.concatenate(
+        [t + np.arange(n) for t, n in zip(step.token_start, step.num_tokens, strict=True)]
+    )
+    direct = sorted(x for c in calls if not c.merged for x in c.slots.tolist())
+    assert direct == sorted(rows[positions < 512].tolist())
+    merged = sorted(x for c in calls if c.merged for x in c.slots.tolist())
+    want = []
+    if merge is not None:
+        at = dict(zip(rows.tolist(), positions.tolist(), strict=True))
+        for i, row in enumerate(merge.rows.tolist()):
+            want += [i * merge.blocks + b for b in range(at[row] // 512 + 1)]
+        assert sorted(merge.rows.tolist()) == sorted(rows[positions >= 512].tolist())
+    assert merged == sorted(want)
 
 
 def random_steps(rng: random.Random) -> list[list[tuple[int, int, int]]]:
