@@ -135,6 +135,12 @@ def test_the_cpu_engine_runs_attention_in_the_flash_kernel_where_its_probe_passe
         assert core.runner.flash.group == config.num_attention_heads // kv_heads
 
 
+@pytest.mark.parametrize("page_size", [24, 1024])
+def test_pages_that_do_not_tile_a_key_block_leave_the_block_attention(loaded, page_size):
+    core = EngineCore(loaded, EngineConfig(page_size=page_size, num_pages=16))
+    assert core.runner.flash is None
+
+
 def test_a_kernel_refusing_the_shapes_leaves_the_block_attention(loaded, monkeypatch):
     def refuses(*args):
         raise RuntimeError("scaled_dot_product_attention_flash_attention: head size")
