@@ -1,12 +1,12 @@
-"""Batch-invariant attention in torch's CPU flash kernel: one call per prefill chunk and one
-per class of decodes, each query's keys split into fixed 512-key blocks by position.
+"""Batch-invariant attention in torch's CPU flash kernel: one call per class of elements (a
+prefill chunk, decodes with the same key length), keys in fixed 512-key blocks by position.
 
 Why a query's result is the same alone or in any crowd, as a decode or inside a prefill
 chunk, is in `flash_block_plan` (the three rules the plan keeps); `flash_probe` checks them
 on the engine's CPU at start, and where they do not hold the engine keeps the block attention
-(`block_attention`, the same promise in many more operators). The cascade's saving (shared
-prefix keys read once for a group) has no place here: a query's 512-key blocks are folded
-inside one kernel call, so its shared keys are read with its own.
+(`block_attention`, the same promise in many more operators). A query past one block gets
+each block from its own element and `fold_blocks` folds them here, so a whole prefix block
+that several decodes share is computed once for all of them (the cascade's saving).
 """
 
 from __future__ import annotations

@@ -118,21 +118,17 @@ class ModelRunner:
             memo = {} if probe_results is None else probe_results
             param = next(model.parameters())
             where = (torch.get_num_threads(), param.device.type, param.dtype)
-            rows_key = ("linear rows", tuple(linear_shapes(model)), where)
-            if rows_key not in memo:
-                memo[rows_key] = row_scheme_for(model)  # raises where no scheme exists
-            set_row_tiling(model, True, memo[rows_key])
+            shapes = tuple(linear_shapes(model))
+            # raises where no scheme exists
+            scheme = _probed(memo, ("linear rows", shapes, where), lambda: row_scheme_for(model))
+            set_row_tiling(model, True, scheme)
             heads = (model.config.num_attention_heads, *pool.key_cache[0].shape[1:])
-            heads = (*heads, pool.value_cache[0].shape[-1], pool.page_size)
-            flash_key = ("flash", heads, where)
-            if graphs is None and flash_key not in memo:
-                memo[flash_key] = _flash_rules(model, pool)
-            self.flash = memo[flash_key] if graphs is None else None
+            heads = (*heads, pool.value_cache[0].shape[-1], pool.page_size, where)
+            if graphs is None:
+                self.flash = _probed(memo, ("flash", heads), lambda: _flash_rules(model, pool))
             if self.flash is None:
-                blocks_key = ("block attention rows", heads, where)
-                if blocks_key not in memo:
-                    memo[blocks_key] = _attention_rows(model, pool)
-                self.gemm_rows = memo[blocks_key]
+                key = ("block attention rows", heads)
+                self.gemm_rows = _probed(memo, key, lambda: _attention_rows(model, pool))
         else:
             set_row_tiling(model, False)
         self.numerics = numerics
@@ -237,6 +233,13 @@ class ModelRunner:
                 step, self.pool, self.staging, self.gatherer, use_cascade=self.use_cascade
             )
         return batch, input_ids, position_ids, rows
+
+
+def _probed(memo: dict, key: tuple, probe):
+    """`probe()`'s result, run once per key of the loaded model's memo."""
+    if key not in memo:
+        memo[key] = probe()
+    return memo[key]
 
 
 def _flash_rules(model: torch.nn.Module, pool: KVPool) -> FlashRules | None:
