@@ -12,6 +12,10 @@ from pathlib import Path
 
 import pytest
 
+# CUDA's Triton kernels (invariant numerics) run in Triton's interpreter on the test machine's
+# CPU; set before any test imports a kernel, as `triton.jit` reads it when it decorates
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
 CORPUS = [
     "You are a helpful assistant. Answer the question briefly and precisely.",
     "The quick brown fox jumps over the lazy dog near the river bank.",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from astrai_batch.bench.invariance_check import crowd_prompts
@@ -50,3 +51,16 @@ def assert_same_rows(alone: dict, crowd: dict, ids) -> None:
         assert len(logits_a) == len(logits_c)
         for position, (a, c) in enumerate(zip(logits_a, logits_c, strict=True)):
             assert torch.equal(a, c), f"row {rid}: logits of generated position {position} differ"
+
+
+def use_cuda_kernels_on_cpu(monkeypatch) -> None:
+    """Engines built from here on run CUDA's invariant operations (the Triton attention and
+    norm means) on the CPU, through Triton's interpreter (slow: keep to a few prompts)."""
+    pytest.importorskip("triton")
+    from astrai_batch.engine.attention.kernels.invariant_triton import invariant_attention
+    from astrai_batch.engine.runner import model_runner
+    from astrai_batch.engine.runner.norm_triton import mean_squares
+
+    monkeypatch.setattr(
+        model_runner, "invariant_cuda_ops", lambda device: (invariant_attention, mean_squares)
+    )

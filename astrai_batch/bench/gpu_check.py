@@ -17,6 +17,7 @@ itself is tested.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import random
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -152,6 +153,11 @@ def _bench(plan: CheckPlan, device: torch.device) -> dict:
     _empty_cache(device)
     ours = run_ours(loaded, bench_prompts, engine, repeat=0)
     _empty_cache(device)
+    # invariant numerics' cost: the same run under --fast-numerics (its kernels warmed first)
+    fast_engine = dataclasses.replace(engine, numerics="fast")
+    run_ours(loaded, warm, fast_engine, repeat=None)
+    fast = run_ours(loaded, bench_prompts, fast_engine, repeat=0)
+    _empty_cache(device)
     generate = run_hf_generate(loaded, bench_prompts, choice, repeat=0)
     _empty_cache(device)
     pages = ours.engine.kv_pool_pages
@@ -170,6 +176,12 @@ def _bench(plan: CheckPlan, device: torch.device) -> dict:
             }
             for name, run in runs.items()
         },
+        "fast_numerics": {
+            "wall_seconds": fast.wall_seconds,
+            "generated_tokens_per_second": fast.generated_tokens_per_second,
+            "attention_backend": fast.engine.attention_backend,
+        },
+        "invariant_over_fast_wall": ours.wall_seconds / fast.wall_seconds,
         "kv_pool_pages": pages,
         "ratio_vs_generate": ours.generated_tokens_per_second
         / generate.generated_tokens_per_second,

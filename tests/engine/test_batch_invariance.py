@@ -15,9 +15,11 @@ from invariance_kit import (
     GREEDY,
     SAMPLED,
     assert_same_rows,
+    capture_rows,
     invariance_prompts,
     requests_for,
     run_capturing,
+    use_cuda_kernels_on_cpu,
 )
 
 from astrai_batch.engine import EngineConfig
@@ -184,3 +186,46 @@ def test_fast_numerics_is_selectable(loaded):
     config = EngineConfig(page_size=8, num_pages=128, numerics="fast")
     got, _ = run_capturing(loaded, mixed_requests(prompts, range(4)), config)
     assert sorted(got) == [0, 1, 2, 3]
+
+
+def test_alone_equals_in_crowd_in_the_cuda_kernels(tiny_llama_dir, monkeypatch):
+    """The engine built with the Triton kernels passes its own start-up probe, and a row alone
+    equals the row among chunked prefills, shared-prefix decodes and preemptions."""
+    use_cuda_kernels_on_cpu(monkeypatch)
+    loaded = load_model(tiny_llama_dir)
+    core = EngineCore(loaded, EngineConfig(page_size=8, num_pages=64))  # probes at start
+    assert core.runner.invariant_kernel is not None and core.runner.flash is None
+    norms = [m for m in loaded.model.modules() if type(m).__name__.endswith("RMSNorm")]
+    assert norms and all("forward" in m.__dict__ for m in norms)
+    prompts = invariance_prompts(loaded.model.config.vocab_size, 8, seed=5)
+    requests = mixed_requests(prompts, range(len(prompts)))
+    watched = (0, 1, 5)
+    alone = {}
+    for i in watched:
+        config = EngineConfig(page_size=8, num_pages=64, enable_prefix_cache=False)
+        engine = EngineCore(loaded, config, invariance_probe=False)
+        alone.update(capture_rows(engine, mixed_requests(prompts, [i])))
+    config = EngineConfig(page_size=8, num_pages=24, max_num_batched_tokens=48, max_num_seqs=6)
+    engine = EngineCore(loaded, config, invariance_probe=False)
+    assert_same_rows(alone, capture_rows(engine, requests), watched)
+    stats = engine.stats()
+    assert stats.preemptions > 0 and stats.cache.hit_tokens > 0
+
+
+def test_kernels_that_do_not_run_here_leave_the_engine_loading(tiny_llama_dir, monkeypatch, caplog):
+    """A Triton kernel that does not compile on some device must not stop the engine: it runs
+    the other invariant paths, which the start-up probe judges."""
+
+    def broken(*args):
+        raise RuntimeError("PassManager::run failed")
+
+    monkeypatch.setattr(model_runner, "invariant_cuda_ops", lambda device: (broken, broken))
+    loaded = load_model(tiny_llama_dir)
+    with caplog.at_level("WARNING"):
+        core = EngineCore(loaded, EngineConfig(page_size=8, num_pages=64))
+    assert core.runner.invariant_kernel is None
+    assert (
+        "the invariant Triton kernels do not run here (PassManager::run failed); "
+        "using the block attention" in caplog.text
+    )
+    assert not any("forward" in m.__dict__ for m in loaded.model.modules())

@@ -30,6 +30,7 @@ from astrai_batch.engine.attention.cascade_plan import CascadeBatch
 from astrai_batch.engine.attention.flash_block_types import FlashBlockBatch
 from astrai_batch.engine.attention.flash_blocks import flash_block_attention
 from astrai_batch.engine.attention.kernels.interface import KernelBatch
+from astrai_batch.engine.attention.kernels.invariant_batch import InvariantKernelBatch
 from astrai_batch.engine.attention.page_gather import PageGatherer
 from astrai_batch.engine.attention.static_decode import StaticDecodeBatch, static_decode_attention
 
@@ -83,7 +84,13 @@ def paged_attention(
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     batch: (
-        AttentionBatch | BlockBatch | FlashBlockBatch | KernelBatch | StaticDecodeBatch | None
+        AttentionBatch
+        | BlockBatch
+        | FlashBlockBatch
+        | InvariantKernelBatch
+        | KernelBatch
+        | StaticDecodeBatch
+        | None
     ) = kwargs.get(BATCH_KWARG)
     if batch is None:
         raise RuntimeError(
@@ -114,6 +121,18 @@ def paged_attention(
     scale = scaling if scaling is not None else head_dim**-0.5
     if isinstance(batch, FlashBlockBatch):  # invariant numerics on the CPU's flash kernel
         out = flash_block_attention(q, k_cache, v_cache, batch, scale)
+        return out.to(q.dtype).unsqueeze(0), None
+    if isinstance(batch, InvariantKernelBatch):  # invariant numerics on CUDA (Triton)
+        out = batch.attend(
+            q,
+            k_cache,
+            v_cache,
+            batch.tables,
+            batch.token_table,
+            batch.token_keys,
+            batch.page_size,
+            scale,
+        )
         return out.to(q.dtype).unsqueeze(0), None
     if isinstance(batch, BlockBatch):
         out = block_attention(q, k_cache, v_cache, batch, scale)

@@ -18,6 +18,7 @@ one masked SDPA over the gathered, padded context.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -42,6 +43,9 @@ class StaticDecodeBatch:
     longest_context: int  # the bucket's width in tokens (the sliding-window guard reads it)
     invariant: bool
     gemm_rows: RowScheme = ROWS_AT_LEAST_TWO  # the block attention's GEMM row padding
+    # invariant numerics on CUDA: the eager steps' Triton kernel (`invariant_triton`), so a
+    # graphed decode gets the bits an eager one gets
+    invariant_kernel: Callable[..., torch.Tensor] | None = None
 
 
 def static_decode_attention(
@@ -52,6 +56,13 @@ def static_decode_attention(
     scale: float,
 ) -> torch.Tensor:
     """q [B, Hq, D] (one query per row) -> [B, Hq, Dv]."""
+    if batch.invariant and batch.invariant_kernel is not None:
+        rows = q.shape[0]
+        token_table = torch.arange(rows, device=q.device, dtype=torch.int32)
+        token_keys = (batch.positions + 1).to(torch.int32)
+        return batch.invariant_kernel(
+            q, k_cache, v_cache, batch.page_tables, token_table, token_keys, batch.page_size, scale
+        )
     if batch.invariant:
         return _blocked(q, k_cache, v_cache, batch, scale)
     return _padded_sdpa(q, k_cache, v_cache, batch, scale)

@@ -12,8 +12,9 @@ replays them with one call. It replays fixed shapes reading fixed addresses, so:
   page*, a page the KV layout reserved for this (`reserve_scratch_page`) and never hands to a
   sequence; their logits are dropped;
 - attention is `static_decode` (fixed shapes, no host synchronization); with invariant
-  numerics it gives a row the bits the eager path gives it, so a row's tokens never depend on
-  whether its step was graphed or on its bucket;
+  numerics it gives a row the bits the eager path gives it (on CUDA by calling the eager
+  path's own Triton kernel), so a row's tokens never depend on whether its step was graphed
+  or on its bucket;
 - each bucket is captured lazily, on its first step (after two warm-up runs on a side
   stream), into one graph memory pool shared by all buckets (graphs replay one at a time on
   one stream, so their temporaries may overlap); every graph copies its logits into one
@@ -103,6 +104,7 @@ class DecodeGraphs:
         invariant: bool,
         gemm_rows: RowScheme = ROWS_AT_LEAST_TWO,
         staging: HostStaging | None = None,
+        invariant_kernel: Callable[..., torch.Tensor] | None = None,
     ) -> None:
         self.device = pool.key_cache[0].device
         self.staging = HostStaging(self.device) if staging is None else staging
@@ -115,6 +117,7 @@ class DecodeGraphs:
         self.spec = spec
         self.invariant = invariant
         self.gemm_rows = gemm_rows
+        self.invariant_kernel = invariant_kernel  # the eager path's, on CUDA
         self.page_size = pool.page_size
         self.block_tokens = block_tokens_for(pool.page_size)
         self.pages_per_block = self.block_tokens // pool.page_size
@@ -236,6 +239,7 @@ class DecodeGraphs:
             longest_context=min(width * self.block_tokens, self.spec.max_context),
             invariant=self.invariant,
             gemm_rows=self.gemm_rows,
+            invariant_kernel=self.invariant_kernel,
         )
 
         def forward() -> torch.Tensor:

@@ -24,6 +24,7 @@ from astrai_batch.engine.attention.flash_block_types import KEY_BLOCK, FlashRule
 from astrai_batch.engine.attention.flash_probe import invariant_tails
 from astrai_batch.engine.attention.host_staging import HostStaging
 from astrai_batch.engine.attention.kernels.interface import PagedKernel
+from astrai_batch.engine.attention.kernels.invariant_batch import invariant_kernel_batch
 from astrai_batch.engine.attention.page_gather import PageGatherer
 from astrai_batch.engine.attention.paged_attention import (
     ATTENTION_NAME,
@@ -41,7 +42,9 @@ from astrai_batch.engine.runner.attention_batches import (
 )
 from astrai_batch.engine.runner.decode_graphs import DecodeGraphs, GraphSpec
 from astrai_batch.engine.runner.forward_timer import ForwardTimer
+from astrai_batch.engine.runner.invariant_cuda import invariant_cuda_ops, runnable
 from astrai_batch.engine.runner.invariant_linear import row_scheme_for, set_row_tiling
+from astrai_batch.engine.runner.invariant_norms import set_norm_tiling
 from astrai_batch.engine.runner.linear_check import refuse_variant_linears
 from astrai_batch.engine.runner.logit_spans import span_rows
 from astrai_batch.engine.runner.step_buffers import StepBuffers
@@ -87,8 +90,9 @@ NUMERICS = ("invariant", "fast")
 class ModelRunner:
     """numerics="invariant": a row's logits never depend on the rest of the step (row-tiled
     linear layers; attention in fixed 512-key blocks in torch's CPU flash kernel where its
-    probe passes, else block-ordered attention); "fast": the step-shaped kernels, or a paged
-    CUDA kernel (`attention_kernel`, see `kernel_attention`) for the whole step's attention.
+    probe passes, on CUDA one Triton program per query token with norms reduced per row
+    (`invariant_cuda_ops`), else block-ordered attention); "fast": the step-shaped kernels, or
+    a paged CUDA kernel (`attention_kernel`, see `kernel_attention`) for the step's attention.
     `graphs`: decode-only steps run at bucketed shapes (`decode_graphs`), captured or eagerly."""
 
     def __init__(
@@ -113,6 +117,7 @@ class ModelRunner:
         self.gemm_rows = ROWS_AT_LEAST_TWO
         # the flash kernel's invariant shapes when invariant attention runs in it (the CPU)
         self.flash: FlashRules | None = None
+        self.invariant_kernel = None  # CUDA's invariant attention (`invariant_triton`)
         if numerics == "invariant":
             refuse_variant_linears(model)  # quantized layers: invariant, or refused
             memo = {} if probe_results is None else probe_results
@@ -122,15 +127,23 @@ class ModelRunner:
             # raises where no scheme exists
             scheme = _probed(memo, ("linear rows", shapes, where), lambda: row_scheme_for(model))
             set_row_tiling(model, True, scheme)
-            heads = (model.config.num_attention_heads, *pool.key_cache[0].shape[1:])
-            heads = (*heads, pool.value_cache[0].shape[-1], pool.page_size, where)
-            if graphs is None:
+            # CUDA: attention and norm reductions in a construction-fixed order (Triton)
+            ops = invariant_cuda_ops(param.device)
+            if ops[0] is not None:
+                shapes = (*heads_key(model, pool), where)
+                ops = _probed(memo, ("triton", shapes), lambda: runnable(ops, model, pool))
+            self.invariant_kernel, mean_squares = ops
+            if mean_squares is not None or param.device.type != "cpu":
+                set_norm_tiling(model, True, mean_squares)
+            heads = (*heads_key(model, pool), where)
+            if graphs is None and self.invariant_kernel is None:
                 self.flash = _probed(memo, ("flash", heads), lambda: _flash_rules(model, pool))
-            if self.flash is None:
+            if self.flash is None and self.invariant_kernel is None:
                 key = ("block attention rows", heads)
                 self.gemm_rows = _probed(memo, key, lambda: _attention_rows(model, pool))
         else:
             set_row_tiling(model, False)
+            set_norm_tiling(model, False)
         self.numerics = numerics
         # tensor parallelism, rank 0: each step's arrays go to the other ranks (`parallel`)
         self.step_sender = step_sender
@@ -154,6 +167,7 @@ class ModelRunner:
                 invariant=numerics == "invariant",
                 gemm_rows=self.gemm_rows,
                 staging=self.staging,
+                invariant_kernel=self.invariant_kernel,
             )
         )
 
@@ -215,7 +229,9 @@ class ModelRunner:
         input_ids = stage(step.token_ids)
         position_ids = stage(step.positions)
         rows = stage(step.logit_rows)
-        if self.flash is not None:
+        if self.invariant_kernel is not None:
+            batch = invariant_kernel_batch(step, self.pool, self.staging, self.invariant_kernel)
+        elif self.flash is not None:
             batch = flash_block_batch(step, self.pool, self.staging, self.gatherer, self.flash)
         elif self.numerics == "invariant":
             batch = block_batch(
@@ -233,6 +249,12 @@ class ModelRunner:
                 step, self.pool, self.staging, self.gatherer, use_cascade=self.use_cascade
             )
         return batch, input_ids, position_ids, rows
+
+
+def heads_key(model: torch.nn.Module, pool: KVPool) -> tuple:
+    """The attention shapes a probe result holds for."""
+    heads = (model.config.num_attention_heads, *pool.key_cache[0].shape[1:])
+    return (*heads, pool.value_cache[0].shape[-1], pool.page_size)
 
 
 def _probed(memo: dict, key: tuple, probe):

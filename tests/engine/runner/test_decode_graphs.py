@@ -15,7 +15,14 @@ import random
 
 import pytest
 import torch
-from invariance_kit import GREEDY, SAMPLED, assert_same_rows, capture_rows, invariance_prompts
+from invariance_kit import (
+    GREEDY,
+    SAMPLED,
+    assert_same_rows,
+    capture_rows,
+    invariance_prompts,
+    use_cuda_kernels_on_cpu,
+)
 
 from astrai_batch.cache import KVPool
 from astrai_batch.cache.errors import CacheUsageError
@@ -325,6 +332,23 @@ def test_engine_with_graph_path_gives_the_same_rows(
     assert core.runner.decode_graphs.stats.graphed_steps > 0
     if num_pages == 40:
         assert core.stats().preemptions > 0
+
+
+def test_graph_path_calls_the_eager_steps_cuda_kernel(tiny_llama_dir, monkeypatch):
+    """With CUDA's invariant attention (Triton, interpreted here) the graphed decode calls the
+    eager steps' kernel, at the bucket's padded shape: the same rows."""
+    use_cuda_kernels_on_cpu(monkeypatch)
+    loaded = load_model(tiny_llama_dir)
+    prompts = invariance_prompts(loaded.model.config.vocab_size, 6, seed=8)
+    requests = [
+        GenerationRequest(i, prompts[i], SAMPLED if i % 2 else GREEDY) for i in range(len(prompts))
+    ]
+    config = EngineConfig(page_size=8, num_pages=64, max_num_seqs=8)
+    plain = capture_rows(EngineCore(loaded, config, invariance_probe=False), requests)
+    core = EngineCore(loaded, config, static_decode=True, invariance_probe=False)
+    assert core.runner.decode_graphs.invariant_kernel is not None
+    assert_same_rows(plain, capture_rows(core, requests), range(len(prompts)))
+    assert core.runner.decode_graphs.stats.graphed_steps > 0
 
 
 @pytest.mark.slow

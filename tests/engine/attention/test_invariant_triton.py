@@ -1,0 +1,105 @@
+"""CUDA's invariant attention (`invariant_triton`), run on the CPU by Triton's interpreter.
+
+The kernel computes one query token per program, so a token's bits cannot depend on the
+other tokens of the call; what can break is the indexing (pages, key counts, group heads,
+padding). Checked against a float64 brute force over random pools, page sizes, group sizes
+and key counts across the 64-key walk, and a token alone against random crowds, bitwise.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+
+from astrai_batch.engine.attention.kernels.invariant_triton import (  # noqa: E402
+    KEY_BLOCK,
+    invariant_attention,
+)
+
+CASES = [  # (kv heads, group, head dim, value dim, page size)
+    (2, 1, 16, 16, 8),
+    (3, 3, 64, 64, 16),
+    (1, 4, 32, 24, 4),
+    (2, 5, 20, 20, 64),
+]
+
+
+def random_pool(seed, kv_heads, head_dim, value_dim, page_size, pages=80):
+    g = torch.Generator().manual_seed(seed)
+    keys = torch.randn(pages * page_size, kv_heads, head_dim, generator=g)
+    values = torch.randn(pages * page_size, kv_heads, value_dim, generator=g)
+    return g, keys, values
+
+
+def brute_force(q, keys, values, tables, token_table, token_keys, page_size, scale):
+    kv_heads = keys.shape[1]
+    out = []
+    for t in range(q.shape[0]):
+        n = int(token_keys[t])
+        row = tables[int(token_table[t])].long()
+        slots = (row[:, None] * page_size + torch.arange(page_size)).reshape(-1)[:n]
+        k, v = keys[slots].double(), values[slots].double()
+        qq = q[t].double().view(kv_heads, -1, q.shape[-1])
+        scores = torch.einsum("hgd,khd->hgk", qq, k) * scale
+        out.append(torch.einsum("hgk,khd->hgd", scores.softmax(-1), v).reshape(q.shape[1], -1))
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize(("kv_heads", "group", "head_dim", "value_dim", "page_size"), CASES)
+def test_matches_a_float64_brute_force(kv_heads, group, head_dim, value_dim, page_size):
+    g, keys, values = random_pool(1, kv_heads, head_dim, value_dim, page_size)
+    pages = keys.shape[0] // page_size
+    width = 200 // page_size + 1
+    tables = torch.stack([torch.randperm(pages, generator=g)[:width] for _ in range(3)])
+    token_keys = torch.tensor([1, 2, KEY_BLOCK - 1, KEY_BLOCK, KEY_BLOCK + 1, 130, 200])
+    token_table = torch.tensor([0, 1, 2, 0, 1, 2, 0])
+    q = torch.randn(len(token_keys), kv_heads * group, head_dim, generator=g)
+    scale = head_dim**-0.5
+    args = (tables.int(), token_table.int(), token_keys.int(), page_size, scale)
+    got = invariant_attention(q, keys, values, *args)
+    assert got.shape == (len(token_keys), kv_heads * group, value_dim)
+    assert got.dtype == torch.float32
+    expected = brute_force(q, keys, values, *args)
+    torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_token_alone_equals_the_token_in_random_crowds(seed):
+    kv_heads, group, head_dim, page_size = 2, 3, 32, 8
+    g, keys, values = random_pool(seed, kv_heads, head_dim, head_dim, page_size)
+    pages = keys.shape[0] // page_size
+    tables = torch.stack([torch.randperm(pages, generator=g)[:40] for _ in range(6)]).int()
+    q = torch.randn(1, kv_heads * group, head_dim, generator=g)
+    table, keys_seen = 2, 150
+    alone = invariant_attention(
+        q,
+        keys,
+        values,
+        tables,
+        torch.tensor([table]).int(),
+        torch.tensor([keys_seen]).int(),
+        page_size,
+        0.2,
+    )
+    for size in (2, 5, 17):
+        crowd_q = torch.randn(size, kv_heads * group, head_dim, generator=g)
+        at = int(torch.randint(size, (1,), generator=g))
+        crowd_q[at] = q[0]
+        token_table = torch.randint(6, (size,), generator=g).int()
+        token_keys = torch.randint(1, 300, (size,), generator=g).int()
+        token_table[at], token_keys[at] = table, keys_seen
+        crowd = invariant_attention(
+            crowd_q, keys, values, tables, token_table, token_keys, page_size, 0.2
+        )
+        assert torch.equal(crowd[at], alone[0]), f"seed {seed}, crowd of {size}"
+
+
+def test_no_tokens_gives_an_empty_result():
+    _, keys, values = random_pool(0, 1, 16, 16, 8)
+    empty = torch.zeros(0, dtype=torch.int32)
+    out = invariant_attention(
+        torch.zeros(0, 2, 16), keys, values, torch.zeros(1, 4).int(), empty, empty, 8, 0.25
+    )
+    assert out.shape == (0, 2, 16)
