@@ -140,6 +140,16 @@ class RankGroup:
             total.add_(part)
         return total
 
+    def gather_columns(self, part: torch.Tensor) -> list[torch.Tensor]:
+        """Every rank's `part` (all of one shape), in rank order: a vocabulary-parallel head's
+        logit columns. Nothing is summed, so the order of arrival changes no bit."""
+        part = part.contiguous()
+        parts = [torch.empty_like(part) for _ in range(self.world_size)]
+        gather = dist.distributed_c10d.AllgatherOptions()
+        gather.timeout = self._seconds(None)
+        self._wait(lambda: self.compute.allgather([parts], [part], gather))
+        return parts
+
     def _wait(self, start: Callable[[], object]) -> None:
         work = self._started(start)
         try:

@@ -4,9 +4,12 @@ transformers declares a model's tensor-parallel plan in `config.base_model_tp_pl
 name patterns (`layers.*.self_attn.q_proj`) mapped to a style. We run the two styles that a
 row's result can survive exactly: "colwise" (a rank holds a slice of the output features:
 whole heads of q/k/v, a slice of gate/up) and "rowwise" (a slice of the input features, the
-partial products summed over ranks: o/down). Everything else (embeddings, norms, the LM
-head) is replicated. Key/value heads fewer than the ranks are replicated: rank r holds KV
-head r // (N / kv_heads), the one its query heads read.
+partial products summed over ranks: o/down). Layers the plan replicates (Qwen3's per-head
+q/k norms: "replicated_with_grad_allreduce") and everything it does not name (embeddings,
+norms) are whole on every rank. The LM head is split over the vocabulary where the model
+class's own plan says "colwise_gather_output" (every causal LM we run; `vocab_head`).
+Key/value heads fewer than the ranks are replicated: rank r holds KV head
+r // (N / kv_heads), the one its query heads read.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from astrai_batch.errors import ConfigError
 
 COLWISE = "colwise"
 ROWWISE = "rowwise"
+VOCAB = "colwise_gather_output"  # the LM head's style in the model classes' `_tp_plan`
+REPLICATED = frozenset({"replicate", "replicated_with_grad_allreduce"})  # whole on each rank
 
 
 @dataclass(frozen=True)
@@ -39,7 +44,7 @@ class ShardPlan:
         """The plan's style for a module of the base model (prefix stripped), or None."""
         for pattern, style in self.patterns:
             if pattern.fullmatch(module_name):
-                return style
+                return None if style in REPLICATED else style
         return None
 
     def kv_head_of(self, rank: int) -> int | None:
@@ -70,11 +75,13 @@ def shard_plan(config: Any, world_size: int, *, model_name: str) -> ShardPlan:
             f"model {model_name!r} is a quantized checkpoint ({method}); tensor parallelism "
             "reads unquantized weights only; run it with --tensor-parallel-size 1"
         )
-    unsupported = sorted({style for style in plan.values() if style not in (COLWISE, ROWWISE)})
+    supported = {COLWISE, ROWWISE, *REPLICATED}
+    unsupported = sorted({style for style in plan.values() if style not in supported})
     if unsupported:
         raise ConfigError(
             f"model {model_name!r}: its tensor-parallel plan uses {', '.join(unsupported)}; "
-            "only colwise and rowwise layers are supported; run it with --tensor-parallel-size 1"
+            "only colwise, rowwise and replicated layers are supported; run it with "
+            "--tensor-parallel-size 1"
         )
     heads = int(config.num_attention_heads)
     kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)

@@ -3,8 +3,9 @@
 The model is built with its parameters on the meta device (buffers such as RoPE's inverse
 frequencies are real: they are computed, not loaded), the plan's linear layers are replaced
 by their rank-local forms, and every parameter is then read as the slice this rank needs
-(`safe_open(...).get_slice`), so no rank ever holds the whole model's layers. Embeddings,
-norms and the LM head are read whole.
+(`safe_open(...).get_slice`), so no rank ever holds the whole model's layers. Embeddings
+and norms are read whole; the LM head's vocabulary rows are split (`vocab_head`), read from
+the embedding's rows where the head is tied to it and the checkpoint stores it once.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ import torch
 from torch import nn
 
 from astrai_batch.engine.parallel.rank_group import RankGroup
-from astrai_batch.engine.parallel.shard_plan import COLWISE, ROWWISE, ShardPlan
+from astrai_batch.engine.parallel.shard_plan import COLWISE, ROWWISE, VOCAB, ShardPlan
 from astrai_batch.engine.parallel.sharded_linear import RowParallelLinear
+from astrai_batch.engine.parallel.vocab_head import CHILD, VocabParallelHead, vocab_rows
 from astrai_batch.errors import ConfigError, ModelLoadError
 
 
@@ -61,7 +63,17 @@ def load_shard(
     # once: from_config on the meta device leaves them apart until asked
     model.tie_weights()
     styles = _shard_layers(model, plan, group, dtype)
-    _read_parameters(model, safetensors_index(model_dir), styles, plan, group, dtype)
+    head, tied = _split_head(model, group, dtype)
+    if head is not None:
+        styles[head] = VOCAB
+    skip = {f"{head}.weight"} if tied else set()  # rows of the embedding, viewed once read
+    _read_parameters(model, safetensors_index(model_dir), styles, plan, group, dtype, skip)
+    if tied:
+        rows = getattr(model.get_submodule(head), CHILD)
+        vocab = model.get_submodule(head).out_features
+        first, last = vocab_rows(vocab, group.world_size, group.rank)
+        embedding = model.get_input_embeddings().weight
+        rows.weight = nn.Parameter(embedding[first:last], requires_grad=False)
     model.to(group.device)  # the computed buffers; parameters are there already
     if (model_dir / "generation_config.json").is_file():
         model.generation_config = GenerationConfig.from_pretrained(model_dir)
@@ -109,6 +121,28 @@ def _shard_layers(
     return styles
 
 
+def _split_head(model: nn.Module, group: RankGroup, dtype: torch.dtype) -> tuple[str | None, bool]:
+    """Replaces the LM head by its vocabulary slice where the model class's plan splits it;
+    returns (the head's module name or None when it stays whole, whether it is tied to the
+    input embedding)."""
+    head = model.get_output_embeddings()
+    head_plan = getattr(model, "_tp_plan", None) or {}
+    name = next((n for n, m in model.named_modules() if m is head), None)
+    if name is None or head_plan.get(name) != VOCAB or type(head) is not nn.Linear:
+        return None, False
+    tied = head.weight is model.get_input_embeddings().weight
+    local = VocabParallelHead(
+        head.in_features,
+        head.out_features,
+        bias=head.bias is not None,
+        group=group,
+        device="meta",
+        dtype=dtype,
+    )
+    model.set_submodule(name, local)
+    return name, tied
+
+
 def _colwise_rows(name: str, out_features: int, plan: ShardPlan, rank: int) -> tuple[int, int]:
     kv_head = plan.kv_head_of(rank)
     if kv_head is not None and out_features == plan.num_kv_heads * plan.head_dim:
@@ -129,6 +163,7 @@ def _read_parameters(
     plan: ShardPlan,
     group: RankGroup,
     dtype: torch.dtype,
+    skip: set[str],
 ) -> None:
     from safetensors import safe_open
 
@@ -140,8 +175,10 @@ def _read_parameters(
             for param_name, param in list(module._parameters.items()):
                 if param is None:
                     continue
-                owner = module_name.removesuffix(".partial")
+                owner = module_name.removesuffix(".partial").removesuffix(f".{CHILD}")
                 key = f"{owner}.{param_name}" if owner else param_name
+                if key in skip:
+                    continue
                 if id(param) in loaded:
                     module._parameters[param_name] = loaded[id(param)]
                     continue
@@ -175,6 +212,9 @@ def _slice(view, style: str | None, param_name: str, plan: ShardPlan, rank: int)
     """This rank's part of a checkpoint tensor (`view` is safetensors' lazy slice)."""
     if style == COLWISE:
         first, last = _colwise_rows("", view.get_shape()[0], plan, rank)
+        return view[first:last]
+    if style == VOCAB:
+        first, last = vocab_rows(view.get_shape()[0], plan.world_size, rank)
         return view[first:last]
     if style == ROWWISE and param_name == "weight":
         share = view.get_shape()[1] // plan.world_size

@@ -108,3 +108,39 @@ def test_partials_are_summed_in_rank_order(groups):
     worker.join(timeout=60)
     assert torch.equal(out[0], parts[0] + parts[1])
     assert torch.equal(out[1], out[0])
+
+
+@pytest.mark.parametrize("vocab", [37, 64])
+def test_the_vocabulary_parallel_head_gathers_each_ranks_rows_in_order(groups, vocab):
+    """An uneven vocabulary (37 = 19 + 18 rows) pads the last rank's slice for the gather and
+    drops the padding: the logits are each rank's own slice GEMM, column for column."""
+    from astrai_batch.engine.parallel.vocab_head import CHILD, VocabParallelHead, vocab_rows
+
+    zero, one = groups
+    rng = torch.Generator().manual_seed(4)
+    full = torch.nn.Linear(24, vocab, bias=True)
+    x = torch.randn(3, 5, 24, generator=rng)
+    heads = {}
+    for group in (zero, one):
+        head = VocabParallelHead(24, vocab, bias=True, group=group, device="cpu", dtype=None)
+        first, last = vocab_rows(vocab, 2, group.rank)
+        rows = getattr(head, CHILD)
+        with torch.no_grad():
+            rows.weight.copy_(full.weight[first:last])
+            rows.bias.copy_(full.bias[first:last])
+        heads[group.rank] = head
+    out: dict[int, torch.Tensor] = {}
+
+    def run(rank):
+        with torch.inference_mode():
+            out[rank] = heads[rank](x)
+
+    worker = threading.Thread(target=run, args=(1,))
+    worker.start()
+    run(0)
+    worker.join(timeout=60)
+    expected = torch.cat([getattr(heads[r], CHILD)(x) for r in (0, 1)], dim=-1).detach()
+    assert out[0].shape == (3, 5, vocab)
+    assert torch.equal(out[0], expected) and torch.equal(out[1], expected)
+    torch.testing.assert_close(out[0], full(x).detach())
+    assert vocab_rows(vocab, 2, 0) == (0, -(-vocab // 2))

@@ -16,6 +16,7 @@ from invariance_kit import assert_same_rows, invariance_prompts, requests_for, r
 from astrai_batch.engine import EngineConfig, SamplingParams
 from astrai_batch.engine.model.loader import load_model
 from astrai_batch.engine.parallel.sharded_linear import RowParallelLinear
+from astrai_batch.engine.parallel.vocab_head import VocabParallelHead
 
 CONFIG = EngineConfig(page_size=8, num_pages=96, max_num_batched_tokens=128)
 GREEDY = SamplingParams(max_tokens=8, ignore_eos=True)
@@ -47,6 +48,9 @@ def test_rank_zero_holds_its_shard_only(single, sharded):
     if full.self_attn.q_proj.bias is not None:  # Qwen2: the q/k/v biases are split too
         assert torch.equal(mine.self_attn.k_proj.bias, full.self_attn.k_proj.bias[:16])
     assert sharded.num_kv_heads == 1 and single.num_kv_heads == 2
+    head = sharded.model.lm_head  # split over the vocabulary, as the model class's plan says
+    assert isinstance(head, VocabParallelHead) and head.weight.shape == (192, 64)
+    assert torch.equal(head.weight, single.model.lm_head.weight[:192])
 
 
 def test_two_ranks_match_one(single, sharded):

@@ -9,6 +9,7 @@ from invariance_kit import requests_for, run_capturing
 
 from astrai_batch.engine import EngineConfig, SamplingParams
 from astrai_batch.engine.model.loader import load_model
+from astrai_batch.engine.parallel.vocab_head import VocabParallelHead
 
 pytestmark = pytest.mark.slow
 
@@ -33,6 +34,11 @@ def test_three_ranks_match_one_on_smollm2():
     sharded = load_model("smollm2-135m", tensor_parallel_size=3, tp_timeout=120)
     try:
         assert sharded.num_kv_heads == 1
+        # the tied head: a third of the vocabulary, a view of the embedding's rows
+        head = sharded.model.lm_head
+        embedding = sharded.model.get_input_embeddings().weight
+        assert isinstance(head, VocabParallelHead) and head.weight.shape == (16384, 576)
+        assert head.weight.data_ptr() == embedding.data_ptr()
         three, _ = run_capturing(sharded, requests, config)
     finally:
         sharded.close()
