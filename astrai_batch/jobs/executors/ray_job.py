@@ -130,11 +130,14 @@ class RayExecutor:
         """Nothing to release: the workers' models end with the Ray job."""
 
 
-def actor_cpus(cluster_cpus: float, workers: int, threads: int) -> float:
-    """CPUs reserved per engine actor: its threads, or less on a machine too small for that,
-    so that at least one CPU stays free for Ray Data's read and shuffle tasks."""
-    if workers * threads <= cluster_cpus - 1:
-        return float(threads)
+def actor_cpus(cluster_cpus: float, workers: int, threads: int, ranks: int = 1) -> float:
+    """CPUs reserved per engine actor: its threads for each of its `ranks` tensor-parallel
+    processes (they run beside the actor on its node, outside Ray's own accounting: the
+    reservation is the engine's N CPU bundles, packed on one node), or less on a machine too
+    small for that, so that at least one CPU stays free for Ray Data's read and shuffle tasks."""
+    wanted = threads * ranks
+    if workers * wanted <= cluster_cpus - 1:
+        return float(wanted)
     return max(cluster_cpus - 1, 0.5) / workers
 
 
@@ -183,7 +186,9 @@ def _run_pending(
         ShardWorker,
         fn_constructor_args=(config, store, schema, config.worker_threads),
         compute=ray.data.ActorPoolStrategy(size=max(1, pending)),
-        num_cpus=actor_cpus(cpus, max(1, pending), config.worker_threads),
+        num_cpus=actor_cpus(
+            cpus, max(1, pending), config.worker_threads, config.tensor_parallel_size
+        ),
         num_gpus=config.worker_gpus or None,
         batch_format="pyarrow",
     )

@@ -44,16 +44,18 @@ def test_executor_options_do_not_block_a_resume() -> None:
 
 
 @pytest.mark.parametrize(
-    ("cpus", "workers", "threads", "share"),
+    ("cpus", "workers", "threads", "ranks", "share"),
     [
-        (2, 2, 1, 0.5),  # too small: one CPU left to Ray Data's tasks, the other shared
-        (16, 4, 2, 2.0),  # room for every thread and a spare core
-        (4, 4, 1, 0.75),
-        (1, 1, 1, 0.5),
+        (2, 2, 1, 1, 0.5),  # too small: one CPU left to Ray Data's tasks, the other shared
+        (16, 4, 2, 1, 2.0),  # room for every thread and a spare core
+        (4, 4, 1, 1, 0.75),
+        (1, 1, 1, 1, 0.5),
+        (16, 2, 2, 3, 6.0),  # three ranks of two threads each: the engine's three bundles
+        (16, 4, 2, 2, 3.75),  # 4 x 4 does not fit beside a spare core: shared
     ],
 )
-def test_actors_leave_a_core_to_ray_data_on_small_machines(cpus, workers, threads, share):
-    assert actor_cpus(cpus, workers, threads) == share
+def test_actors_leave_a_core_to_ray_data_on_small_machines(cpus, workers, threads, ranks, share):
+    assert actor_cpus(cpus, workers, threads, ranks) == share
 
 
 def test_file_uris_work_and_a_uri_pyarrow_cannot_open_is_refused_in_one_line(
