@@ -34,6 +34,12 @@ def mean_squares(x: torch.Tensor) -> torch.Tensor:
     if rows.shape[0]:
         block = triton.next_power_of_2(width)
         _mean_squares_kernel[(rows.shape[0],)](
-            rows, out, rows.stride(0), WIDTH=width, BLOCK=block, num_warps=8 if block > 4096 else 4
+            rows,
+            out,
+            rows.stride(0),
+            WIDTH=width,
+            BLOCK=block,
+            num_warps=8 if block > 4096 else 4,
+            enable_fp_fusion=False,  # as `invariant_triton`: one rounding per operation
         )
     return out.view(*x.shape[:-1], 1)
