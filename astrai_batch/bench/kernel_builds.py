@@ -3,9 +3,10 @@
 Invariant numerics on CUDA run Triton kernels (`invariant_triton`, `norm_triton`) that a GPU
 compiles at their first launch. Triton compiles for any CUDA arch on any machine with its
 bundled ptxas, so this compiles every variant the engine launches (bfloat16 and float32,
-int32 eager and int64 graphed page tables, head sizes 64 and 128, norm rows of 576 and 8,192)
-for each arch given, and prints one JSON object: per variant whether it built, the cubin's
-size, or the compiler's error. Exit 1 if any failed. Run it without `TRITON_INTERPRET`.
+int32 eager and int64 graphed page tables and key counts, head sizes 64 and 128, norm rows
+of 576 and 8,192) for each arch given, and prints one JSON object: per variant whether it
+built, the cubin's size, or the compiler's error. Exit 1 if any failed. Run it without
+`TRITON_INTERPRET`.
 
     python -m astrai_batch.bench.kernel_builds --arch 80 90
 """
@@ -17,7 +18,7 @@ import json
 import sys
 from collections.abc import Sequence
 
-ATTENTION_VARIANTS = {  # name: (dtype, head size, query heads per KV head, page-table ints)
+ATTENTION_VARIANTS = {  # name: (dtype, head size, query heads per KV head, table/key ints)
     "attention-bfloat16-d64-eager": ("bf16", 64, 3, "i32"),
     "attention-float32-d64-graphed": ("fp32", 64, 3, "i64"),
     "attention-bfloat16-d128-graphed": ("bf16", 128, 4, "i64"),
@@ -38,7 +39,7 @@ def build_all(archs: Sequence[int]) -> dict[str, dict]:
                 "out_ptr": "*fp32",
                 "tables_ptr": f"*{table}",
                 "token_table_ptr": "*i32",
-                "token_keys_ptr": "*i32",
+                "token_keys_ptr": f"*{table}",  # graphs: positions + 1, int64
                 "scale": "fp32",
             }
             constexprs = dict(

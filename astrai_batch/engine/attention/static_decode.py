@@ -46,6 +46,8 @@ class StaticDecodeBatch:
     # invariant numerics on CUDA: the eager steps' Triton kernel (`invariant_triton`), so a
     # graphed decode gets the bits an eager one gets
     invariant_kernel: Callable[..., torch.Tensor] | None = None
+    token_rows: torch.Tensor | None = None  # [B] int32: row i reads page-table row i
+    token_keys: torch.Tensor | None = None  # [B] positions + 1, set before each forward
 
 
 def static_decode_attention(
@@ -57,11 +59,15 @@ def static_decode_attention(
 ) -> torch.Tensor:
     """q [B, Hq, D] (one query per row) -> [B, Hq, Dv]."""
     if batch.invariant and batch.invariant_kernel is not None:
-        rows = q.shape[0]
-        token_table = torch.arange(rows, device=q.device, dtype=torch.int32)
-        token_keys = (batch.positions + 1).to(torch.int32)
         return batch.invariant_kernel(
-            q, k_cache, v_cache, batch.page_tables, token_table, token_keys, batch.page_size, scale
+            q,
+            k_cache,
+            v_cache,
+            batch.page_tables,
+            batch.token_rows,
+            batch.token_keys,
+            batch.page_size,
+            scale,
         )
     if batch.invariant:
         return _blocked(q, k_cache, v_cache, batch, scale)

@@ -131,18 +131,15 @@ class RankGroup:
             options.timeout = self._seconds(None)
             self._wait(lambda: self.compute.allreduce([partial], options))
             return partial
-        parts = [torch.empty_like(partial) for _ in range(self.world_size)]
-        gather = dist.distributed_c10d.AllgatherOptions()
-        gather.timeout = self._seconds(None)
-        self._wait(lambda: self.compute.allgather([parts], [partial], gather))
+        parts = self.gather(partial)
         total = parts[0]
         for part in parts[1:]:  # rank order: the same additions whatever the batch
             total.add_(part)
         return total
 
-    def gather_columns(self, part: torch.Tensor) -> list[torch.Tensor]:
-        """Every rank's `part` (all of one shape), in rank order: a vocabulary-parallel head's
-        logit columns. Nothing is summed, so the order of arrival changes no bit."""
+    def gather(self, part: torch.Tensor) -> list[torch.Tensor]:
+        """Every rank's `part` (all of one shape), in rank order: a row-parallel layer's
+        partials, a vocabulary-parallel head's logit columns."""
         part = part.contiguous()
         parts = [torch.empty_like(part) for _ in range(self.world_size)]
         gather = dist.distributed_c10d.AllgatherOptions()

@@ -69,11 +69,11 @@ def load_shard(
     skip = {f"{head}.weight"} if tied else set()  # rows of the embedding, viewed once read
     _read_parameters(model, safetensors_index(model_dir), styles, plan, group, dtype, skip)
     if tied:
-        rows = getattr(model.get_submodule(head), CHILD)
-        vocab = model.get_submodule(head).out_features
-        first, last = vocab_rows(vocab, group.world_size, group.rank)
+        local = model.get_submodule(head)
         embedding = model.get_input_embeddings().weight
-        rows.weight = nn.Parameter(embedding[first:last], requires_grad=False)
+        local.vocab_rows.weight = nn.Parameter(
+            embedding[local.first : local.last], requires_grad=False
+        )
     model.to(group.device)  # the computed buffers; parameters are there already
     if (model_dir / "generation_config.json").is_file():
         model.generation_config = GenerationConfig.from_pretrained(model_dir)

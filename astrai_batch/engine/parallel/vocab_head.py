@@ -16,12 +16,16 @@ from torch import nn
 
 from astrai_batch.engine.parallel.rank_group import RankGroup
 
-CHILD = "vocab_rows"  # the slice's module name under the head (the loader reads it as the head)
+CHILD = "vocab_rows"  # `VocabParallelHead.vocab_rows`: the loader reads it as the head
+
+
+def _share(vocab: int, world_size: int) -> int:
+    return -(-vocab // world_size)
 
 
 def vocab_rows(vocab: int, world_size: int, rank: int) -> tuple[int, int]:
     """[first, last) of the vocabulary rank `rank` computes."""
-    share = -(-vocab // world_size)
+    share = _share(vocab, world_size)
     first = min(vocab, rank * share)
     return first, min(vocab, first + share)
 
@@ -31,31 +35,26 @@ class VocabParallelHead(nn.Module):
         self, in_features: int, vocab: int, *, bias: bool, group: RankGroup, device, dtype
     ) -> None:
         super().__init__()
-        first, last = vocab_rows(vocab, group.world_size, group.rank)
         self.in_features = in_features
         self.out_features = vocab
-        self.share = -(-vocab // group.world_size)
-        self.first, self.last = first, last
-        setattr(
-            self,
-            CHILD,
-            nn.Linear(in_features, last - first, bias=bias, device=device, dtype=dtype),
-        )
+        self.share = _share(vocab, group.world_size)
+        self.first, self.last = vocab_rows(vocab, group.world_size, group.rank)
+        rows = self.last - self.first
+        self.vocab_rows = nn.Linear(in_features, rows, bias=bias, device=device, dtype=dtype)
         self._group = group
 
     @property
     def weight(self) -> torch.Tensor:
-        return getattr(self, CHILD).weight
+        return self.vocab_rows.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        part = getattr(self, CHILD)(x)
+        part = self.vocab_rows(x)
         short = self.share - part.shape[-1]
         if short:
             part = torch.cat([part, part.new_zeros(*part.shape[:-1], short)], dim=-1)
-        logits = torch.cat(self._group.gather_columns(part), dim=-1)
+        logits = torch.cat(self._group.gather(part), dim=-1)
         return logits[..., : self.out_features]
 
     def extra_repr(self) -> str:
-        return (
-            f"in={self.in_features}, vocab={self.out_features} (this rank {self.first}-{self.last})"
-        )
+        rows = f"this rank {self.first}-{self.last}"
+        return f"in={self.in_features}, vocab={self.out_features} ({rows})"

@@ -1,11 +1,14 @@
 """A step's arrays as the batch its attention path reads: invariant numerics' flash-kernel
-calls or block-ordered plan, a paged kernel's batch, or the step-shaped path's prefill spans,
-padded decode group and cascade (decodes that share prefix pages). The runner picks the path;
-these build."""
+calls (CPU), Triton kernel batch (CUDA) or block-ordered plan, a paged kernel's batch, or the
+step-shaped path's prefill spans, padded decode group and cascade (decodes that share prefix
+pages). The runner picks the path; these build."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
+import torch
 
 from astrai_batch.cache.kv_pool import KVPool
 from astrai_batch.engine.attention.block_plan import (
@@ -21,6 +24,7 @@ from astrai_batch.engine.attention.flash_block_plan import plan_flash_step
 from astrai_batch.engine.attention.flash_block_types import FlashBlockBatch, FlashRules
 from astrai_batch.engine.attention.host_staging import HostStaging
 from astrai_batch.engine.attention.kernels.interface import KernelBatch, PagedKernel
+from astrai_batch.engine.attention.kernels.invariant_batch import InvariantKernelBatch
 from astrai_batch.engine.attention.kernels.paged_kv_metadata import paged_kv_metadata
 from astrai_batch.engine.attention.page_gather import PageGatherer
 from astrai_batch.engine.attention.paged_attention import (
@@ -85,6 +89,28 @@ def flash_block_batch(
         calls=calls,
         merge=merge,
         gatherer=gatherer,
+    )
+
+
+def invariant_kernel_batch(
+    step: StepArrays, pool: KVPool, staging: HostStaging, attend: Callable[..., torch.Tensor]
+) -> InvariantKernelBatch:
+    # the step packs each chunk's tokens contiguously, in chunk order (`step_buffers`); each
+    # token's chunk and key count travel in one copy, the page tables in a second
+    chunks = np.arange(len(step.num_tokens), dtype=np.int32)
+    per_token = staging.array(
+        np.stack([np.repeat(chunks, step.num_tokens), (step.positions + 1).astype(np.int32)])
+    )
+    return InvariantKernelBatch(
+        key_cache=pool.key_cache,
+        value_cache=pool.value_cache,
+        page_size=pool.page_size,
+        write_slots=staging.array(step.write_slots),
+        longest_context=step.longest_context,
+        tables=staging.array(step.page_tables.astype(np.int32)),
+        token_table=per_token[0],
+        token_keys=per_token[1],
+        attend=attend,
     )
 
 

@@ -227,6 +227,10 @@ class DecodeGraphs:
 
     def _prepare(self, batch: int, width: int) -> Callable[[], torch.Tensor] | None:
         ids, positions, slots, tables = self._views(batch, width)
+        token_rows = token_keys = None
+        if self.invariant_kernel is not None:  # row i's pages are row i; its keys, forward's
+            token_rows = torch.arange(batch, device=self.device, dtype=torch.int32)
+            token_keys = torch.empty_like(positions)
         attention = StaticDecodeBatch(
             key_cache=self.pool.key_cache,
             value_cache=self.pool.value_cache,
@@ -240,9 +244,13 @@ class DecodeGraphs:
             invariant=self.invariant,
             gemm_rows=self.gemm_rows,
             invariant_kernel=self.invariant_kernel,
+            token_rows=token_rows,
+            token_keys=token_keys,
         )
 
         def forward() -> torch.Tensor:
+            if token_keys is not None:  # once per step, not per layer
+                torch.add(positions, 1, out=token_keys)
             outputs = self.model(
                 input_ids=ids.unsqueeze(0),
                 position_ids=positions.unsqueeze(0),

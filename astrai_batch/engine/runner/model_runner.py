@@ -24,7 +24,6 @@ from astrai_batch.engine.attention.flash_block_types import KEY_BLOCK, FlashRule
 from astrai_batch.engine.attention.flash_probe import invariant_tails
 from astrai_batch.engine.attention.host_staging import HostStaging
 from astrai_batch.engine.attention.kernels.interface import PagedKernel
-from astrai_batch.engine.attention.kernels.invariant_batch import invariant_kernel_batch
 from astrai_batch.engine.attention.page_gather import PageGatherer
 from astrai_batch.engine.attention.paged_attention import (
     ATTENTION_NAME,
@@ -37,6 +36,7 @@ from astrai_batch.engine.lora.bank import find_bank
 from astrai_batch.engine.runner.attention_batches import (
     block_batch,
     flash_block_batch,
+    invariant_kernel_batch,
     kernel_batch,
     step_shaped_batch,
 )
@@ -127,15 +127,14 @@ class ModelRunner:
             # raises where no scheme exists
             scheme = _probed(memo, ("linear rows", shapes, where), lambda: row_scheme_for(model))
             set_row_tiling(model, True, scheme)
+            heads = (*_heads_key(model, pool), where)
             # CUDA: attention and norm reductions in a construction-fixed order (Triton)
             ops = invariant_cuda_ops(param.device)
             if ops[0] is not None:
-                shapes = (*heads_key(model, pool), where)
-                ops = _probed(memo, ("triton", shapes), lambda: runnable(ops, model, pool))
+                ops = _probed(memo, ("triton", heads), lambda: runnable(ops, model, pool))
             self.invariant_kernel, mean_squares = ops
             if mean_squares is not None or param.device.type != "cpu":
                 set_norm_tiling(model, True, mean_squares)
-            heads = (*heads_key(model, pool), where)
             if graphs is None and self.invariant_kernel is None:
                 self.flash = _probed(memo, ("flash", heads), lambda: _flash_rules(model, pool))
             if self.flash is None and self.invariant_kernel is None:
@@ -251,7 +250,7 @@ class ModelRunner:
         return batch, input_ids, position_ids, rows
 
 
-def heads_key(model: torch.nn.Module, pool: KVPool) -> tuple:
+def _heads_key(model: torch.nn.Module, pool: KVPool) -> tuple:
     """The attention shapes a probe result holds for."""
     heads = (model.config.num_attention_heads, *pool.key_cache[0].shape[1:])
     return (*heads, pool.value_cache[0].shape[-1], pool.page_size)
