@@ -15,7 +15,7 @@ from click.core import ParameterSource
 
 from astrai_batch import __version__
 from astrai_batch.cli_options import JOB_DEFAULTS, model_source_options, option, run_options
-from astrai_batch.engine.embedding_types import POOLINGS
+from astrai_batch.engine.tasks.embedding_types import POOLINGS
 from astrai_batch.errors import AstraiBatchError, ConfigError
 from astrai_batch.jobs.options.config import DEFAULT_MODEL, JobConfig
 from astrai_batch.jobs.options.config_file import load_toml_options

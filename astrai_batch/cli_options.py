@@ -12,7 +12,7 @@ import click
 from astrai_batch.engine.attention.backends import ATTENTION_BACKENDS
 from astrai_batch.engine.config import KV_LAYOUTS
 from astrai_batch.engine.device_choice import AUTO, DEVICE_HELP, DTYPE_HELP
-from astrai_batch.engine.embedding_types import POOLINGS
+from astrai_batch.engine.tasks.embedding_types import POOLINGS
 from astrai_batch.jobs.options.config import JobConfig
 from astrai_batch.jobs.options.io_options import OUTPUT_FORMATS
 from astrai_batch.jobs.options.task_options import TASKS

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What the start-up invariance probe costs (`engine/invariance_probe.py`).
+"""What the start-up invariance probe costs (`engine/numerics/invariance_probe.py`).
 
 Usage: scripts/bench_invariance_probe.py [--model tiny|smollm2-135m|PATH] [--repeat 3]
 
@@ -23,8 +23,8 @@ def main(argv: list[str]) -> int:
     from astrai_batch.bench.random_models import TINY, build_model
     from astrai_batch.engine.config import EngineConfig
     from astrai_batch.engine.core import EngineCore
-    from astrai_batch.engine.invariance_probe import check_invariance_at_start
     from astrai_batch.engine.model.loader import load_model
+    from astrai_batch.engine.numerics.invariance_probe import check_invariance_at_start
     from astrai_batch.errors import NumericsUnavailableError
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

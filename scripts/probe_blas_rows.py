@@ -1,4 +1,4 @@
-"""The exhaustive sweep behind the engine's start-up probe (`astrai_batch/engine/blas_rows.py`):
+"""The exhaustive sweep behind the engine's start-up probe (`engine/numerics/blas_rows.py`):
 for each K x N, every M from 1 to --max-rows, rows at several offsets, against one GEMM of
 --max-rows rows. Prints the M whose rows differ somewhere (and the first such row).
 

@@ -81,7 +81,7 @@ def make_sequence(
     """A greedy engine `Sequence` over `tokens` (request id = seq_id), for scheduler tests."""
     from astrai_batch.engine.sampling.params import SamplingParams
     from astrai_batch.engine.sampling.sequence_sampler import SequenceSampler
-    from astrai_batch.engine.sequence import Sequence
+    from astrai_batch.engine.sequences.sequence import Sequence
 
     params = SamplingParams(max_tokens=max_tokens)
     return Sequence(

@@ -16,7 +16,7 @@ import torch
 from astrai_batch.bench.random_models import ModelShape, build_model
 from astrai_batch.engine.config import EngineConfig
 from astrai_batch.engine.core import EngineCore
-from astrai_batch.engine.invariance_probe import crowd_check
+from astrai_batch.engine.numerics.invariance_probe import crowd_check
 
 # (token budget, prefix cache) of each crowd
 CROWDS = ((64, True), (256, False), (1024, True))

@@ -19,7 +19,7 @@ import torch
 
 from astrai_batch.engine import EngineConfig, GenerationRequest, generate_sync
 from astrai_batch.engine.model.loaded import LoadedModel
-from astrai_batch.engine.scoring_types import ScoreRequest
+from astrai_batch.engine.tasks.scoring_types import ScoreRequest
 from astrai_batch.errors import AstraiBatchError
 from astrai_batch.jobs.planning.task_prefill import ideal_score_tokens
 

@@ -13,10 +13,9 @@ import torch
 
 from astrai_batch.engine.config import EngineConfig
 from astrai_batch.engine.engine_setup import assemble_engine
-from astrai_batch.engine.invariance_probe import check_invariance_at_start
 from astrai_batch.engine.model.loaded import LoadedModel
+from astrai_batch.engine.numerics.invariance_probe import check_invariance_at_start
 from astrai_batch.engine.request_checks import unknown_adapter_message, why_never_fits
-from astrai_batch.engine.request_sequences import request_sequences
 from astrai_batch.engine.sampling.constraints.backend import (
     ConstraintBackend,
     ConstraintCompileError,
@@ -30,10 +29,11 @@ from astrai_batch.engine.sampling.prompt_logprobs import (
 )
 from astrai_batch.engine.sampling.token_sampling import sample_token_ids
 from astrai_batch.engine.scheduler import ScheduledWork, Scheduler, chunk_for
-from astrai_batch.engine.sequence import Sequence
-from astrai_batch.engine.sequence_endings import SequenceEndings
-from astrai_batch.engine.step_counters import StepCounters
-from astrai_batch.engine.task_requests import RequestCounts, TaskRequests
+from astrai_batch.engine.sequences.request_sequences import request_sequences
+from astrai_batch.engine.sequences.sequence import Sequence
+from astrai_batch.engine.sequences.sequence_endings import SequenceEndings
+from astrai_batch.engine.sequences.step_counters import StepCounters
+from astrai_batch.engine.tasks.task_requests import RequestCounts, TaskRequests
 from astrai_batch.engine.types import (
     EngineStats,
     FinishReason,

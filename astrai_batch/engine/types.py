@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from astrai_batch.cache import CacheStats
-from astrai_batch.engine.embedding_types import EmbedRequest
 from astrai_batch.engine.sampling.params import SamplingParams
 from astrai_batch.engine.sampling.prompt_logprobs import TokenLogprob
-from astrai_batch.engine.scoring_types import ContinuationScore, ScoreRequest
+from astrai_batch.engine.tasks.embedding_types import EmbedRequest
+from astrai_batch.engine.tasks.scoring_types import ContinuationScore, ScoreRequest
 
 FinishReason = Literal["stop", "length", "error"]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from astrai_batch.engine.embedding_types import EmbedRequest
+from astrai_batch.engine.tasks.embedding_types import EmbedRequest
 from astrai_batch.io import InputRow
 from astrai_batch.jobs.planning.embed_rows import embed_row_problem, job_embed_request
 from astrai_batch.jobs.planning.score_pairs import encode_pairs

@@ -7,7 +7,7 @@ from engine_reference import make_sequence
 from astrai_batch.cache import CacheStats, KVCacheManager
 from astrai_batch.engine.config import EngineConfig
 from astrai_batch.engine.scheduler import Scheduler
-from astrai_batch.engine.sequence import Sequence
+from astrai_batch.engine.sequences.sequence import Sequence
 
 PAGE = 4
 

@@ -16,7 +16,7 @@ its generated tokens as a prefill), wherever its chunk starts. So for every quer
 GEMM rows never interact, and the BLAS's result for a row does not depend on the row count
 for a fixed reduction length of one head dimension or one block, once the count is one the
 BLAS treats like a large one: small GEMMs are padded with zero rows as the step's
-`gemm_rows` scheme says (probed at engine start on the CPU, `engine/blas_rows.py`; MKL on
+`gemm_rows` scheme says (probed at engine start on the CPU, `engine/numerics/blas_rows.py`; MKL on
 AMD Zen 4 computes the trailing rows of 1-3, 5-7 and 9-11-row GEMMs with other kernels).
 """
 
@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from astrai_batch.engine.attention.block_plan import BlockBatch, BlockRun
-from astrai_batch.engine.blas_rows import pad_gemm_rows
+from astrai_batch.engine.numerics.blas_rows import pad_gemm_rows
 
 NEG = float("-inf")
 

@@ -25,7 +25,7 @@ import torch
 from astrai_batch.engine.attention.cascade import partition_rows
 from astrai_batch.engine.attention.host_staging import HostStaging
 from astrai_batch.engine.attention.page_gather import PageGatherer
-from astrai_batch.engine.blas_rows import ROWS_AT_LEAST_TWO, RowScheme
+from astrai_batch.engine.numerics.blas_rows import ROWS_AT_LEAST_TWO, RowScheme
 
 BLOCK_TARGET_TOKENS = 64  # a block is the smallest whole number of pages holding this many
 # A prefill chunk's rows are split into runs of this many blocks of positions, each reading

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from astrai_batch.engine.attention.block_attention import NEG
-from astrai_batch.engine.blas_rows import ROWS_AT_LEAST_TWO, RowScheme, pad_gemm_rows
+from astrai_batch.engine.numerics.blas_rows import ROWS_AT_LEAST_TWO, RowScheme, pad_gemm_rows
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from astrai_batch.engine.attention.paged_attention import (
     offset_causal_mask,
 )
 from astrai_batch.engine.attention.step_arrays import StepArrays
-from astrai_batch.engine.blas_rows import RowScheme
+from astrai_batch.engine.numerics.blas_rows import RowScheme
 
 
 def block_batch(

@@ -42,7 +42,7 @@ from astrai_batch.engine.attention.host_staging import HostStaging
 from astrai_batch.engine.attention.paged_attention import BATCH_KWARG
 from astrai_batch.engine.attention.static_decode import StaticDecodeBatch
 from astrai_batch.engine.attention.step_arrays import StepArrays
-from astrai_batch.engine.blas_rows import ROWS_AT_LEAST_TWO, RowScheme
+from astrai_batch.engine.numerics.blas_rows import ROWS_AT_LEAST_TWO, RowScheme
 from astrai_batch.engine.runner.forward_timer import ForwardTimer
 from astrai_batch.engine.runner.graph_buckets import GraphBuckets
 from astrai_batch.errors import ConfigError

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from astrai_batch.engine.blas_rows import (
+from astrai_batch.engine.numerics.blas_rows import (
     DEFAULT_MAX_ROWS,
     Gemm,
     RowScheme,

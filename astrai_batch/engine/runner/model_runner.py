@@ -31,8 +31,12 @@ from astrai_batch.engine.attention.paged_attention import (
     register_paged_attention,
 )
 from astrai_batch.engine.attention.step_arrays import StepArrays
-from astrai_batch.engine.blas_rows import ROWS_AT_LEAST_TWO, attention_row_scheme, linear_shapes
 from astrai_batch.engine.lora.bank import find_bank
+from astrai_batch.engine.numerics.blas_rows import (
+    ROWS_AT_LEAST_TWO,
+    attention_row_scheme,
+    linear_shapes,
+)
 from astrai_batch.engine.runner.attention_batches import (
     block_batch,
     flash_block_batch,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from astrai_batch.engine import SamplingParams
-from astrai_batch.engine.embedding_types import POOLINGS
+from astrai_batch.engine.tasks.embedding_types import POOLINGS
 from astrai_batch.errors import ConfigError
 from astrai_batch.io.task_fields import TASKS
 from astrai_batch.jobs.options.option_groups import SAMPLING_OPTIONS

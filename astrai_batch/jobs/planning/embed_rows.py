@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from astrai_batch.engine.embedding_types import EmbedRequest
+from astrai_batch.engine.tasks.embedding_types import EmbedRequest
 
 # sentence-transformers' Pooling config keys, in the order a mode is picked
 ST_POOLING_KEYS = (

@@ -1,7 +1,7 @@
 """Predicted prefill of `--task score` and `--task embed` jobs: what `astrai-batch plan`
 reports for them, counted the way `run` computes.
 
-Score (`engine/scoring.py`): a row's context runs as a prompt does, its leading full pages
+Score (`engine/tasks/scoring.py`): a row's context runs as a prompt does, its leading full pages
 from the prefix cache, so the contexts' prefill is the page-granular ideal of `prefix_stats`
 over the contexts (few-shot prefixes shared across rows are computed once). The context's
 last logits score every continuation's first token; a continuation of n >= 2 tokens then
@@ -16,7 +16,7 @@ once: the distinct nodes of their token prefix tree (no page granularity, no las
 recomputed). Not modelled: a later row whose context extends an earlier row's context and
 continuation may also reuse that branch's published pages (`run` can only compute less).
 
-Embed (`engine/embedding.py`): last-token pooling needs only the last position, so the rest
+Embed (`engine/tasks/embedding.py`): last-token pooling needs only the last position, so the rest
 may come from the prefix cache: the page-granular ideal, as for generation. Mean and cls
 pooling want every position's (or the first one's) hidden state and compute every prompt
 token, shared or not.

@@ -12,10 +12,10 @@ from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from astrai_batch.engine.embedding_types import EmbedRequest
 from astrai_batch.engine.request_checks import unknown_adapter_message
 from astrai_batch.engine.sampling.params import SamplingParams
-from astrai_batch.engine.scoring_types import ScoreRequest
+from astrai_batch.engine.tasks.embedding_types import EmbedRequest
+from astrai_batch.engine.tasks.scoring_types import ScoreRequest
 from astrai_batch.engine.types import GenerationRequest
 from astrai_batch.errors import AstraiBatchError, ConfigError
 from astrai_batch.io import InputRow

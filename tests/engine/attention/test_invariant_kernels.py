@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from astrai_batch.engine.attention.block_plan import block_tokens_for
-from astrai_batch.engine.blas_rows import (
+from astrai_batch.engine.numerics.blas_rows import (
     RowScheme,
     attention_row_scheme,
     pad_gemm_rows,

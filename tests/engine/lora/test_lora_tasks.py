@@ -12,11 +12,11 @@ from lora_kit import ATTENTION, _peft_model, make_adapter
 
 from astrai_batch.engine import EngineConfig, GenerationRequest
 from astrai_batch.engine.async_engine import generate_sync
-from astrai_batch.engine.embedding_types import EmbedRequest
 from astrai_batch.engine.lora.adapter_files import read_adapter
 from astrai_batch.engine.lora.bank import install_adapters, remove_adapters
 from astrai_batch.engine.model.loader import load_model
-from astrai_batch.engine.scoring_types import ScoreRequest
+from astrai_batch.engine.tasks.embedding_types import EmbedRequest
+from astrai_batch.engine.tasks.scoring_types import ScoreRequest
 
 TOLERANCE = 1e-4
 NAMES = [None, "mlp", "attn"]

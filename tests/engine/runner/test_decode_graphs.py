@@ -39,9 +39,9 @@ from astrai_batch.engine.attention.block_plan import (
 from astrai_batch.engine.attention.host_staging import HostStaging
 from astrai_batch.engine.attention.page_gather import PageGatherer
 from astrai_batch.engine.attention.static_decode import StaticDecodeBatch, static_decode_attention
-from astrai_batch.engine.blas_rows import attention_row_scheme
 from astrai_batch.engine.core import EngineCore
 from astrai_batch.engine.model.loader import load_model
+from astrai_batch.engine.numerics.blas_rows import attention_row_scheme
 from astrai_batch.engine.runner import model_runner
 from astrai_batch.engine.runner.decode_graphs import GraphSpec, resolve_cuda_graphs
 from astrai_batch.engine.runner.graph_buckets import GraphBuckets

@@ -22,7 +22,7 @@ from astrai_batch.engine.config import EngineConfig
 from astrai_batch.engine.runner.model_runner import ScheduledChunk
 from astrai_batch.engine.runner.step_buffers import StepBuffers
 from astrai_batch.engine.scheduler import Scheduler, chunk_for
-from astrai_batch.engine.sequence import Sequence
+from astrai_batch.engine.sequences.sequence import Sequence
 
 PAGE = 4
 FIELDS = (

@@ -6,7 +6,7 @@ import pytest
 from jobs.jobkit import run_cli, write_jsonl
 
 from astrai_batch.engine import GenerationRequest, SamplingParams
-from astrai_batch.engine.embedding_types import EmbedRequest
+from astrai_batch.engine.tasks.embedding_types import EmbedRequest
 from astrai_batch.errors import ConfigError
 from astrai_batch.jobs.options.config import JobConfig
 

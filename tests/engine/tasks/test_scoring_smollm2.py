@@ -5,7 +5,7 @@ computed once (slow: real weights)."""
 from __future__ import annotations
 
 import pytest
-from engine.test_scoring_exact import assert_scores, run, with_greedy_choice
+from engine.tasks.test_scoring_exact import assert_scores, run, with_greedy_choice
 
 from astrai_batch.engine import EngineConfig
 from astrai_batch.engine.model.loader import load_model

@@ -9,8 +9,8 @@ import torch
 from engine_reference import _reference_model, mixed_prompts
 
 from astrai_batch.engine import EngineConfig, GenerationRequest, generate_sync
-from astrai_batch.engine.embedding_types import EmbedRequest
 from astrai_batch.engine.model.loader import load_model
+from astrai_batch.engine.tasks.embedding_types import EmbedRequest
 
 
 @pytest.fixture(scope="module")

@@ -10,13 +10,13 @@ import torch
 
 from astrai_batch.engine import EngineConfig
 from astrai_batch.engine.core import EngineCore
-from astrai_batch.engine.invariance_probe import (
+from astrai_batch.engine.model.loader import load_model
+from astrai_batch.engine.numerics.invariance_probe import (
     PROBE_SEED,
     check_invariance_at_start,
     crowd_check,
     probe_prompts,
 )
-from astrai_batch.engine.model.loader import load_model
 from astrai_batch.errors import NumericsUnavailableError
 
 REFUSAL = (

@@ -19,8 +19,8 @@ from collections.abc import Sequence
 
 import torch
 
-from astrai_batch.engine.embedding_types import EmbedRequest
 from astrai_batch.engine.sampling.prompt_logprobs import LogitRows, PositionTargets
+from astrai_batch.engine.tasks.embedding_types import EmbedRequest
 
 
 class EmbedTargets(PositionTargets):

@@ -13,7 +13,7 @@ from engine_reference import _reference_model
 from astrai_batch.engine import EngineConfig, GenerationRequest, generate_sync
 from astrai_batch.engine.core import EngineCore
 from astrai_batch.engine.model.loader import load_model
-from astrai_batch.engine.scoring_types import ScoreRequest
+from astrai_batch.engine.tasks.scoring_types import ScoreRequest
 
 TOLERANCE = 1e-4
 

@@ -18,7 +18,6 @@ import torch
 from astrai_batch.cache import KVPool
 from astrai_batch.cache.layout import KVLayout
 from astrai_batch.engine.config import EngineConfig
-from astrai_batch.engine.embedding import EmbedTargets, HiddenCapture, store_hidden
 from astrai_batch.engine.lora.bank import LoraBank
 from astrai_batch.engine.model.loaded import LoadedModel
 from astrai_batch.engine.request_checks import unknown_adapter_message, why_never_fits
@@ -26,9 +25,10 @@ from astrai_batch.engine.sampling.params import SamplingParams
 from astrai_batch.engine.sampling.prompt_logprobs import LogitRows, PositionTargets
 from astrai_batch.engine.sampling.sequence_sampler import SequenceSampler
 from astrai_batch.engine.scheduler import ScheduledWork, Scheduler
-from astrai_batch.engine.scoring import ScoreGroups
-from astrai_batch.engine.scoring_types import score_problem
-from astrai_batch.engine.sequence import Sequence
+from astrai_batch.engine.sequences.sequence import Sequence
+from astrai_batch.engine.tasks.embedding import EmbedTargets, HiddenCapture, store_hidden
+from astrai_batch.engine.tasks.scoring import ScoreGroups
+from astrai_batch.engine.tasks.scoring_types import score_problem
 from astrai_batch.engine.types import GenerationRequest, GenerationResult, error_result
 
 # a scoring sequence samples nothing; its sampler exists because every sequence has one

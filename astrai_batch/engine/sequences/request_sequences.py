@@ -8,8 +8,8 @@ from collections.abc import Collection, Iterator
 from astrai_batch.engine.request_checks import fallback_seed
 from astrai_batch.engine.sampling.prompt_logprobs import prompt_targets
 from astrai_batch.engine.sampling.sequence_sampler import SequenceSampler
-from astrai_batch.engine.sequence import Sequence
-from astrai_batch.engine.task_requests import RequestCounts
+from astrai_batch.engine.sequences.sequence import Sequence
+from astrai_batch.engine.tasks.task_requests import RequestCounts
 from astrai_batch.engine.types import GenerationRequest
 
 

@@ -9,7 +9,7 @@ from astrai_batch.engine.sampling.constraints.sequence_matchers import SequenceM
 from astrai_batch.engine.sampling.params import SamplingParams
 from astrai_batch.engine.sampling.prompt_logprobs import prompt_results, token_texts
 from astrai_batch.engine.sampling.stop_strings import StopStringTracker
-from astrai_batch.engine.sequence import Sequence
+from astrai_batch.engine.sequences.sequence import Sequence
 from astrai_batch.engine.types import FinishReason, GenerationResult, Timings
 
 

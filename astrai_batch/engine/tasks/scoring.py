@@ -29,8 +29,8 @@ from astrai_batch.cache import KVPool
 from astrai_batch.cache.layout import KVLayout
 from astrai_batch.engine.sampling.prompt_logprobs import PositionTargets
 from astrai_batch.engine.scheduler import ScheduledWork, Scheduler
-from astrai_batch.engine.scoring_types import ContinuationScore, ScoreRequest
-from astrai_batch.engine.sequence import Sequence
+from astrai_batch.engine.sequences.sequence import Sequence
+from astrai_batch.engine.tasks.scoring_types import ContinuationScore, ScoreRequest
 
 
 class _Group:

@@ -1,0 +1,1 @@
+"""The checks behind invariant numerics: the BLAS row-scheme probe and the start-up probe."""
