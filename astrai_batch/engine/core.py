@@ -25,6 +25,7 @@ from astrai_batch.engine.sampling.constraints.sequence_matchers import SequenceM
 from astrai_batch.engine.sampling.prompt_logprobs import (
     record_rows,
     record_top_logprobs,
+    top_logprob_rows,
     with_logit_spans,
 )
 from astrai_batch.engine.sampling.token_sampling import sample_token_ids
@@ -216,9 +217,11 @@ class EngineCore:
         if self.logits_observer is not None:
             for seq, row in zip(seqs, logits, strict=True):
                 self.logits_observer(seq.request_id, seq.sample_index, row)
+        # top_logprobs are of the raw distribution: read before the masks overwrite `logits`
+        top = top_logprob_rows(seqs, logits) if self._top_logprobs else None
         token_ids, logprobs = sample_token_ids(logits, [seq.sampler for seq in seqs], masks)
-        if self._top_logprobs:
-            record_top_logprobs(seqs, logits, token_ids)
+        if top is not None:
+            record_top_logprobs(seqs, top, token_ids)
         if self.constraints.active:
             self.constraints.accept([seq.seq_id for seq in seqs], token_ids)
         now = time.perf_counter()

@@ -160,17 +160,36 @@ def prompt_results(targets: PositionTargets | None) -> tuple[TokenLogprob | None
     return (None, *(result[0] for result in targets.results))  # type: ignore[index]
 
 
-def record_top_logprobs(seqs: Sequence, logits: torch.Tensor, token_ids: Sequence[int]) -> None:
-    """OpenAI's top_logprobs of the tokens just sampled, from the model's distribution
-    (the raw logits' log-softmax, before penalties, temperature or masks, as vLLM's
-    default): the sampled token's logprob and rank, and the N most likely."""
+class TopLogprobRows(NamedTuple):
+    """The raw log-softmax of a step's rows that report top_logprobs, taken before sampling."""
+
+    rows: list[int]
+    logprobs: torch.Tensor
+
+
+def top_logprob_rows(seqs: Sequence, logits: torch.Tensor) -> TopLogprobRows | None:
+    """The model's distribution (the raw logits' float32 log-softmax, before penalties,
+    temperature and grammar masks, as vLLM's default `raw_logprobs` and OpenAI report it) of
+    the rows that want top_logprobs. Taken before sampling: a constrained row's grammar mask
+    is applied to `logits` in place (`token_sampling.adjusted_scores`)."""
     rows = [i for i, seq in enumerate(seqs) if seq.params.top_logprobs]
     if not rows:
-        return
+        return None
     index = torch.tensor(rows, device=logits.device)
-    logprobs = torch.log_softmax(logits[index].float(), dim=-1)
-    chosen = torch.tensor([token_ids[i] for i in rows], device=logits.device)
-    picked = logprobs[torch.arange(len(rows), device=logits.device), chosen]
+    return TopLogprobRows(rows, torch.log_softmax(logits[index].float(), dim=-1))
+
+
+def record_top_logprobs(
+    seqs: Sequence, top: TopLogprobRows | None, token_ids: Sequence[int]
+) -> None:
+    """OpenAI's top_logprobs of the tokens just sampled, from `top_logprob_rows`: the sampled
+    token's logprob and rank, and the N most likely, all of the raw distribution."""
+    if top is None:
+        return
+    rows, logprobs = top
+    device = logprobs.device
+    chosen = torch.tensor([token_ids[i] for i in rows], device=device)
+    picked = logprobs[torch.arange(len(rows), device=device), chosen]
     ranks = ((logprobs > picked[:, None]).sum(dim=-1) + 1).tolist()
     greedy = (logprobs.argmax(dim=-1) == chosen).tolist()
     n = max(seqs[i].params.top_logprobs for i in rows)
@@ -179,9 +198,9 @@ def record_top_logprobs(seqs: Sequence, logits: torch.Tensor, token_ids: Sequenc
     for k, i in enumerate(rows):
         seq = seqs[i]
         m = seq.params.top_logprobs
-        top = tuple(zip(ids[k][:m], values[k][:m], strict=True))
+        top_m = tuple(zip(ids[k][:m], values[k][:m], strict=True))
         seq.top_logprobs.append(
-            TokenLogprob(int(token_ids[i]), picked_host[k], ranks[k], bool(greedy[k]), top)
+            TokenLogprob(int(token_ids[i]), picked_host[k], ranks[k], bool(greedy[k]), top_m)
         )
 
 

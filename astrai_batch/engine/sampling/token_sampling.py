@@ -26,9 +26,12 @@ processed in this order, always in float32:
    tokens whose probability is < min_p * the top probability). The token is drawn by inverse
    CDF: one uniform number per step from the sequence's own stream, so a sequence's tokens
    never depend on the other rows of the batch or their order.
-5. `logprob`, when requested, is `log_softmax` at the chosen token of the scores after steps
-   1-2 divided by the temperature (1 for greedy rows) but before top-k/top-p/min-p: the
-   model's penalised distribution at that temperature, not the truncated one drawn from.
+5. `logprob`, when requested, is the model's raw distribution at the chosen token: the
+   float32 `log_softmax` of the row's logits as the model gave them, before penalties, grammar
+   masks, min_tokens, temperature and truncation (vLLM's default `raw_logprobs`; OpenAI
+   reports the model's logprobs whatever the sampling settings). It is read before step 2 can
+   mask the logits in place, so a constrained row's logprob is the raw one too, the same
+   value its `top_logprobs` entry carries (`prompt_logprobs.record_top_logprobs`).
 
 Each sequence's state and random stream are a `SequenceSampler` (`sequence_sampler`).
 
@@ -85,6 +88,9 @@ def sample_token_ids(
         )
     if masks is None and all(sampler.is_plain_greedy for sampler in samplers):
         return row_argmax(logits).tolist(), None
+    wants = [sampler.params.logprobs for sampler in samplers]
+    # the raw distribution, before the masks of step 2 may overwrite `logits` in place
+    raw = raw_logprobs(logits, [i for i, want in enumerate(wants) if want])
     scores = adjusted_scores(logits, samplers, masks)
     device = scores.device
     token_ids = torch.empty(len(samplers), dtype=torch.long, device=device)
@@ -95,20 +101,27 @@ def sample_token_ids(
         greedy_scores = _rows(scores, greedy)
         chosen = row_argmax(greedy_scores)
         token_ids[_index(greedy, device)] = chosen
-        _fill_logprobs(logprobs, greedy, greedy_scores, chosen, samplers)
     if drawn:
         drawn_samplers = [samplers[i] for i in drawn]
         scaled = _rows(scores, drawn) / _column(drawn_samplers, "temperature", device)
         chosen = _draw(filter_scores(scaled, drawn_samplers), drawn_samplers)
         token_ids[_index(drawn, device)] = chosen
-        _fill_logprobs(logprobs, drawn, scaled, chosen, samplers)
-    wants = [sampler.params.logprobs for sampler in samplers]
-    if not any(wants):
+    if raw is None:
         return token_ids.tolist(), None
+    wanted = _index([i for i, want in enumerate(wants) if want], device)
+    logprobs[wanted] = raw.gather(1, token_ids[wanted][:, None])[:, 0]
     # one read from the device for both (float64 holds every token id exactly)
     host = torch.stack([token_ids.double(), logprobs.double()]).cpu()
     tokens, values = host[0].long().tolist(), host[1].tolist()
     return tokens, [value if want else None for value, want in zip(values, wants, strict=True)]
+
+
+def raw_logprobs(logits: torch.Tensor, rows: list[int]) -> torch.Tensor | None:
+    """The float32 log-softmax of the given rows of the model's logits (a new tensor: later
+    in-place masking of `logits` leaves it alone), or None for no rows."""
+    if not rows:
+        return None
+    return torch.log_softmax(_rows(logits, rows).float(), dim=-1)
 
 
 def row_argmax(scores: torch.Tensor) -> torch.Tensor:
@@ -255,22 +268,6 @@ def _draw(filtered: torch.Tensor, samplers: Sequence[SequenceSampler]) -> torch.
     cdf /= cdf[:, -1:].clone()
     uniforms = torch.from_numpy(draw_uniforms(samplers))
     return torch.searchsorted(cdf, uniforms.to(cdf.device)[:, None], right=True)[:, 0]
-
-
-def _fill_logprobs(
-    out: torch.Tensor,
-    rows: list[int],
-    scores: torch.Tensor,
-    chosen: torch.Tensor,
-    samplers: Sequence[SequenceSampler],
-) -> None:
-    wanted = [j for j, row in enumerate(rows) if samplers[row].params.logprobs]
-    if not wanted:
-        return
-    local = _index(wanted, scores.device)
-    log_probs = torch.log_softmax(scores[local], dim=-1)
-    values = log_probs.gather(1, chosen[local][:, None])[:, 0]
-    out[_index([rows[j] for j in wanted], out.device)] = values
 
 
 def _flatten(per_row: list[torch.Tensor], vocab: int) -> tuple[torch.Tensor, torch.Tensor]:

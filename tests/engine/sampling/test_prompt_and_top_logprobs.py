@@ -78,3 +78,46 @@ def test_prompt_and_top_logprobs_match_transformers(loaded, tiny_model_dir, conf
             position = len(prompt) - 1 + k
             assert_position(entry, reference[position], result.token_ids[k])
             assert entry.rank == 1  # greedy
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {},
+        {"temperature": 0.7, "seed": 3, "top_k": 40, "repetition_penalty": 1.3},
+    ],
+    ids=["greedy", "sampled-penalised"],
+)
+def test_constrained_rows_report_the_raw_distribution(tiny_llama_dir, extra):
+    """A grammar changes which token is drawn, not the distribution reported: top_logprobs
+    and the sampled token's logprob are those of a raw transformers forward (vLLM's default
+    raw_logprobs, OpenAI's), not of the masked, penalised or temperature-scaled scores."""
+    from astrai_batch.engine.sampling.constraints import Constraint
+
+    loaded = load_model(tiny_llama_dir)
+    prompts = mixed_prompts(loaded.model.config.vocab_size, seed=21, count=4)
+    params = SamplingParams(
+        max_tokens=8,
+        top_logprobs=N,
+        logprobs=True,
+        constraint=Constraint("regex", r"[0-9]{3}-[a-z]{2,5}"),
+        **extra,
+    )
+    requests = [GenerationRequest(i, p, params) for i, p in enumerate(prompts)]
+    results, _ = generate_sync(loaded, requests, EngineConfig(page_size=8, num_pages=256))
+    masked_out = 0
+    for result in results:
+        assert result.error is None
+        prompt = prompts[result.request_id]
+        reference = hf_logprobs(tiny_llama_dir, list(prompt) + list(result.token_ids))
+        assert len(result.top_logprobs) == len(result.logprobs) == len(result.token_ids) > 0
+        for k, (entry, logprob) in enumerate(
+            zip(result.top_logprobs, result.logprobs, strict=True)
+        ):
+            row = reference[len(prompt) - 1 + k]
+            assert_position(entry, row, result.token_ids[k])
+            assert close(logprob, float(row[result.token_ids[k]]))
+            assert logprob == entry.logprob
+            # the raw top tokens include ones the grammar forbids here
+            masked_out += entry.rank > 1
+    assert masked_out > 0  # the grammar did override the model somewhere

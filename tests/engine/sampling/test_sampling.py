@@ -440,22 +440,24 @@ def test_greedy_logprob_is_log_softmax_at_the_argmax() -> None:
         assert sampled.logprob == expected[row, sampled.token_id].item()
 
 
-def test_sampled_logprob_is_of_the_scaled_unfiltered_distribution() -> None:
+def test_sampled_logprob_is_of_the_raw_distribution_whatever_the_temperature() -> None:
     logits = random_logits(3, seed=41)
     params = SamplingParams(temperature=0.5, top_k=4, logprobs=True, seed=9)
     samplers = [SequenceSampler(params, [], sample_index=0)] * 3
     tokens = sample_next_tokens(logits, samplers)
-    expected = torch.log_softmax(logits / 0.5, dim=-1)
+    expected = torch.log_softmax(logits, dim=-1)
     for row, sampled in enumerate(tokens):
         assert sampled.logprob == expected[row, sampled.token_id].item()
 
 
-def test_logprob_reflects_penalties_and_masks() -> None:
+def test_logprob_ignores_penalties_and_masks() -> None:
+    """The penalties and the min_tokens mask choose token 0 (token 2, the argmax, is an end
+    token under min_tokens; token 1 is penalised); its logprob is the raw model's."""
     logits = torch.tensor([[1.0, 2.0, 3.0, 0.0]])
     params = SamplingParams(logprobs=True, repetition_penalty=2.0, min_tokens=1)
     sampler = SequenceSampler(params, [1], eos_token_ids={2})
     (sampled,) = sample_next_tokens(logits, [sampler])
-    expected = torch.log_softmax(torch.tensor([1.0, 1.0, float("-inf"), 0.0]), dim=-1)
+    expected = torch.log_softmax(logits[0], dim=-1)
     assert sampled.token_id == 0
     assert sampled.logprob == expected[0].item()
 
