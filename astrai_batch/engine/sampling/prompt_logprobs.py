@@ -21,7 +21,8 @@ import torch
 
 class TokenLogprob(NamedTuple):
     """A target token at one position: its log-probability, its rank (1 + how many tokens
-    are strictly more likely: vLLM's rank), whether it is the argmax (ties: the lowest id,
+    are strictly more likely: vLLM's rank; 0 for a scoring target, which reports none),
+    whether it is the argmax (ties: the lowest id,
     as torch's argmax), and the `top_n` most likely (token id, log-probability) pairs."""
 
     token_id: int
@@ -35,8 +36,10 @@ class PositionTargets:
     """What one sequence wants from its logits at positions [lo, hi).
 
     `targets[i]` are the token ids scored at position lo + i. `then_samples`: the sequence
-    goes on to sample after its prompt (prompt logprobs of a generation); otherwise it ends
-    once every position is scored (scoring).
+    goes on to sample after its prompt (prompt logprobs of a generation: each target's rank is
+    computed, whatever `top_n`, even 0); otherwise it ends once every position is scored
+    (scoring, which reports no rank: its entries' rank is 0). Whether a rank is computed is
+    the sequence's own choice, never its neighbours' in the step.
     """
 
     __slots__ = ("hi", "lo", "results", "targets", "then_samples", "top_n")
@@ -92,16 +95,24 @@ def record_rows(logits: torch.Tensor, rows: LogitRows) -> None:
         for token in owner.targets[position - owner.lo]:
             row_of.append(row)
             target_ids.append(token)
-    row_index = torch.tensor(row_of, dtype=torch.long, device=logprobs.device)
-    targets = torch.tensor(target_ids, dtype=torch.long, device=logprobs.device)
+    device = logprobs.device
+    row_index = torch.tensor(row_of, dtype=torch.long, device=device)
+    targets = torch.tensor(target_ids, dtype=torch.long, device=device)
     picked = logprobs[row_index, targets]
     greedy = logprobs.argmax(dim=-1)[row_index] == targets
     top_n = max(owner.top_n for owner in rows.owners)
     if top_n:
-        ranks = (logprobs[row_index] > picked[:, None]).sum(dim=-1) + 1
         top_values, top_ids = torch.topk(logprobs, top_n, dim=-1)
         top_values, top_ids = top_values.cpu().tolist(), top_ids.cpu().tolist()
-        ranks = ranks.cpu().tolist()
+    # ranks of the targets whose owner reports them (prompt logprobs), only those: an entry's
+    # rank never depends on which other sequences share the step
+    ranked = [i for i, row in enumerate(row_of) if rows.owners[row].then_samples]
+    ranks = [0] * len(row_of)
+    if ranked:
+        at = torch.tensor(ranked, dtype=torch.long, device=device)
+        counts = (logprobs[row_index[at]] > picked[at][:, None]).sum(dim=-1) + 1
+        for i, rank in zip(ranked, counts.cpu().tolist(), strict=True):
+            ranks[i] = rank
     picked_host = picked.cpu().tolist()
     greedy_host = greedy.cpu().tolist()
     entry = 0
@@ -110,9 +121,8 @@ def record_rows(logits: torch.Tensor, rows: LogitRows) -> None:
         n = owner.top_n
         top = tuple(zip(top_ids[row][:n], top_values[row][:n], strict=True)) if n else ()
         for token in owner.targets[position - owner.lo]:
-            rank = ranks[entry] if top_n else 0
             scored.append(
-                TokenLogprob(token, picked_host[entry], rank, bool(greedy_host[entry]), top)
+                TokenLogprob(token, picked_host[entry], ranks[entry], bool(greedy_host[entry]), top)
             )
             entry += 1
         owner.results[position - owner.lo] = tuple(scored)

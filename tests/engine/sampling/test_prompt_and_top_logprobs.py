@@ -121,3 +121,50 @@ def test_constrained_rows_report_the_raw_distribution(tiny_llama_dir, extra):
             # the raw top tokens include ones the grammar forbids here
             masked_out += entry.rank > 1
     assert masked_out > 0  # the grammar did override the model somewhere
+
+
+def run_core(loaded, requests, config):
+    """Every request added before the first step (one crowd), results by request id."""
+    from astrai_batch.engine.core import EngineCore
+
+    core = EngineCore(loaded, config)
+    for request in requests:
+        assert core.add_request(request) == []
+    results = {}
+    while core.num_unfinished:
+        for result in core.step():
+            results[result.request_id] = result
+    core.close()
+    return results
+
+
+def test_prompt_logprobs_zero_ranks_are_the_same_alone_and_in_a_crowd(tiny_llama_dir):
+    """prompt_logprobs=0 still reports each prompt token's rank (vLLM), and it is the real
+    rank whether the row runs alone, beside rows asking for alternatives, or beside scoring
+    rows: nothing a neighbour asks for changes a row's output."""
+    from astrai_batch.engine.tasks.scoring_types import ScoreRequest
+
+    loaded = load_model(tiny_llama_dir)
+    prompts = mixed_prompts(loaded.model.config.vocab_size, seed=33, count=6)
+    prompts[0] = prompts[1][:5] + prompts[2]  # 20 tokens
+    zero = SamplingParams(max_tokens=2, prompt_logprobs=0)
+    config = EngineConfig(page_size=8, num_pages=256)
+    alone = run_core(loaded, [GenerationRequest(0, prompts[0], zero)], config)[0]
+    crowd = [GenerationRequest(0, prompts[0], zero)]
+    crowd += [
+        GenerationRequest(i, p, SamplingParams(max_tokens=2, prompt_logprobs=3))
+        for i, p in enumerate(prompts[1:4], start=1)
+    ]
+    crowd += [
+        GenerationRequest(i, p, SamplingParams(), score=ScoreRequest(((5, 6, 7),)))
+        for i, p in enumerate(prompts[4:], start=4)
+    ]
+    in_crowd = run_core(loaded, crowd, config)[0]
+    reference = hf_logprobs(tiny_llama_dir, prompts[0])
+    for p in range(1, len(prompts[0])):
+        entry, other = alone.prompt_logprobs[p], in_crowd.prompt_logprobs[p]
+        row = reference[p - 1]
+        assert entry.top == other.top == ()
+        assert entry.rank == other.rank == int((row > row[prompts[0][p]]).sum()) + 1
+        assert close(entry.logprob, float(row[prompts[0][p]]))
+        assert close(other.logprob, float(row[prompts[0][p]]))
