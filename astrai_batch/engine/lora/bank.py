@@ -1,7 +1,8 @@
 """Where adapter weights live while a model serves: each target layer is wrapped once by a
-`LoraLinear` holding every adapter's matrices for that layer (on the layer's device and dtype),
-and all wrappers share one `LoraBank`: the adapters' names and slots, and the current step's
-row grouping, which the runner sets before each forward and clears after it."""
+`LoraLinear` holding every adapter's matrices for that layer (on the layer's device; float32
+over a bf16 or fp16 layer, as PEFT keeps them, else the layer's dtype), and all wrappers share
+one `LoraBank`: the adapters' names and slots, and the current step's row grouping, which the
+runner sets before each forward and clears after it."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from torch import nn
 
 from astrai_batch.engine.lora.adapter_checks import check_adapter
 from astrai_batch.engine.lora.adapter_files import AdapterFiles
-from astrai_batch.engine.lora.lora_linear import LoraLinear, LoraPair
+from astrai_batch.engine.lora.lora_linear import LoraLinear, LoraPair, adapter_dtype
 from astrai_batch.engine.lora.step_rows import StepAdapterRows, group_rows
 from astrai_batch.errors import AdapterError
 
@@ -82,7 +83,8 @@ def install_adapters(
             if found is None:
                 pairs.append(None)
                 continue
-            a, b = (t.to(device=weight.device, dtype=weight.dtype) for t in found)
+            dtype = adapter_dtype(weight.dtype)  # float32 over a half-precision layer
+            a, b = (t.to(device=weight.device, dtype=dtype) for t in found)
             pairs.append(LoraPair(a, b, adapter.config.scaling))
         layer = LoraLinear(base, bank, pairs)
         bank.nbytes += layer.a_all.nbytes + layer.b_all.nbytes

@@ -89,3 +89,62 @@ def test_equals_peft_formula_and_base_rows_untouched():
 
 def test_no_adapter_rows_is_no_work():
     assert group_rows([0, 0], [3, 1], tile_rows=32, device=torch.device("cpu")) is None
+
+
+class OneLinear(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(IN, OUT)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x)
+
+
+@pytest.mark.parametrize("rank, alpha", [(3, 16), (6, 7), (5, 1)])
+def test_bf16_equals_peft_bitwise(rank, alpha):
+    """Over a bf16 layer PEFT (its default autocast_adapter_dtype) keeps A and B in float32,
+    computes `lora_B(lora_A(x)) * (alpha / r)` in float32 with the scale a Python float, adds
+    it to the bf16 base output in float32 and rounds once. With weights and inputs of small
+    integers every GEMM sum is exact, so both paths (tiled and not) must equal PEFT bit for
+    bit; a scale rounded to bf16 (16 / 3 = 5.3333 -> 5.3125) or a delta rounded to bf16
+    before the sum would not."""
+    from peft import LoraConfig, get_peft_model
+
+    generator = torch.Generator().manual_seed(rank)
+
+    def small_ints(*shape):
+        return torch.randint(-1, 2, shape, generator=generator).to(torch.bfloat16)
+
+    reference = get_peft_model(
+        OneLinear().to(torch.bfloat16),
+        LoraConfig(r=rank, lora_alpha=alpha, target_modules=["proj"]),
+    )
+    proj = reference.base_model.model.proj
+    with torch.no_grad():
+        proj.base_layer.weight.copy_(small_ints(OUT, IN))
+        proj.base_layer.bias.copy_(small_ints(OUT))
+        proj.lora_A["default"].weight.copy_(small_ints(rank, IN))
+        proj.lora_B["default"].weight.copy_(small_ints(OUT, rank))
+    assert proj.scaling["default"] == alpha / rank
+    reference.eval()
+
+    holder = nn.Sequential(nn.Linear(IN, OUT, dtype=torch.bfloat16))
+    with torch.no_grad():
+        holder[0].weight.copy_(proj.base_layer.weight)
+        holder[0].bias.copy_(proj.base_layer.bias)
+    set_row_tiling(holder, True)
+    pair = LoraPair(
+        proj.lora_A["default"].weight.detach().clone(),
+        proj.lora_B["default"].weight.detach().clone(),
+        alpha / rank,
+    )
+    layer = LoraLinear(holder[0], LoraBank([]), [None, pair])
+    slots = [1, 0, 1, 1, 0, 1, 1]
+    x = small_ints(len(slots), IN)
+    with torch.inference_mode():
+        want = reference(x)
+        base = proj.base_layer(x)
+    for invariant in (True, False):
+        got = run(layer, x, slots, invariant)
+        for i, slot in enumerate(slots):
+            assert torch.equal(got[i], want[i] if slot else base[i]), (invariant, i)
