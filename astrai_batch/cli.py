@@ -126,7 +126,12 @@ def _explicit_options(ctx: click.Context, params: dict[str, Any]) -> tuple[dict[
 @option(
     "--task", JOB_DEFAULTS.task, "As for run: generate, score or embed.", type=click.Choice(TASKS)
 )
-@option("--pooling", None, "embed: last, mean or cls.", type=click.Choice(POOLINGS))
+@option(
+    "--pooling",
+    None,
+    "embed: the pooling (default: the model's sentence-transformers one, else last).",
+    type=click.Choice(POOLINGS),
+)
 @option("--dimensions", None, "embed: as for run (checks OpenAI lines).", type=int)
 @click.pass_context
 def plan(

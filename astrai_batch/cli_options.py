@@ -175,7 +175,12 @@ def run_options(function: Any) -> Any:
         option("--grammar", None, "Outputs follow this EBNF grammar file (rule root)."),
         option("--seed", d.seed, "Job seed: sampled rows reproduce for a given seed.", type=int),
         option("--task", d.task, "generate, score or embed.", type=click.Choice(TASKS)),
-        option("--pooling", None, "embed: last, mean or cls.", type=click.Choice(POOLINGS)),
+        option(
+            "--pooling",
+            None,
+            "embed: the pooling (default: the model's sentence-transformers one, else last).",
+            type=click.Choice(POOLINGS),
+        ),
         click.option(
             "--normalize/--no-normalize", default=True, help="embed: unit L2 norm (default on)."
         ),

@@ -181,7 +181,7 @@ def _run(
     )
     lock.verify()
     if config.task == "embed":  # the vector's size is known once the model is
-        size = config.dimensions or model.hidden_size
+        size = config.dimensions or model.embedding_size or model.hidden_size
         final_schema = fixed_size_embedding(final_schema, size)
     write_outputs(
         config, paths.output, paths.stats, checkpoint, final_schema, metadata, model, total_rows

@@ -10,6 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 from jobs.jobkit import read_rows, run_cli, write_jsonl
+from sentence_kit import sentence_model_dir
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 TEXTS = ["The cat sat on the mat.", "Batch inference with a prefix cache.", "Hello"]
@@ -49,7 +50,12 @@ def test_default_pooling_comes_from_sentence_transformers_config(tmp_path, tiny_
     for item in tiny_llama_dir.iterdir():
         (model_dir / item.name).symlink_to(item)
     (model_dir / "modules.json").write_text(
-        json.dumps([{"idx": 1, "name": "1", "path": "1_Pooling", "type": "x.models.Pooling"}])
+        json.dumps(
+            [
+                {"idx": 0, "name": "0", "path": "", "type": "x.models.Transformer"},
+                {"idx": 1, "name": "1", "path": "1_Pooling", "type": "x.models.Pooling"},
+            ]
+        )
     )
     (model_dir / "1_Pooling").mkdir()
     (model_dir / "1_Pooling" / "config.json").write_text(
@@ -106,3 +112,44 @@ def test_openai_embeddings_lines(tmp_path, tiny_llama_dir):
         "body.dimensions 8 differs from the job's --dimensions (none); "
         "run the job with --dimensions 8"
     )
+
+
+def test_sentence_transformers_modules_as_sentence_transformers_encodes(tmp_path, tiny_llama_dir):
+    """A sentence-transformers model (max pooling, a Dense layer to 32 values, Normalize):
+    the job runs its modules, so the column is 32 wide and equals sentence-transformers'
+    encode (rows given as the token ids its tokenizer makes: sentence-transformers 6 renders
+    plain text through a chat template, see docs/tasks.md)."""
+    from sentence_transformers import SentenceTransformer
+
+    model_dir = sentence_model_dir(
+        tiny_llama_dir, tmp_path / "st", "max", dense=[(32, torch.nn.Tanh())], normalize=True
+    )
+    reference = SentenceTransformer(str(model_dir), device="cpu")
+    ids = [reference.preprocess([t])["input_ids"][0].tolist() for t in TEXTS]
+    want = reference.encode(TEXTS)
+    source = write_jsonl(tmp_path / "in.jsonl", [{"prompt_token_ids": i} for i in ids])
+    output = tmp_path / "out.parquet"
+    result = run_cli("run", source, output, "--model", model_dir, "--task", "embed", "-q")
+    assert result.exit_code == 0, result.output
+    assert pq.read_schema(output).field("embedding").type == pa.list_(pa.float32(), 32)
+    for record, vector in zip(read_rows(output), want, strict=True):
+        torch.testing.assert_close(
+            torch.tensor(record["embedding"]), torch.tensor(vector), rtol=1e-4, atol=2e-5
+        )
+
+
+def test_a_module_it_cannot_run_is_refused_at_start(tmp_path, tiny_llama_dir):
+
+    model_dir = sentence_model_dir(tiny_llama_dir, tmp_path / "st", "mean")
+    modules = json.loads((model_dir / "modules.json").read_text())
+    modules.append({"idx": 2, "name": "2", "path": "2_CNN", "type": "sentence_transformers.CNN"})
+    (model_dir / "modules.json").write_text(json.dumps(modules))
+    source = write_jsonl(tmp_path / "in.jsonl", [{"prompt": t} for t in TEXTS])
+    output = tmp_path / "out.parquet"
+    result = run_cli("run", source, output, "--model", model_dir, "--task", "embed", "-q")
+    assert result.exit_code == 1
+    assert (
+        "the model's sentence-transformers module 2_CNN (sentence_transformers.CNN) at "
+        "position 2 is not supported" in result.output
+    )
+    assert not output.exists()

@@ -104,6 +104,12 @@ class TaskRequests:
             page_size=self.config.page_size,
             usable_pages=self.usable_pages,
         ) or self._admit_adapter(request)
+        limit = request.embed.max_prompt_tokens
+        if problem is None and limit is not None and len(prompt) > limit:
+            problem = (
+                f"prompt ({len(prompt)} tokens) exceeds the model's sentence-transformers "
+                f"max_seq_length of {limit} tokens (sentence-transformers would truncate it)"
+            )
         if problem is not None:
             self.counts.failed += 1
             return [error_result(request, problem)]

@@ -45,6 +45,9 @@ class ModelFacts:
     tokenizer: Any
     architecture: str | None
     hidden_size: int | None = None  # None when the executor has not loaded the model
+    # --task embed: the vector's size before --dimensions (a sentence-transformers Dense
+    # module's output size, else the hidden size); None otherwise
+    embedding_size: int | None = None
 
 
 class Executor(Protocol):

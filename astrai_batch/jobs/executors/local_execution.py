@@ -20,6 +20,7 @@ import pyarrow as pa
 
 from astrai_batch.engine import Engine, EngineConfig
 from astrai_batch.engine.model.loaded import LoadedModel
+from astrai_batch.engine.tasks.embedding_types import EmbedRequest
 from astrai_batch.engine.types import GenerationRequest, GenerationResult
 from astrai_batch.errors import AstraiBatchError, JobAbortedError
 from astrai_batch.io import InputRow, InputSource
@@ -55,6 +56,7 @@ class JobExecution:
         total_rows: int,
         progress: Progress,
         clock: Callable[[], float] = time.monotonic,
+        embed: EmbedRequest | None = None,
     ) -> None:
         self.config = config
         self.loaded = loaded
@@ -69,13 +71,15 @@ class JobExecution:
             loaded.tokenizer, loaded.name, chat_template_kwargs=config.chat_template_kwargs
         )
         self.collector = SampleCollector()
-        self.embed = (
-            job_embed_request(
-                config.pooling, config.normalize, config.dimensions, loaded.model.name_or_path
+        if embed is None and config.task == "embed":  # as the executor resolved it, if it did
+            embed = job_embed_request(
+                config.pooling,
+                config.normalize,
+                config.dimensions,
+                loaded.model.name_or_path,
+                loaded.model.config.hidden_size,
             )
-            if config.task == "embed"
-            else None
-        )
+        self.embed = embed
         saved = checkpoint.total_stats()
         self.rows_before = saved.input_rows
         self.failed_rows = saved.failed_rows

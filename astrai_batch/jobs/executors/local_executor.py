@@ -14,6 +14,7 @@ import pyarrow as pa
 from astrai_batch.engine import keep_freed_memory, load_model, set_cpu_threads
 from astrai_batch.engine.model.loaded import LoadedModel
 from astrai_batch.engine.model.support import require_chat_template
+from astrai_batch.engine.tasks.embedding_types import EmbedRequest
 from astrai_batch.engine.threads import describe_threads
 from astrai_batch.errors import ConfigError
 from astrai_batch.io import InputSource
@@ -23,6 +24,7 @@ from astrai_batch.jobs.job_adapters import install_job_adapters
 from astrai_batch.jobs.options.config import JobConfig
 from astrai_batch.jobs.output.checkpoint import Checkpoint, ExecutorMark
 from astrai_batch.jobs.output.identity import model_identity
+from astrai_batch.jobs.planning.embed_rows import job_embed_request
 from astrai_batch.jobs.progress import Progress
 
 if TYPE_CHECKING:
@@ -36,6 +38,7 @@ if sys.version_info < (3, 11):  # pragma: no cover
 class LocalExecutor:
     config: JobConfig
     loaded: LoadedModel | None = field(default=None, init=False)
+    embed: EmbedRequest | None = field(default=None, init=False)  # --task embed's request
 
     def mark(self) -> ExecutorMark:
         return ExecutorMark("local")
@@ -58,12 +61,24 @@ class LocalExecutor:
             require_chat_template(loaded)
         self.loaded = loaded
         identity = model_identity(loaded, config.revision)
+        hidden_size = loaded.model.config.hidden_size
+        embedding_size = None
+        if config.task == "embed":  # the model's embedding modules, refused here if need be
+            self.embed = job_embed_request(
+                config.pooling,
+                config.normalize,
+                config.dimensions,
+                loaded.model.name_or_path,
+                hidden_size,
+            )
+            embedding_size = self.embed.width(hidden_size)
         return ModelFacts(
             identity,
             loaded.name,
             loaded.tokenizer,
             loaded.architecture,
-            hidden_size=loaded.model.config.hidden_size,
+            hidden_size=hidden_size,
+            embedding_size=embedding_size,
         )
 
     def execute(
@@ -84,6 +99,7 @@ class LocalExecutor:
             schema=schema,
             total_rows=total_rows,
             progress=progress,
+            embed=self.embed,
         )
         try:
             return anyio.run(execution.run)

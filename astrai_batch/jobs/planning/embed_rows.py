@@ -2,19 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
-from astrai_batch.engine.tasks.embedding_types import EmbedRequest
-
-# sentence-transformers' Pooling config keys, in the order a mode is picked
-ST_POOLING_KEYS = (
-    ("pooling_mode_lasttoken", "last"),
-    ("pooling_mode_mean_tokens", "mean"),
-    ("pooling_mode_cls_token", "cls"),
-)
+from astrai_batch.engine.tasks.embedding_types import DenseStep, EmbedRequest
+from astrai_batch.engine.tasks.sentence_modules import read_sentence_modules
+from astrai_batch.errors import ConfigError
 
 
 def embed_row_problem(overrides: Mapping[str, Any], embed: EmbedRequest) -> str | None:
@@ -29,48 +22,42 @@ def embed_row_problem(overrides: Mapping[str, Any], embed: EmbedRequest) -> str 
     return None
 
 
-def sentence_transformers_pooling(model_dir: str | Path | None) -> str | None:
-    """The pooling a sentence-transformers model declares (``modules.json`` names its
-    Pooling module's folder), or None where the model has no such config."""
-    if model_dir is None:
-        return None
-    root = Path(model_dir)
-    modules = root / "modules.json"
-    if not modules.is_file():
-        modules = _hub_cached(str(model_dir))
-        if modules is None:
-            return None
-        root = modules.parent
-    try:
-        entries = json.loads(modules.read_text(encoding="utf-8"))
-        for entry in entries:
-            if str(entry.get("type", "")).endswith("Pooling"):
-                config = json.loads(
-                    (root / entry.get("path", "") / "config.json").read_text(encoding="utf-8")
-                )
-                for key, pooling in ST_POOLING_KEYS:
-                    if config.get(key):
-                        return pooling
-    except (OSError, ValueError, AttributeError):
-        return None
-    return None
-
-
 def job_embed_request(
-    pooling: str | None, normalize: bool, dimensions: int | None, model_dir: Any
+    pooling: str | None,
+    normalize: bool,
+    dimensions: int | None,
+    model_dir: Any,
+    hidden_size: int | None = None,
 ) -> EmbedRequest:
-    """The job's embedding request: --pooling, else the model's sentence-transformers
-    config, else last-token pooling."""
-    chosen = pooling or sentence_transformers_pooling(model_dir) or "last"
-    return EmbedRequest(pooling=chosen, normalize=normalize, dimensions=dimensions)
-
-
-def _hub_cached(repo_id: str) -> Path | None:
-    """A hub model's ``modules.json`` where it is in the local cache (never downloads)."""
-    try:
-        from huggingface_hub import try_to_load_from_cache
-
-        found = try_to_load_from_cache(repo_id, "modules.json")
-    except Exception:  # not a repo id, or no hub library: no config
-        return None
-    return Path(found) if isinstance(found, str) else None
+    """The job's embedding request: the model's sentence-transformers modules
+    (`engine.tasks.sentence_modules`: its pooling, Dense and Normalize modules, its
+    max_seq_length), with --pooling in place of the model's pooling where given; last-token
+    pooling for a model without them. Refused (ConfigError) at start: a module we cannot run,
+    a model whose modules declare no pooling and no --pooling, a Dense layer whose input is
+    not the model's hidden size, --dimensions above the vector's size."""
+    modules = read_sentence_modules(model_dir)
+    if modules is None:
+        request = EmbedRequest(pooling or "last", normalize, dimensions)
+    else:
+        chosen = pooling or modules.pooling
+        if chosen is None:
+            raise ConfigError(
+                "the model's sentence-transformers modules.json declares no Pooling module; "
+                "choose one with --pooling"
+            )
+        request = EmbedRequest(chosen, normalize, dimensions, modules.head, modules.max_seq_length)
+    if hidden_size is not None:
+        width = hidden_size
+        for step in request.head:
+            if isinstance(step, DenseStep):
+                if step.in_features != width:
+                    raise ConfigError(
+                        f"the model's sentence-transformers Dense {step.source} takes "
+                        f"{step.in_features} values, the pooled vector has {width}"
+                    )
+                width = step.out_features
+        if dimensions is not None and dimensions > width:
+            raise ConfigError(
+                f"--dimensions {dimensions} exceeds the model's embedding size of {width}"
+            )
+    return request
