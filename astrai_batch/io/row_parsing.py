@@ -68,7 +68,9 @@ def parse_record(
             adapter["model"] = body_model(record)
         else:
             field_name = plan.prompt_column or shape
-            content = validate_content(shape, record.get(field_name), field_name)
+            content = validate_content(
+                shape, record.get(field_name), field_name, empty_text=plan.task == "score"
+            )
             overrides = collect_overrides(record, OVERRIDE_FIELDS) | constraint_override(record)
             kwargs = validate_template_kwargs(
                 record.get(TEMPLATE_KWARGS_FIELD), TEMPLATE_KWARGS_FIELD

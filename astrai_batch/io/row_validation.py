@@ -43,9 +43,14 @@ def collect_overrides(record: Mapping[str, Any], names: Iterable[str]) -> dict[s
     return {name: record[name] for name in names if record.get(name) is not None}
 
 
-def validate_content(shape: str, value: Any, field_name: str) -> dict[str, Any]:
-    """The InputRow keyword for a prompt / messages / token-id value; raises RowProblem."""
+def validate_content(
+    shape: str, value: Any, field_name: str, *, empty_text: bool = False
+) -> dict[str, Any]:
+    """The InputRow keyword for a prompt / messages / token-id value; raises RowProblem.
+    `empty_text`: an empty string is a value (a --task score context, as lm-eval allows)."""
     if shape == "prompt":
+        if empty_text and value == "":
+            return {"prompt": ""}
         return {"prompt": validate_prompt(value, field_name)}
     if shape == "messages":
         return {"messages": validate_messages(value, field_name)}

@@ -33,6 +33,45 @@ def hf_loglikelihood(model, context_enc, continuation_enc):
     return float(picked.sum()), bool((logprobs.argmax(-1) == target).all())
 
 
+def lm_eval_request(tokenizer, context: str, continuation: str):
+    """lm-evaluation-harness's TemplateLM.loglikelihood: an empty context is
+    `[prefix_token_id]` (BOS, else EOS) and the continuation is encoded alone."""
+    if context == "":
+        prefix = tokenizer.bos_token_id
+        if prefix is None:
+            prefix = tokenizer.eos_token_id
+        return [prefix], tokenizer(continuation, add_special_tokens=False)["input_ids"]
+    return lm_eval_pair(tokenizer, context, continuation)
+
+
+def test_an_empty_context_scores_after_the_prefix_token(tmp_path, tiny_llama_dir):
+    """lm-eval's convention for an empty context (unconditional loglikelihood, e.g.
+    acc_mutual_info's denominators): the continuation's first token is scored after the BOS
+    (else EOS) token; a transformers forward over those tokens is the reference."""
+    rows = [
+        {"id": "u", "context": "", "continuations": [" four", "Paris is the capital"]},
+        {"id": "c", "context": "Q: A:", "continuations": [" four"]},
+    ]
+    source = write_jsonl(tmp_path / "in.jsonl", rows)
+    output = tmp_path / "out.parquet"
+    result = run_cli("run", source, output, "--model", tiny_llama_dir, "--task", "score", "--quiet")
+    assert result.exit_code == 0, result.output
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama_dir)
+    assert tokenizer.bos_token_id is not None
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32).eval()
+    for row, record in zip(rows, read_rows(output), strict=True):
+        assert record["error"] is None
+        expected = [lm_eval_request(tokenizer, row["context"], c) for c in row["continuations"]]
+        assert record["prompt_tokens"] == len(expected[0][0])
+        assert record["continuation_tokens"] == [len(c) for _, c in expected]
+        for (ctx, cont), got, greedy in zip(
+            expected, record["loglikelihoods"], record["is_greedy"], strict=True
+        ):
+            want, want_greedy = hf_loglikelihood(model, ctx, cont)
+            assert abs(got - want) < 1e-4
+            assert greedy == want_greedy
+
+
 def test_score_rows_match_transformers(tmp_path, tiny_llama_dir):
     rows = [
         {"id": "a", "context": SHOTS + "Q: three plus one? A: ", "continuations": ["four", "x"]},
@@ -80,7 +119,7 @@ def test_score_rows_match_transformers(tmp_path, tiny_llama_dir):
             {"context": "Q:", "continuations": ["a"], "max_tokens": 3},
             "max_tokens is not a field of --task score",
         ),
-        ({"context": "", "continuations": ["a"]}, "context is empty"),
+        ({"context": "  ", "continuations": ["a"]}, "context is only whitespace"),
         ({"continuations": ["a"]}, "context is missing"),
         ({"context": "word " * 1100, "continuations": [" a"]}, None),
     ],

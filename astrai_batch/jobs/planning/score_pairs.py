@@ -6,6 +6,12 @@ continuation's tokens are what follows the first `len(encode(context))` tokens o
 A chat context is rendered with the chat template first (with the generation prompt): the
 rendered text stands for the context. The context's own tokens (not the whole's prefix) are
 what the engine computes, exactly as lm-eval feeds `context_enc + continuation_enc`.
+
+An empty context (`""`) follows lm-eval's `loglikelihood`: the context is the one token
+`prefix_token_id` (the tokenizer's BOS, else its EOS/EOT token) and each continuation is
+encoded alone, without special tokens, so its first token is scored after that token. A
+context of whitespace only is refused: lm-eval moves the whitespace into the continuation and
+is left with no context token to score its first token after.
 """
 
 from __future__ import annotations
@@ -43,11 +49,13 @@ def _encode_row(encoder: PromptEncoder, row: InputRow) -> ScorePair:
         context = row.prompt
     else:
         return ScorePair(None, None, "a --task score context must be text or messages")
+    tokenizer = encoder.tokenizer
+    if context == "":
+        return _after_prefix_token(tokenizer, row.continuations or ())
     stripped = context.rstrip()
     moved = context[len(stripped) :]
     if not stripped:
-        return ScorePair(None, None, "context is empty")
-    tokenizer = encoder.tokenizer
+        return ScorePair(None, None, "context is only whitespace")
     texts = [stripped] + [stripped + moved + text for text in row.continuations or ()]
     encoded = tokenizer(texts, add_special_tokens=False)["input_ids"]
     context_ids = tuple(int(t) for t in encoded[0])
@@ -60,6 +68,30 @@ def _encode_row(encoder: PromptEncoder, row: InputRow) -> ScorePair:
             return ScorePair(None, None, f"continuations[{number}] has no tokens after the context")
         continuations.append(tokens)
     return ScorePair(context_ids, tuple(continuations))
+
+
+def prefix_token_id(tokenizer) -> int | None:
+    """lm-eval's `prefix_token_id`: what an empty context stands for (BOS, else EOS)."""
+    if tokenizer.bos_token_id is not None:
+        return int(tokenizer.bos_token_id)
+    if tokenizer.eos_token_id is not None:
+        return int(tokenizer.eos_token_id)
+    return None
+
+
+def _after_prefix_token(tokenizer, continuations: Sequence[str]) -> ScorePair:
+    prefix = prefix_token_id(tokenizer)
+    if prefix is None:
+        return ScorePair(
+            None, None, "context is empty and the tokenizer has no BOS or EOS token to stand for it"
+        )
+    encoded = tokenizer(list(continuations), add_special_tokens=False)["input_ids"]
+    tokens = []
+    for number, ids in enumerate(encoded):
+        if not ids:
+            return ScorePair(None, None, f"continuations[{number}] has no tokens after the context")
+        tokens.append(tuple(int(t) for t in ids))
+    return ScorePair((prefix,), tuple(tokens))
 
 
 def score_encodings(
