@@ -9,8 +9,8 @@ processed in this order, always in float32:
    however often it occurred. Then `frequency_penalty * count + presence_penalty` is subtracted
    from every token generated `count >= 1` times (OpenAI semantics: the prompt does not count).
 2. The grammar masks of constrained rows (`engine.constraints`): every token the row's
-   grammar does not allow next gets -inf, so greedy, seeded and logprob rows all see the
-   constrained distribution.
+   grammar does not allow next gets -inf, so greedy and seeded rows both choose from the
+   constrained distribution (the logprobs reported stay the raw ones: step 5).
    Then min_tokens. While fewer than `min_tokens` tokens were generated, the `stop_token_ids`
    and the EOS ids get -inf, so the sequence cannot end early. With `ignore_eos` EOS does not
    end a sequence, so it is not masked (only the stop ids are). The grammar wins over
