@@ -139,9 +139,9 @@ def _cards(job: JobData) -> str:
     cards = [
         ("Rows", f"{job.rows:,}", f"{job.windows} window(s)", False),
         ("Failed rows", f"{failed:,}", f"{share:.1%} of rows", failed > 0),
-        ("Tokens / s", f"{_rate(job):,.1f}", "generated, while decoding", False),
+        ("Tokens / s", f"{_rate(job):,.1f}", "generated", False),
         ("Cache hit rate", f"{float(total.get('hit_rate') or 0):.1%}", "prompt tokens", False),
-        ("Wall", _duration(float(total.get("wall_seconds") or 0)), "decoding time", False),
+        ("Wall", _duration(float(total.get("wall_seconds") or 0)), "running the rows", False),
     ]
     items = [
         f'<div class="card{" bad" if bad else ""}"><div class="label">{_e(label)}</div>'
@@ -172,7 +172,7 @@ def _facts_table(job: JobData) -> str:
         ("cached prompt tokens", f"{int(total.get('cached_tokens') or 0):,}"),
         ("prefill computed", f"{int(total.get('prefill_tokens_computed') or 0):,}"),
         ("generated tokens", f"{int(total.get('decode_tokens') or 0):,}"),
-        ("wall (decoding)", _duration(float(total.get("wall_seconds") or 0))),
+        ("wall (running the rows)", _duration(float(total.get("wall_seconds") or 0))),
         ("tokens / s", f"{_rate(job):,.1f}"),
         ("cache hit rate", f"{float(total.get('hit_rate') or 0):.2%}"),
         ("peak memory (RSS)", rss),

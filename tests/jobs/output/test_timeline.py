@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from jobs.jobkit import ROWS, killed_part_way, run_cli, shared_prefix_prompts, write_jsonl
+from jobs.jobkit import killed_part_way, run_cli, shared_prefix_prompts, write_jsonl
 
 from astrai_batch.engine.types import CacheStats, EngineStats
 from astrai_batch.jobs.output.timeline import (
@@ -124,6 +124,9 @@ def test_a_damaged_timeline_is_refused() -> None:
             Timeline.checkpointed(bad)
 
 
+ROWS = 48
+
+
 def stats_timeline(output: Path) -> tuple[Timeline, dict]:
     stats = output.with_name(output.name.replace(".parquet", ".stats.parquet"))
     metadata = pq.read_schema(stats).metadata
@@ -135,6 +138,7 @@ def test_a_resumed_job_records_both_runs_in_its_stats(tiny_llama_dir, tmp_path) 
     """Killed part-way and rerun: the series holds both runs, in job time, and its token
     count is exactly the stats file's (both are saved with each checkpoint part)."""
     rows = [{"id": f"r{i}", "prompt": p} for i, p in enumerate(shared_prefix_prompts(ROWS))]
+    # 4-row parts in 40-row windows (jobkit.job_args): the kill lands after 12 of 48 rows
     job = {
         "source": write_jsonl(tmp_path / "in.jsonl", rows),
         "output": tmp_path / "out.parquet",
