@@ -52,7 +52,7 @@ class ErrorGroups:
         return [(key, n, self.examples[key]) for key, n in self.counts.most_common(count)]
 
 
-@dataclass
+@dataclass(frozen=True)
 class JobData:
     output: str
     output_format: str

@@ -32,7 +32,8 @@ def finished_job(model_dir: Path, directory: Path, *extra: str) -> Path:
         for i, prompt in enumerate(shared_prefix_prompts(ROWS))
     ]
     source = write_jsonl(directory / "in.jsonl", rows + BAD_ROWS)
-    output = directory / ("out.jsonl" if "openai-jsonl" in extra else "out.parquet")
+    names = {"openai-jsonl": "out.jsonl", "parquet-dir": "parts"}
+    output = directory / next((names[f] for f in names if f in extra), "out.parquet")
     result = run_cli("run", source, output, *engine_args(model_dir), "--max-tokens", "9", *extra)
     assert result.exit_code == 0, result.output
     return output

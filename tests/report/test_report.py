@@ -117,6 +117,19 @@ def test_openai_jsonl_output(tiny_llama_dir, tmp_path) -> None:
     assert sorted(data.completion_tokens.tolist()) == sorted(completions)
 
 
+def test_parquet_dir_output(tiny_llama_dir, tmp_path) -> None:
+    output = finished_job(tiny_llama_dir, tmp_path, "--output-format", "parquet-dir")
+    assert output.is_dir()
+    result = run_cli("report", output)
+    assert result.exit_code == 0, result.output
+    assert len(svg_elements((tmp_path / "parts.report.html").read_text())) == 4
+    rows = pq.read_table(output).to_pylist()
+    data = read_job(str(output))
+    assert data.output_format == "parquet-dir"
+    assert data.finish_reasons == Counter(row["finish_reason"] for row in rows)
+    assert data.failed_rows == 4
+
+
 def test_refusals_name_the_problem(tmp_path) -> None:
     def report(path: Path) -> Result:
         return CliRunner().invoke(main, ["report", str(path)])
