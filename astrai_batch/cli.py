@@ -187,8 +187,10 @@ def plan(
 
 # Further commands live in their own modules and register here.
 from astrai_batch.bench.command import bench  # noqa: E402
+from astrai_batch.report.command import report  # noqa: E402
 
 main.add_command(bench)
+main.add_command(report)
 
 
 if __name__ == "__main__":

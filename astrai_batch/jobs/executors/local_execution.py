@@ -30,6 +30,7 @@ from astrai_batch.jobs.executors.pending_part import PendingPart
 from astrai_batch.jobs.options.config import JobConfig
 from astrai_batch.jobs.output.checkpoint import Checkpoint, WindowRecord
 from astrai_batch.jobs.output.records import error_record, row_records
+from astrai_batch.jobs.output.timeline import TimelineRecorder
 from astrai_batch.jobs.planning.embed_rows import job_embed_request
 from astrai_batch.jobs.planning.tokenize import PromptEncoder
 from astrai_batch.jobs.planning.window import (
@@ -105,6 +106,7 @@ class JobExecution:
         self._run_cached_tokens = 0
         self._run_decode_tokens = 0
         self._run_rows = 0
+        self._timeline: TimelineRecorder | None = None
 
     async def run(self) -> ExecutionResult:
         watcher = SignalWatcher()
@@ -112,6 +114,13 @@ class JobExecution:
         async with Engine(self.loaded, engine_config) as engine:
             self._engine = engine
             self._part.begin(engine.stats())
+            self._timeline = TimelineRecorder(
+                self.checkpoint.timeline,
+                kv_pages=engine.core.cache.num_pages,
+                max_num_seqs=engine_config.max_num_seqs,
+                clock=self.clock,
+            )
+            self._timeline.begin(engine.stats())
             try:
                 async with anyio.create_task_group() as tg:
                     self._scope = tg.cancel_scope
@@ -237,6 +246,11 @@ class JobExecution:
         if samples is not None:
             self._complete_row(row, row_records(row, samples))
             self._after_rows()
+        # Here, between two engine steps, the engine's counters hold still.
+        if self._timeline is not None and self._engine is not None:
+            self._timeline.observe(self._engine.core.cache.stats())
+            if self._timeline.is_due():
+                self._timeline.sample(self._engine.stats(), self.rows_before + self._run_rows)
 
     def _complete_row(self, row: PreparedRow, records: list[dict[str, Any]]) -> None:
         self._part.add(records)
@@ -281,4 +295,8 @@ class JobExecution:
         """Save the finished rows of the current window as one checkpoint part."""
         if not self._part.records or self._window is None or self._engine is None:
             return
-        self._part.save(self._window.number, self._engine.stats())
+        stats = self._engine.stats()
+        if self._timeline is not None:
+            self._timeline.sample(stats, self.rows_before + self._run_rows, force=True)
+            self.checkpoint.timeline = self._timeline.timeline()
+        self._part.save(self._window.number, stats)

@@ -26,6 +26,7 @@ from astrai_batch.jobs.output.lora_stats import SOURCE_COLUMNS, adapter_counts, 
 from astrai_batch.jobs.output.records import CUSTOM_ID_COLUMN, INDEX_COLUMN, KIND_COLUMN
 from astrai_batch.jobs.output.run_lock import process_alive
 from astrai_batch.jobs.output.stats import stats_table
+from astrai_batch.jobs.output.timeline import TIMELINE_KEY
 
 ROW_GROUP_ROWS = 10_000
 RUN_ID_KEY = "astrai_batch.run_id"
@@ -180,8 +181,11 @@ def write_stats(
     adapters: Sequence[str] | None = None,
 ) -> None:
     """The stats file; always replaced, since it belongs to the output being written.
-    With `adapters` (a LoRA job's names), one more row per adapter (`lora_stats`)."""
+    With `adapters` (a LoRA job's names), one more row per adapter (`lora_stats`); a local
+    run's time series in the metadata (`timeline`)."""
     table = stats_table(checkpoint.stats_by_window())
+    if checkpoint.timeline is not None:
+        metadata = {**metadata, TIMELINE_KEY: checkpoint.timeline.to_json()}
     if adapters is not None:
         table = with_adapter_rows(table, checkpoint_adapter_counts(checkpoint, adapters))
     try:

@@ -41,6 +41,7 @@ from astrai_batch.jobs.output.records import INDEX_COLUMN
 from astrai_batch.jobs.output.run_lock import LOCK_NAME
 from astrai_batch.jobs.output.shard_parts import ShardInfo, read_info, shard_names
 from astrai_batch.jobs.output.stats import WorkStats, total
+from astrai_batch.jobs.output.timeline import Timeline
 from astrai_batch.jobs.planning.prefix_order import PlanningOptions
 
 __all__ = [
@@ -72,6 +73,8 @@ class Checkpoint:
                 PartRecord(item["file"], int(item["window"]), WorkStats.from_dict(item["stats"]))
                 for item in manifest["parts"]
             ]
+            # the report's time series (`timeline`), saved with each part of a local run
+            self.timeline: Timeline | None = Timeline.checkpointed(manifest.get("timeline"))
         except (KeyError, TypeError, ValueError, ConfigError) as exc:
             raise CheckpointError(
                 f"checkpoint manifest in {directory.shown} is damaged ({exc!r}); {RESTART_HINT}"
@@ -83,6 +86,7 @@ class Checkpoint:
         """Make this checkpoint, which holds no finished rows, another job's or executor's."""
         self.job, self.planning, self.executor = job, planning, executor
         self._windows = {}
+        self.timeline = None
         self.save_manifest()
 
     # -- what is done ------------------------------------------------------------------------
@@ -238,7 +242,7 @@ class Checkpoint:
             "planning": self.planning.to_dict(),
             "windows": [self._windows[k].to_dict() for k in sorted(self._windows)],
             "parts": [part.to_dict() for part in self._parts],
-        }
+        } | ({} if self.timeline is None else {"timeline": self.timeline.to_dict()})
 
     def save_manifest(self) -> None:
         write_manifest(self.directory, self._manifest())
