@@ -51,17 +51,20 @@ def lm_eval_env(tmp_path_factory):
             os.environ[key] = value
 
 
-def evaluate(lm_eval_env, model: str, model_args: str, batch_size: int) -> dict:
+def evaluate(
+    lm_eval_env, model: str, model_args: str, batch_size: int, tasks=TASKS, **options
+) -> dict:
     lm_eval, manager = lm_eval_env
     return lm_eval.simple_evaluate(
         model=model,
         model_args=model_args,
-        tasks=TASKS,
+        tasks=tasks,
         task_manager=manager,
         batch_size=batch_size,
         device="cpu",
         log_samples=True,
         bootstrap_iters=0,
+        **options,
     )
 
 
@@ -151,3 +154,49 @@ def test_unknown_model_args_are_refused_before_loading(lm_eval_env):
 
     with pytest.raises(ConfigError, match=r"unknown model_args for astrai-batch: pretrained"):
         AstraiBatchLM.create_from_arg_string("pretrained=gpt2")
+
+
+def test_a_lora_adapter_scores_as_the_hf_backend_with_peft(lm_eval_env, tiny_llama_dir, tmp_path):
+    """model_args lora=NAME=PATH against lm-eval's hf backend loading the adapter with PEFT."""
+    from lora_kit import ATTENTION, make_adapter
+
+    adapter = make_adapter(tiny_llama_dir, tmp_path / "adapter", rank=4, seed=5, targets=ATTENTION)
+    hf = evaluate(
+        lm_eval_env, "hf", f"pretrained={tiny_llama_dir},dtype=float32,peft={adapter}", 1, [MC_TASK]
+    )
+    ours = evaluate(
+        lm_eval_env,
+        "astrai-batch",
+        f"model={tiny_llama_dir},dtype=float32,lora=tuned={adapter}",
+        1,
+        [MC_TASK],
+    )
+    base = evaluate(
+        lm_eval_env, "astrai-batch", f"model={tiny_llama_dir},dtype=float32", 1, [MC_TASK]
+    )
+    theirs, mine, plain = (samples(r, MC_TASK) for r in (hf, ours, base))
+    for a, b in zip(theirs, mine, strict=True):
+        for (ref,), (got,) in zip(a["resps"], b["resps"], strict=True):
+            assert abs(ref[0] - got[0]) <= TOLERANCE, (ref, got)
+            assert ref[1] == got[1]
+    assert [s["resps"] for s in mine] != [s["resps"] for s in plain]  # the adapter acts
+
+
+def test_chat_template_generations_equal_hf(lm_eval_env, tiny_llama_dir):
+    """`apply_chat_template=True`: the prompt is rendered by our apply_chat_template, as the
+    hf backend renders it, and greedy generations agree."""
+    runs = [
+        evaluate(
+            lm_eval_env,
+            model,
+            f"{key}={tiny_llama_dir},dtype=float32",
+            1,
+            [GEN_TASK],
+            apply_chat_template=True,
+        )
+        for model, key in (("hf", "pretrained"), ("astrai-batch", "model"))
+    ]
+    theirs, mine = (samples(r, GEN_TASK) for r in runs)
+    assert [s["arguments"] for s in mine] == [s["arguments"] for s in theirs]
+    assert "<|im_start|>assistant" in mine[0]["arguments"][0][0]  # the template was applied
+    assert [s["resps"] for s in mine] == [s["resps"] for s in theirs]
