@@ -37,10 +37,12 @@ def score_problem(
         if bad is not None:
             return f"token id {bad} is outside the vocabulary (size {vocab_size})"
     for number, tokens in enumerate(request.continuations):
+        # the model sees every token but the continuation's last (its logits come from the
+        # position before it): lm-eval's windows of max_length + 1 tokens fit exactly
         total = len(context) + len(tokens)
-        if total > max_model_len:
+        if total - 1 > max_model_len:
             return (
                 f"context ({len(context)} tokens) + continuations[{number}] ({len(tokens)} "
-                f"tokens) = {total} exceeds the model context of {max_model_len} tokens"
+                f"tokens) - 1 = {total - 1} exceeds the model context of {max_model_len} tokens"
             )
     return None

@@ -24,11 +24,12 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from astrai_batch.engine.tasks.embedding_types import EmbedRequest
 from astrai_batch.errors import ConfigError
 from astrai_batch.io import InputSource
 from astrai_batch.jobs.executors.base import ExecutionResult, ModelFacts
@@ -68,6 +69,8 @@ def require_ray() -> Any:
 @dataclass
 class RayExecutor:
     config: JobConfig
+    # --task embed: the job's request, its pooling resolved on the driver as a local run does
+    embed: EmbedRequest | None = field(default=None, init=False)
 
     def mark(self) -> ExecutorMark:
         return ExecutorMark("ray", self.config.workers, SHARDING_VERSION)
@@ -94,7 +97,10 @@ class RayExecutor:
             raise ConfigError(no_chat_template_message(config.model))
         name = resolve_model_spec(config.model).name
         identity = model_identity_of(name, tokenizer_source, config.revision)
-        return ModelFacts(identity, name, tokenizer, None)
+        hidden_size = None
+        if config.task == "embed":
+            hidden_size, self.embed = _embed_facts(config)
+        return ModelFacts(identity, name, tokenizer, None, hidden_size=hidden_size)
 
     def execute(
         self,
@@ -113,7 +119,8 @@ class RayExecutor:
         with ray_errors_in_one_line():
             owns_ray = start_ray(ray, self.config)
             try:
-                _run_pending(ray, self.config, source, store, before, schema, total_rows, progress)
+                pending = (source, store, before, schema, total_rows, progress, self.embed)
+                _run_pending(ray, self.config, *pending)
             finally:
                 if owns_ray:
                     ray.shutdown()
@@ -128,6 +135,28 @@ class RayExecutor:
 
     def close(self) -> None:
         """Nothing to release: the workers' models end with the Ray job."""
+
+
+def _embed_facts(config: JobConfig) -> tuple[int, EmbedRequest]:
+    """The hidden size (the vectors' width without --dimensions) and the embed request, from
+    the model's config and files alone (a GGUF is converted once, into the cache the workers
+    read): the pooling a sentence-transformers model declares is the local run's."""
+    from astrai_batch.engine.model.loader import prepare_load
+    from astrai_batch.jobs.planning.embed_rows import job_embed_request
+
+    prepared = prepare_load(
+        config.model,
+        device="cpu",  # the driver reads configs only; it may have no GPU
+        dtype="float32",
+        revision=config.revision,
+        trust_remote_code=config.trust_remote_code,
+        cache_dir=None,
+        max_model_len=config.max_model_len,
+    )
+    request = job_embed_request(
+        config.pooling, config.normalize, config.dimensions, prepared.model_spec.location
+    )
+    return int(prepared.config.hidden_size), request
 
 
 def actor_cpus(cluster_cpus: float, workers: int, threads: int, ranks: int = 1) -> float:
@@ -150,6 +179,7 @@ def _run_pending(
     schema: pa.Schema,
     total_rows: int,
     progress: Progress,
+    embed: EmbedRequest | None,
 ) -> None:
     import ray.data
 
@@ -162,7 +192,7 @@ def _run_pending(
     # Ray Data's default of 200 shuffle partitions is sized for large clusters; a partition
     # per CPU keeps a small job from spending its time scheduling empty tasks.
     partitions = max(1, int(cpus))
-    reader = ChunkReader(source, config, chunk_rows, config.model)
+    reader = ChunkReader(source, config, chunk_rows, config.model, embed)
     keyed = (
         ray.data.range(chunks, override_num_blocks=chunks)
         .map_batches(reader, batch_size=1, batch_format="pyarrow")

@@ -19,6 +19,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from astrai_batch.engine.tasks.embedding_types import EmbedRequest
 from astrai_batch.errors import AstraiBatchError
 from astrai_batch.io import InputSource
 from astrai_batch.jobs.options.config import JobConfig
@@ -72,6 +73,7 @@ class ChunkReader:
     config: JobConfig
     chunk_rows: int
     model_name: str
+    embed: EmbedRequest | None = None  # --task embed: the job's request (pooling resolved)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         from astrai_batch.engine import load_tokenizer
@@ -100,6 +102,7 @@ class ChunkReader:
                 group_offset=0,
                 grouping=config.grouping,
                 adapters=tuple(name for name, _ in config.lora),
+                embed=self.embed,
             )
             out.extend(keyed_record(row, config.page_size) for row in window.rows)
         return pa.Table.from_pylist(out, schema=KEYED_SCHEMA)
@@ -113,10 +116,21 @@ def keyed_record(row: PreparedRow, page_size: int) -> dict[str, Any]:
         if runnable
         else None,
         "tokens": list(row.token_ids) if runnable else None,  # type: ignore[arg-type]
-        "max_new": row.params.max_tokens * row.params.n if runnable else 0,  # type: ignore[union-attr]
+        "max_new": work_after_prompt(row) if runnable else 0,
         "adapter": row.adapter,
         "row": pickle.dumps(dataclasses.replace(row, prefix_group=None)),
     }
+
+
+def work_after_prompt(row: PreparedRow) -> int:
+    """Tokens a runnable row computes beyond its prompt (a score row's prompt is its
+    context, whose prefix groups shard it): a generation row's samples, a score row's
+    continuation branches (each continuation's tokens but its last), an embedding none."""
+    if row.embed is not None:
+        return 0
+    if row.continuations is not None:
+        return sum(len(tokens) - 1 for tokens in row.continuations)
+    return row.params.max_tokens * row.params.n  # type: ignore[union-attr]
 
 
 def summarize_batch(group: pa.Table, *, page_size: int) -> pa.Table:

@@ -18,14 +18,13 @@ import anyio
 
 from astrai_batch.engine import Engine, EngineConfig
 from astrai_batch.engine.model.loaded import LoadedModel
-from astrai_batch.engine.types import GenerationRequest
 from astrai_batch.errors import AstraiBatchError
 from astrai_batch.jobs.executors.ordering import SampleCollector
 from astrai_batch.jobs.options.config import JobConfig
 from astrai_batch.jobs.output.records import error_record, row_records
 from astrai_batch.jobs.output.stats import WorkStats, engine_stats, records_stats
 from astrai_batch.jobs.planning.prefix_order import plan_window
-from astrai_batch.jobs.planning.window import PreparedRow
+from astrai_batch.jobs.planning.window import PreparedRow, row_request
 
 
 @dataclass(frozen=True)
@@ -62,18 +61,10 @@ async def _run_shard(
     if len(by_index) != len(rows):
         raise AstraiBatchError("a shard holds the same input row twice")
     order = shard_requests(rows, config.page_size, config.grouping)
-    # Seeded by the row id, as a local run seeds it (`PreparedWindow.requests`): a sampled
-    # row draws the same tokens whichever executor and shard run it.
-    requests = [
-        GenerationRequest(
-            rows[p].index,
-            rows[p].token_ids,  # type: ignore[arg-type]
-            rows[p].params,  # type: ignore[arg-type]
-            seed_key=rows[p].id,
-            adapter=rows[p].adapter,
-        )
-        for p in order
-    ]
+    # The local run's requests (`row_request`: seeded by the row id, a score row's
+    # continuations, an embed row's pooling): a row's result is the same whichever executor
+    # and shard run it.
+    requests = [row_request(rows[p]) for p in order]
     collector = SampleCollector()
     async with Engine(loaded, EngineConfig(**config.engine_options())) as engine:
         before = engine.stats()

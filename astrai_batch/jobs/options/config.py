@@ -184,7 +184,7 @@ class JobConfig:
             raise ConfigError(
                 f"sampling must be SamplingParams, got {type(self.sampling).__name__}"
             )
-        check_task(self.task, self.output_format, self.executor)
+        check_task(self.task, self.output_format)
         check_task_sampling(self.task, self.sampling, SamplingParams(max_tokens=DEFAULT_MAX_TOKENS))
         check_embed_options(self.pooling, self.normalize, self.dimensions)
         if self.max_errors is not None and not isinstance(self.max_errors, ErrorLimit):

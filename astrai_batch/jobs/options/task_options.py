@@ -17,15 +17,11 @@ __all__ = [
 ]
 
 
-def check_task(task: object, output_format: str, executor: str) -> None:
+def check_task(task: object, output_format: str) -> None:
     if task not in TASKS:
         raise ConfigError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
-    if task == "embed" and executor != "local":
-        raise ConfigError("--task embed runs with --executor local only")
     if task == "score" and output_format == "openai-jsonl":
         raise ConfigError("--task score writes Parquet (parquet or parquet-dir), not openai-jsonl")
-    if task == "score" and executor != "local":
-        raise ConfigError("--task score runs with --executor local only")
 
 
 def check_task_sampling(task: str, sampling: SamplingParams, default: SamplingParams) -> None:

@@ -80,18 +80,7 @@ class PreparedWindow:
             row = self.rows[position]
             if row.index in skip or row.token_ids is None or row.params is None:
                 continue
-            # seeded by the row id (the row number where the input has none), not its
-            # position: a row keeps its samples when the input is split or reordered
-            score = None if row.continuations is None else ScoreRequest(row.continuations)
-            yield GenerationRequest(
-                row.index,
-                row.token_ids,
-                row.params,
-                seed_key=row.id,
-                score=score,
-                embed=row.embed,
-                adapter=row.adapter,
-            )
+            yield row_request(row)
 
     def check_invariants(self) -> None:
         indices = [row.index for row in self.rows]
@@ -108,6 +97,24 @@ class PreparedWindow:
             or max(groups) != self.group_offset + self.num_groups - 1  # type: ignore[operator]
         ):
             raise AstraiBatchError(f"window {self.number} prefix groups are out of range")
+
+
+def row_request(row: PreparedRow) -> GenerationRequest:
+    """The engine request of a runnable row, for every executor and task: seeded by the row
+    id (the row number where the input has none), not its position, so a row keeps its
+    samples when the input is split, sharded or reordered."""
+    if row.token_ids is None or row.params is None:
+        raise AstraiBatchError(f"row {row.index} failed before planning: it has no request")
+    score = None if row.continuations is None else ScoreRequest(row.continuations)
+    return GenerationRequest(
+        row.index,
+        row.token_ids,
+        row.params,
+        seed_key=row.id,
+        score=score,
+        embed=row.embed,
+        adapter=row.adapter,
+    )
 
 
 def row_adapter(row: InputRow, adapters: Sequence[str]) -> str | None:

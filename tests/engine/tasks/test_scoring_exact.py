@@ -166,10 +166,19 @@ def test_a_request_over_the_model_length_fails_alone(loaded):
     config = EngineConfig(page_size=8, num_pages=256, max_model_len=40)
     core = EngineCore(loaded, config)
     failed = core.add_request(
-        GenerationRequest("x", context, score=ScoreRequest(((5,), (6, 7, 8, 9))))
+        GenerationRequest("x", context, score=ScoreRequest(((5,), (6, 7, 8, 9, 10))))
     )
     assert [r.error for r in failed] == [
-        "context (37 tokens) + continuations[1] (4 tokens) = 41 exceeds the model context "
+        "context (37 tokens) + continuations[1] (5 tokens) - 1 = 41 exceeds the model context "
         "of 40 tokens"
     ]
     core.close()
+
+
+def test_a_pair_one_token_over_the_model_length_is_scored(loaded, tiny_model_dir):
+    """The model never sees a continuation's last token, so context + continuation may be
+    max_model_len + 1 tokens: lm-eval's rolling windows are exactly that long."""
+    rows = [(tuple(range(3, 40)), ((5, 6, 7, 8), (9,)))]  # 37 + 4 = 41 = 40 + 1
+    config = EngineConfig(page_size=8, num_pages=256, max_model_len=40)
+    results, _ = run(loaded, rows, config)
+    assert_scores(tiny_model_dir, rows, results)

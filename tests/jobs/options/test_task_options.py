@@ -15,8 +15,6 @@ from astrai_batch.jobs.options.config import JobConfig
     ("options", "message"),
     [
         ({"task": "summarize"}, "task must be one of generate, score, embed, got 'summarize'"),
-        ({"task": "embed", "executor": "ray"}, "--task embed runs with --executor local only"),
-        ({"task": "score", "executor": "ray"}, "--task score runs with --executor local only"),
         (
             {"task": "score", "output_format": "openai-jsonl"},
             "--task score writes Parquet (parquet or parquet-dir), not openai-jsonl",
@@ -67,3 +65,9 @@ def test_an_embed_job_with_n_2_is_a_usage_error_not_a_hang(tmp_path) -> None:
 def test_the_engine_refuses_an_embedding_request_of_n_2() -> None:
     with pytest.raises(ValueError, match=r"^a scoring or embedding request takes n=1, got n=2$"):
         GenerationRequest(0, [1, 2], SamplingParams(n=2), embed=EmbedRequest())
+
+
+@pytest.mark.parametrize("task", ["score", "embed"])
+def test_score_and_embed_run_on_ray(task) -> None:
+    config = JobConfig.from_options({"task": task, "executor": "ray", "workers": 2})
+    assert (config.task, config.executor) == (task, "ray")
