@@ -58,6 +58,13 @@ def run_options(function: Any) -> Any:
             "one by their lora field.",
             multiple=True,
         ),
+        option(
+            "--served-model-name",
+            None,
+            "A name OpenAI lines' body.model may give the model (repeatable; the first is "
+            "the name responses carry) [default: --model as given].",
+            multiple=True,
+        ),
         option("--max-loras", d.max_loras, "Most LoRA adapters in a job.", type=int),
         option("--max-lora-rank", d.max_lora_rank, "Largest LoRA rank accepted.", type=int),
         # Where the job runs.

@@ -3,8 +3,9 @@
 In: ``body.input`` is one string or one list of token ids (a list of several inputs is a row
 error: one line, one embedding); ``body.encoding_format`` must be ``float`` when given;
 ``body.dimensions`` must match the job's ``--dimensions`` (a Parquet column has one size);
-``model`` and ``user`` are ignored. Out: ``{"object": "list", "data": [{"object":
-"embedding", "index": 0, "embedding": [...]}], "model", "usage"}``.
+``model`` picks the model as on every line; the rest is `openai_fields`' table.
+Out: ``{"object": "list", "data": [{"object": "embedding", "index": 0, "embedding": [...]}],
+"model", "usage"}``.
 """
 
 from __future__ import annotations
@@ -12,18 +13,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from astrai_batch.io.openai_fields import check_body_fields
 from astrai_batch.io.row_validation import validate_prompt, validate_token_ids
 from astrai_batch.io.rows import RowProblem
 
-EMBEDDINGS_URL = "/v1/embeddings"
-ACCEPTED = frozenset({"input", "model", "user", "encoding_format", "dimensions"})
 
-
-def parse_embeddings_request(body: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The row's content keyword and its overrides ({"dimensions": N} when given)."""
-    unknown = sorted(set(body) - ACCEPTED)
-    if unknown:
-        raise RowProblem(f"unsupported body field {unknown[0]!r}")
+def parse_embeddings_request(
+    body: Mapping[str, Any],
+) -> tuple[dict[str, Any], dict[str, Any], tuple[str, ...]]:
+    """The row's content keyword, its overrides ({"dimensions": N} when given) and its
+    ignored body fields (`openai_fields`)."""
+    ignored = check_body_fields(body, "embedding")
     value = body.get("input")
     if isinstance(value, list) and value and all(isinstance(x, str) for x in value):
         if len(value) != 1:
@@ -33,13 +33,10 @@ def parse_embeddings_request(body: Mapping[str, Any]) -> tuple[dict[str, Any], d
         content = {"prompt_token_ids": validate_token_ids(value, "body.input")}
     else:
         content = {"prompt": validate_prompt(value, "body.input")}
-    encoding = body.get("encoding_format")
-    if encoding not in (None, "float"):
-        raise RowProblem(f"body.encoding_format must be float, got {encoding!r}")
     overrides = {}
     if body.get("dimensions") is not None:
         overrides["dimensions"] = body["dimensions"]
-    return content, overrides
+    return content, overrides, ignored
 
 
 def embeddings_response_body(

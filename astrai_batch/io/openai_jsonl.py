@@ -23,7 +23,11 @@ from types import TracebackType
 from typing import Any
 
 from astrai_batch.io.filesystems import AtomicObject, Location, as_location
-from astrai_batch.io.openai_logprobs import chat_logprobs, vllm_prompt_logprobs
+from astrai_batch.io.openai_logprobs import (
+    chat_logprobs,
+    completion_top_logprobs,
+    vllm_prompt_logprobs,
+)
 
 # kind -> (response object name, response id prefix), as OpenAI names them.
 CHAT_NAMES = ("chat.completion", "chatcmpl")
@@ -48,7 +52,9 @@ def openai_response_body(
 
     Each sample is a mapping with ``text``, ``finish_reason`` ("stop" | "length") and
     ``completion_tokens``; with logprobs it also has ``logprobs`` (one float per generated
-    token) and ``tokens`` (the decoded text of each token). `response_id` defaults to a hash
+    token) and ``tokens`` (the decoded text of each token), and with alternatives
+    ``top_logprobs`` (rows of `io.schemas.TOKEN_LOGPROB_TYPE`: chat's ``top_logprobs``
+    lists, the Completions API's ``{token: logprob}`` objects). `response_id` defaults to a hash
     of the body's content; `cached_tokens` adds ``usage.prompt_tokens_details``. For text
     completions ``text_offset`` counts from the start of the completion, since the prompt
     is not echoed.
@@ -127,7 +133,7 @@ def _logprobs(kind: str, position: int, sample: Mapping[str, Any]) -> dict[str, 
     return {
         "tokens": list(tokens),
         "token_logprobs": finite,
-        "top_logprobs": None,
+        "top_logprobs": completion_top_logprobs(sample.get("top_logprobs")),
         "text_offset": offsets,
     }
 

@@ -12,8 +12,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from astrai_batch.io.constraint_fields import constraint_override
-from astrai_batch.io.openai_embeddings import EMBEDDINGS_URL, parse_embeddings_request
-from astrai_batch.io.openai_request import body_model, parse_openai_request, request_body
+from astrai_batch.io.openai_embeddings import parse_embeddings_request
+from astrai_batch.io.openai_request import (
+    EMBEDDINGS_URL,
+    body_model,
+    check_line,
+    parse_openai_request,
+    request_body,
+)
 from astrai_batch.io.row_ids import DuplicateIds, row_identity
 from astrai_batch.io.row_validation import (
     collect_overrides,
@@ -54,17 +60,21 @@ def parse_record(
     )
     ids = {"index": index, "id": identity.id, "custom_id": identity.custom_id, "kept": kept}
     adapter: dict[str, str | None] = {}
+    ignored: tuple[str, ...] = ()
     try:
         if identity.error is not None:
             raise RowProblem(identity.error)
         if shape is None:
             raise RowProblem(NO_SHAPE_MESSAGE)
         if shape == "openai" and plan.task == "embed" and record.get("url") == EMBEDDINGS_URL:
-            content, overrides = parse_embeddings_request(_body(record))
+            check_line(record)
+            content, overrides, ignored = parse_embeddings_request(_body(record))
             kwargs = None
             adapter["model"] = body_model(record)
         elif shape == "openai":
-            content, overrides, kwargs = parse_openai_request(record)
+            request = parse_openai_request(record)
+            content, overrides = request.content, request.overrides
+            kwargs, ignored = request.chat_template_kwargs, request.ignored_fields
             adapter["model"] = body_model(record)
         else:
             field_name = plan.prompt_column or shape
@@ -84,6 +94,7 @@ def parse_record(
         overrides=overrides,
         chat_template_kwargs=kwargs,
         continuations=continuations,
+        ignored_fields=ignored,
         **adapter,
         **content,
     )

@@ -82,6 +82,8 @@ class InputRow:
     lora: str | None = None  # the row's `lora` field: an adapter name
     model: str | None = None  # an OpenAI line's body.model (an adapter's name picks it)
     continuations: tuple[str, ...] | None = None  # a --task score row's continuations
+    # an OpenAI line's body fields the job ignores (`io.openai_fields`): it warns once each
+    ignored_fields: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.index < 0:

@@ -43,6 +43,7 @@ def test_chat_and_completion_requests(write_jsonl) -> None:
             overrides={"temperature": 0.2},
             custom_id="chat-1",
             model="m",  # body.model: a job runs the line with the adapter of that name
+            ignored_fields=("user",),  # the job warns once that it ignores body.user
         ),
         InputRow(
             index=1,
@@ -121,18 +122,23 @@ def test_fields_that_change_nothing_are_accepted(write_jsonl, fields: dict[str, 
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
-        ({"tools": [{"type": "function"}]}, "unsupported body field 'tools'"),
-        ({"tool_choice": "auto"}, "unsupported body field 'tool_choice'"),
         (
             {"response_format": {"type": "xml"}},
             "body.response_format.type must be text, json_object or json_schema, got 'xml'",
         ),
-        ({"stream": True}, "unsupported body field 'stream'"),
-        ({"stream": 0}, "unsupported body field 'stream'"),
-        ({"logit_bias": {"50256": -100}}, "unsupported body field 'logit_bias'"),
-        ({"audio": {"voice": "x"}}, "unsupported body field 'audio'"),
-        ({"made_up_option": 1}, "unsupported body field 'made_up_option'"),
-        ({"prompt": "also a prompt"}, "unsupported body field 'prompt'"),
+        (
+            {"audio": {"voice": "x"}},
+            "body.audio cannot be honoured: the runner generates text only, never audio",
+        ),
+        (
+            {"made_up_option": 1},
+            "body field 'made_up_option' is not a field of /v1/chat/completions requests",
+        ),
+        (
+            {"prompt": "also a prompt"},
+            "body field 'prompt' is not a field of /v1/chat/completions requests",
+        ),
+        ({"reasoning_effort": 3}, "body.reasoning_effort must be a string, got integer"),
     ],
 )
 def test_fields_that_change_meaning_are_row_errors(
@@ -146,7 +152,47 @@ def test_completion_only_fields_are_rejected_unless_neutral(write_jsonl) -> None
     neutral = request(url=COMPLETIONS, prompt="p", echo=False, best_of=1, suffix="")
     assert only_row(write_jsonl, neutral).error is None
     echo = request(url=COMPLETIONS, prompt="p", echo=True)
-    assert only_row(write_jsonl, echo).error == "unsupported body field 'echo'"
+    assert only_row(write_jsonl, echo).error == (
+        "body.echo cannot be honoured: echoing the prompt before the completion is not "
+        "supported yet"
+    )
+
+
+def test_reasoning_effort_is_a_template_variable_under_chat_template_kwargs(write_jsonl) -> None:
+    row = only_row(write_jsonl, request(messages=HELLO, reasoning_effort="high"))
+    assert row.chat_template_kwargs == {"reasoning_effort": "high"}
+    both = request(
+        messages=HELLO, reasoning_effort="high", chat_template_kwargs={"reasoning_effort": "low"}
+    )
+    assert only_row(write_jsonl, both).chat_template_kwargs == {"reasoning_effort": "low"}
+
+
+@pytest.mark.parametrize(
+    ("prompt", "content"),
+    [
+        ("Once", {"prompt": "Once"}),
+        (["Once"], {"prompt": "Once"}),
+        ([5, 6, 7], {"prompt_token_ids": (5, 6, 7)}),
+        ([[5, 6]], {"prompt_token_ids": (5, 6)}),
+    ],
+)
+def test_completion_prompt_shapes(write_jsonl, prompt: Any, content: dict[str, Any]) -> None:
+    row = only_row(write_jsonl, request("p", url=COMPLETIONS, prompt=prompt))
+    assert row == InputRow(index=1, id="p", custom_id="p", **content)
+
+
+@pytest.mark.parametrize(
+    ("logprobs", "overrides"),
+    [
+        (0, {"logprobs": True}),
+        (3, {"logprobs": True, "top_logprobs": 3}),
+        (True, {"logprobs": True}),
+        (False, {"logprobs": False}),
+    ],
+)
+def test_completion_logprobs_integer(write_jsonl, logprobs: Any, overrides: dict) -> None:
+    row = only_row(write_jsonl, request(url=COMPLETIONS, prompt="p", logprobs=logprobs))
+    assert row.overrides == overrides
 
 
 @pytest.mark.parametrize(
@@ -158,7 +204,24 @@ def test_completion_only_fields_are_rejected_unless_neutral(write_jsonl) -> None
         ({**request(), "method": "GET"}, "method must be POST, got 'GET'"),
         (
             request(url="/v1/embeddings", input="x"),
-            "url must be /v1/chat/completions or /v1/completions, got '/v1/embeddings'",
+            "url /v1/embeddings runs with --task embed, not --task generate",
+        ),
+        (
+            request(url="/v1/responses", input="x"),
+            "url must be /v1/chat/completions, /v1/completions or /v1/embeddings, "
+            "got '/v1/responses'",
+        ),
+        (
+            request(url=COMPLETIONS, prompt=["a", "b"]),
+            "body.prompt holds 2 prompts; a line here runs one prompt (write one line per prompt)",
+        ),
+        (
+            request(url=COMPLETIONS, prompt="p", logprobs=6),
+            "body.logprobs must be an integer from 0 to 5 or a boolean, got 6",
+        ),
+        (
+            request(url=COMPLETIONS, prompt=[[1, -2]]),
+            "body.prompt[0][1] must be a non-negative integer, got -2",
         ),
         ({"custom_id": "r", "body": None}, "body is missing"),
         ({"custom_id": "r", "body": ["x"]}, "body must be an object, got list"),
@@ -175,7 +238,7 @@ def test_completion_only_fields_are_rejected_unless_neutral(write_jsonl) -> None
         ),
         (request(url=COMPLETIONS, messages=HELLO), "body.prompt is missing"),
         (request(url=COMPLETIONS, prompt=""), "body.prompt is empty"),
-        (request(url=COMPLETIONS, prompt=[1, 2]), "body.prompt must be a string, got list"),
+        (request(url=COMPLETIONS, prompt={"a": 1}), "body.prompt must be a string, got object"),
     ],
 )
 def test_bad_request_messages(write_jsonl, line: dict[str, Any], message: str) -> None:

@@ -26,7 +26,9 @@ from astrai_batch.io import InputRow, InputSource
 from astrai_batch.jobs.executors.base import ExecutionResult
 from astrai_batch.jobs.executors.ordering import SampleCollector
 from astrai_batch.jobs.executors.pending_part import PendingPart
+from astrai_batch.jobs.field_warnings import IgnoredFieldWarnings
 from astrai_batch.jobs.options.config import JobConfig
+from astrai_batch.jobs.options.openai_options import served_names
 from astrai_batch.jobs.output.checkpoint import Checkpoint, WindowRecord
 from astrai_batch.jobs.output.records import error_record, row_records
 from astrai_batch.jobs.planning.embed_rows import job_embed_request
@@ -69,6 +71,7 @@ class JobExecution:
             loaded.tokenizer, loaded.name, chat_template_kwargs=config.chat_template_kwargs
         )
         self.collector = SampleCollector()
+        self.field_warnings = IgnoredFieldWarnings()
         self.embed = (
             job_embed_request(
                 config.pooling, config.normalize, config.dimensions, loaded.model.name_or_path
@@ -186,6 +189,7 @@ class JobExecution:
             input_rows = read_window(rows, self.planning.group_window)
             if not input_rows:
                 return None
+            self.field_warnings.see(input_rows)
             return prepare_window(
                 number,
                 number * self.planning.group_window,
@@ -197,9 +201,15 @@ class JobExecution:
                 grouping=self.planning.grouping,
                 adapters=tuple(name for name, _ in self.config.lora),
                 embed=self.embed,
+                served=served_names(
+                    self.config.model, self.loaded.name, self.config.served_model_name
+                ),
             )
 
-        return await anyio.to_thread.run_sync(work)
+        window = await anyio.to_thread.run_sync(work)
+        for warning in self.field_warnings.new_warnings():
+            self.progress.message(warning)
+        return window
 
     # -- bookkeeping (all on the event loop, between engine steps) -----------------------------
 

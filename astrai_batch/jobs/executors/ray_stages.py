@@ -22,6 +22,7 @@ import pyarrow as pa
 from astrai_batch.errors import AstraiBatchError
 from astrai_batch.io import InputSource
 from astrai_batch.jobs.options.config import JobConfig
+from astrai_batch.jobs.options.openai_options import served_names
 from astrai_batch.jobs.planning.sharding import (
     GroupSummary,
     KeyedRow,
@@ -100,6 +101,7 @@ class ChunkReader:
                 group_offset=0,
                 grouping=config.grouping,
                 adapters=tuple(name for name, _ in config.lora),
+                served=served_names(config.model, self.model_name, config.served_model_name),
             )
             out.extend(keyed_record(row, config.page_size) for row in window.rows)
         return pa.Table.from_pylist(out, schema=KEYED_SCHEMA)

@@ -54,6 +54,8 @@ RESULT_OPTIONS = (
     "id_column",
     "keep_columns",
     "chat_template_kwargs",
+    # which names body.model may give (other rows fail) and the name responses carry
+    "served_model_name",
     "task",
     "pooling",
     "normalize",

@@ -120,6 +120,17 @@ def row_adapter(row: InputRow, adapters: Sequence[str]) -> str | None:
     return None
 
 
+def unserved_model_message(
+    row: InputRow, served: Sequence[str] | None, adapters: Sequence[str]
+) -> str | None:
+    """The row error of an OpenAI line whose body.model names neither the base model (one
+    of `served`; None: no check) nor one of the job's adapters."""
+    if served is None or row.model is None or row.model in served or row.model in adapters:
+        return None
+    listed = ", ".join(repr(name) for name in (*served, *adapters))
+    return f"body.model {row.model!r} is not served by this job; it serves {listed}"
+
+
 def read_window(rows: Iterator[InputRow], size: int) -> list[InputRow]:
     """Up to `size` rows from the stream (fewer only at its end)."""
     return list(itertools.islice(rows, size))
@@ -147,12 +158,14 @@ def prepare_window(
     grouping: bool,
     adapters: Sequence[str] = (),
     embed: EmbedRequest | None = None,
+    served: Sequence[str] | None = None,
 ) -> PreparedWindow:
     """Tokenize, resolve per-row sampling parameters and plan one window (CPU work: run it
     in a worker thread). Rows without a ``custom_id`` of their own use their row id as one
     in OpenAI output; the input guarantees both are unique (`io.row_ids`). `adapters`: the
     job's LoRA adapter names (a row names one by `lora`, or an OpenAI line by body.model);
-    with any, each row's adapter is kept in a `lora` column."""
+    with any, each row's adapter is kept in a `lora` column. `served`: the base model's names
+    an OpenAI line's body.model may give (None: any name runs on the base model)."""
     encodings = encoder.encode(input_rows)
     scored = score_encodings(encoder, input_rows, encodings)
     staged: list[tuple[InputRow, tuple[int, ...] | None, SamplingParams | None, str | None]] = []
@@ -163,6 +176,10 @@ def prepare_window(
             )
         if encoding.error is not None:
             staged.append((row, None, None, encoding.error))
+            continue
+        unserved = unserved_model_message(row, served, adapters)
+        if unserved is not None:
+            staged.append((row, None, None, unserved))
             continue
         params = row_params(base_params, row.overrides) if embed is None else base_params
         adapter = row_adapter(row, adapters)

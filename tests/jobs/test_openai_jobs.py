@@ -1,0 +1,133 @@
+"""OpenAI batch lines through whole jobs on a tiny model: the field table's warnings,
+body.model, the Completions API's logprobs; every success body is validated with the
+`openai` package's own response types."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from jobs.jobkit import engine_args, question, run_cli, write_jsonl
+from openai.types import Completion, CreateEmbeddingResponse
+from openai.types.chat import ChatCompletion
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+RESPONSE_TYPES = {
+    "chat.completion": ChatCompletion,
+    "text_completion": Completion,
+    "list": CreateEmbeddingResponse,
+}
+
+
+def line(custom_id: str, url: str, **body: Any) -> dict[str, Any]:
+    return {"custom_id": custom_id, "method": "POST", "url": url, "body": body}
+
+
+def chat(custom_id: str, **body: Any) -> dict[str, Any]:
+    messages = [{"role": "user", "content": question(len(custom_id))}]
+    return line(custom_id, CHAT, messages=messages, **body)
+
+
+def run_lines(
+    model_dir: Path, tmp_path: Path, lines: list[dict[str, Any]], *extra: str
+) -> tuple[list[dict[str, Any]], str]:
+    """The output lines (each success body validated by its openai type) and stderr."""
+    source = write_jsonl(tmp_path / "in.jsonl", lines)
+    output = tmp_path / "out.jsonl"
+    args = [*engine_args(model_dir, *extra), "--output-format", "openai-jsonl", "--overwrite"]
+    result = run_cli("run", source, output, *args)
+    assert result.exit_code == 0, result.stderr
+    out = [json.loads(text) for text in output.read_text().splitlines()]
+    for item in out:
+        if item["response"] is not None:
+            body = item["response"]["body"]
+            RESPONSE_TYPES[body["object"]].model_validate(body, strict=False)
+    return out, result.stderr
+
+
+def test_ignored_fields_warn_once_per_name_per_job(tiny_llama_dir: Path, tmp_path: Path) -> None:
+    lines = [
+        chat("a", store=True, metadata={"k": "v"}),
+        chat("bb", store=False, verbosity="low"),
+        chat("ccc", metadata={"k": "w"}, stream=True),
+    ]
+    args = [a for a in engine_args(tiny_llama_dir) if a != "--quiet"]
+    source = write_jsonl(tmp_path / "in.jsonl", lines)
+    result = run_cli(
+        "run", source, tmp_path / "out.jsonl", *args, "--output-format", "openai-jsonl"
+    )
+    assert result.exit_code == 0, result.stderr
+    warnings = [text for text in result.stderr.splitlines() if "warning:" in text]
+    assert warnings == [
+        "astrai-batch: warning: body field 'metadata' is ignored: tags for OpenAI's stored "
+        "completions",
+        "astrai-batch: warning: body field 'store' is ignored: storing completions is "
+        "OpenAI's service",
+        "astrai-batch: warning: body field 'verbosity' is ignored: steers OpenAI's own models only",
+    ]
+    out = [json.loads(text) for text in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [item["error"] is None for item in out] == [True, True, False]
+    assert out[2]["error"]["message"].startswith("body.stream cannot be honoured: ")
+
+
+def test_body_model_names_the_base_model_an_alias_or_an_adapter(
+    tiny_llama_dir: Path, tmp_path: Path
+) -> None:
+    lines = [
+        chat("as-given", model=str(tiny_llama_dir)),
+        chat("none"),
+        chat("other", model="gpt-4o-mini"),
+    ]
+    out, _ = run_lines(tiny_llama_dir, tmp_path, lines)
+    assert [item["error"] for item in out[:2]] == [None, None]
+    assert out[0]["response"]["body"]["model"] == str(tiny_llama_dir)
+    assert out[2]["error"] == {
+        "code": "invalid_request",
+        "message": f"body.model 'gpt-4o-mini' is not served by this job; it serves "
+        f"{str(tiny_llama_dir)!r}",
+    }
+
+    aliased, _ = run_lines(
+        tiny_llama_dir,
+        tmp_path,
+        [chat("alias", model="gpt-4o-mini"), chat("path", model=str(tiny_llama_dir))],
+        "--served-model-name",
+        "gpt-4o-mini",
+        "--served-model-name",
+        "tiny",
+    )
+    assert aliased[0]["response"]["body"]["model"] == "gpt-4o-mini"
+    # served names replace the path, as vLLM's --served-model-name does
+    assert aliased[1]["error"]["message"] == (
+        f"body.model {str(tiny_llama_dir)!r} is not served by this job; it serves "
+        "'gpt-4o-mini', 'tiny'"
+    )
+
+
+@pytest.mark.parametrize("count", [0, 3])
+def test_completions_integer_logprobs(tiny_llama_dir: Path, tmp_path: Path, count: int) -> None:
+    lines = [
+        line("t", COMPLETIONS, prompt=question(1), logprobs=count, max_tokens=3),
+        line("ids", COMPLETIONS, prompt=[[1, 45, 46]], max_tokens=2),
+    ]
+    out, _ = run_lines(tiny_llama_dir, tmp_path, lines, "--ignore-eos")
+    body = Completion.model_validate(out[0]["response"]["body"])
+    logprobs = body.choices[0].logprobs
+    assert logprobs is not None and len(logprobs.tokens or []) == 3
+    assert len(logprobs.token_logprobs or []) == 3
+    assert logprobs.text_offset == [
+        0,
+        len(logprobs.tokens[0]),
+        len(logprobs.tokens[0]) + len(logprobs.tokens[1]),
+    ]
+    if count == 0:
+        assert logprobs.top_logprobs is None
+    else:
+        assert [len(top) for top in logprobs.top_logprobs or []] == [3, 3, 3]
+        for top, chosen in zip(logprobs.top_logprobs or [], logprobs.token_logprobs or []):
+            assert max(top.values()) >= chosen  # the likeliest alternative is at least it
+    assert out[1]["error"] is None
+    assert out[1]["response"]["body"]["usage"]["prompt_tokens"] == 3
