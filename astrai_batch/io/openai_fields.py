@@ -100,11 +100,16 @@ CHAT_FIELDS: dict[str, BodyField] = {
     "response_format": honoured("json_object or json_schema: a constrained output"),
     "reasoning_effort": honoured("a chat template variable (gpt-oss's template reads it)"),
     "chat_template_kwargs": honoured("vLLM extension: variables for the chat template"),
-    "tools": refused("tool calls are not supported yet", []),
-    "tool_choice": refused("tool calls are not supported yet", "none"),
-    "functions": refused("function calls are not supported yet", []),
-    "function_call": refused("function calls are not supported yet", "none"),
-    "parallel_tool_calls": ignored("tool calls are never run in parallel by a batch job"),
+    "tools": honoured("function tools, given to the chat template"),
+    "tool_choice": honoured(
+        "none, auto (calls read by --tool-call-parser), required or a named function (a "
+        "constrained output); answers in message.tool_calls"
+    ),
+    "functions": honoured("the legacy form of tools"),
+    "function_call": honoured("the legacy form of tool_choice (none, auto or a name)"),
+    "parallel_tool_calls": ignored(
+        "required and auto return every call the output holds; a named function, one"
+    ),
     "audio": refused("the runner generates text only, never audio"),
     "modalities": refused("the runner generates text only", ["text"]),
     "web_search_options": refused("a batch job has no web search"),

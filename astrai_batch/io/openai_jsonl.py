@@ -50,8 +50,11 @@ def openai_response_body(
 ) -> dict[str, Any]:
     """A chat.completion ("chat") or text_completion ("completion") response body.
 
-    Each sample is a mapping with ``text``, ``finish_reason`` ("stop" | "length") and
-    ``completion_tokens``; with logprobs it also has ``logprobs`` (one float per generated
+    Each sample is a mapping with ``text`` (chat: None when the answer is all tool calls),
+    ``finish_reason`` ("stop" | "length") and ``completion_tokens``, optionally
+    ``tool_calls`` (``{id, name, arguments}``: chat's ``message.tool_calls``, and finish reason
+    "tool_calls" for a sample that stopped) and ``reasoning`` (``reasoning_content``, as vLLM
+    names it); with logprobs it also has ``logprobs`` (one float per generated
     token) and ``tokens`` (the decoded text of each token), and with alternatives
     ``top_logprobs`` (rows of `io.schemas.TOKEN_LOGPROB_TYPE`: chat's ``top_logprobs``
     lists, the Completions API's ``{token: logprob}`` objects). `response_id` defaults to a hash
@@ -101,13 +104,33 @@ def _choice(kind: str, position: int, sample: Mapping[str, Any]) -> dict[str, An
     text = sample["text"]
     logprobs = _logprobs(kind, position, sample)
     if kind == "chat":
+        message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
+        calls = sample.get("tool_calls")
+        if calls:
+            message["tool_calls"] = [
+                {
+                    "id": call["id"],
+                    "type": "function",
+                    "function": {"name": call["name"], "arguments": call["arguments"]},
+                }
+                for call in calls
+            ]
+            if finish_reason == "stop":
+                finish_reason = "tool_calls"
+        if sample.get("reasoning") is not None:
+            message["reasoning_content"] = sample["reasoning"]
         return {
             "index": position,
-            "message": {"role": "assistant", "content": text, "refusal": None},
+            "message": message,
             "logprobs": logprobs,
             "finish_reason": finish_reason,
         }
-    return {"index": position, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+    return {
+        "index": position,
+        "text": text or "",
+        "logprobs": logprobs,
+        "finish_reason": finish_reason,
+    }
 
 
 def _logprobs(kind: str, position: int, sample: Mapping[str, Any]) -> dict[str, Any] | None:

@@ -11,6 +11,8 @@ honoured ones are read here into
 - ``response_format`` (json_object / json_schema), the row's output constraint
   (`constraint_fields`);
 - chat template variables: ``reasoning_effort``, then ``chat_template_kwargs`` over it;
+- tools (``tools`` / ``tool_choice``, legacy ``functions`` / ``function_call``:
+  `openai_tools`): the template's tools, a forced call's constraint, how output is read;
 
 the ignored ones are returned by name (the job warns once per name), and a refused one makes
 the row an error saying why. A null body field is treated as absent, as in every other input
@@ -35,6 +37,7 @@ from typing import Any
 
 from astrai_batch.io.constraint_fields import response_format_override
 from astrai_batch.io.openai_fields import check_body_fields
+from astrai_batch.io.openai_tools import ToolChoice, parse_tool_choice
 from astrai_batch.io.row_validation import (
     collect_overrides,
     validate_messages,
@@ -61,6 +64,7 @@ class OpenAIRequest:
     overrides: dict[str, Any]
     chat_template_kwargs: dict[str, Any] | None
     ignored_fields: tuple[str, ...]
+    tools: ToolChoice | None = None
 
 
 def parse_openai_request(record: Mapping[str, Any]) -> OpenAIRequest:
@@ -79,6 +83,14 @@ def parse_openai_request(record: Mapping[str, Any]) -> OpenAIRequest:
     newer_max = overrides.pop("max_completion_tokens", None)
     if newer_max is not None:
         overrides["max_tokens"] = newer_max
+    tools = parse_tool_choice(body) if kind == "chat" else None
+    tool_constraint = tools.constraint() if tools is not None else None
+    if tool_constraint is not None:
+        if "constraint" in overrides:
+            raise RowProblem(
+                "give body.response_format or a tool_choice that forces a call, not both"
+            )
+        overrides |= tool_constraint
     if kind == "completion" and "logprobs" in overrides:
         overrides |= _completion_logprobs(overrides.pop("logprobs"))
     kwargs = validate_template_kwargs(
@@ -89,7 +101,7 @@ def parse_openai_request(record: Mapping[str, Any]) -> OpenAIRequest:
         if not isinstance(effort, str):
             raise RowProblem(f"body.reasoning_effort must be a string, got {json_type(effort)}")
         kwargs = {"reasoning_effort": effort, **(kwargs or {})}
-    return OpenAIRequest(content, overrides, kwargs, ignored)
+    return OpenAIRequest(content, overrides, kwargs, ignored, tools)
 
 
 def check_line(record: Mapping[str, Any]) -> None:

@@ -61,6 +61,7 @@ def parse_record(
     ids = {"index": index, "id": identity.id, "custom_id": identity.custom_id, "kept": kept}
     adapter: dict[str, str | None] = {}
     ignored: tuple[str, ...] = ()
+    tools: dict[str, Any] = {}
     try:
         if identity.error is not None:
             raise RowProblem(identity.error)
@@ -75,6 +76,8 @@ def parse_record(
             request = parse_openai_request(record)
             content, overrides = request.content, request.overrides
             kwargs, ignored = request.chat_template_kwargs, request.ignored_fields
+            if request.tools is not None:
+                tools = {"tools": request.tools.tools, "tool_choice": request.tools.mode}
             adapter["model"] = body_model(record)
         else:
             field_name = plan.prompt_column or shape
@@ -95,6 +98,7 @@ def parse_record(
         chat_template_kwargs=kwargs,
         continuations=continuations,
         ignored_fields=ignored,
+        **tools,
         **adapter,
         **content,
     )

@@ -84,6 +84,10 @@ class InputRow:
     continuations: tuple[str, ...] | None = None  # a --task score row's continuations
     # an OpenAI line's body fields the job ignores (`io.openai_fields`): it warns once each
     ignored_fields: tuple[str, ...] = ()
+    # an OpenAI chat line's tools (given to the chat template) and how its output is read:
+    # "auto", "required" or "function:NAME" (`io.openai_tools`); None: no tool calls
+    tools: tuple[Mapping[str, Any], ...] | None = None
+    tool_choice: str | None = None
 
     def __post_init__(self) -> None:
         if self.index < 0:

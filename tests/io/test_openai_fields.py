@@ -53,9 +53,9 @@ EXAMPLES: dict[str, dict[str, Any]] = {
         "reasoning_effort": "low",
         "chat_template_kwargs": {"enable_thinking": False},
         "tools": [TOOL],
-        "tool_choice": "auto",
+        "tool_choice": "required",
         "functions": [TOOL["function"]],
-        "function_call": "auto",
+        "function_call": {"name": "f"},
         "parallel_tool_calls": True,
         "audio": {"voice": "alloy", "format": "wav"},
         "modalities": ["text", "audio"],
@@ -87,6 +87,8 @@ EXAMPLES: dict[str, dict[str, Any]] = {
         "user": "u-1",
     },
 }
+# Fields that mean something only beside another: the line without them has that one too.
+COMPANIONS = {"tool_choice": {"tools": [TOOL]}, "function_call": {"functions": [TOOL["function"]]}}
 CONTENT_FIELD = {"chat": "messages", "completion": "prompt", "embedding": "input"}
 MINIMAL = {kind: {name: EXAMPLES[kind][name]} for kind, name in CONTENT_FIELD.items()}
 
@@ -124,14 +126,15 @@ def field_cases() -> list[tuple[str, str]]:
 @pytest.mark.parametrize(("kind", "name"), field_cases())
 def test_each_field_has_the_outcome_the_table_names(tmp_path: Path, kind: str, name: str) -> None:
     rule = TABLES[kind][name]
-    without = read_row(tmp_path, kind, MINIMAL[kind])
+    base = {**MINIMAL[kind], **COMPANIONS.get(name, {})}
+    without = read_row(tmp_path, kind, base)
     assert without.error is None and without.ignored_fields == ()
-    row = read_row(tmp_path, kind, {**MINIMAL[kind], name: EXAMPLES[kind][name]})
+    row = read_row(tmp_path, kind, {**base, name: EXAMPLES[kind][name]})
     if rule.outcome == "refused":
         assert row.error == f"body.{name} cannot be honoured: {rule.note}"
         for neutral in rule.neutral:
             value = json.loads(neutral)
-            assert read_row(tmp_path, kind, {**MINIMAL[kind], name: value}) == without
+            assert read_row(tmp_path, kind, {**base, name: value}) == without
         return
     assert row.error is None
     if rule.outcome == "ignored":

@@ -31,6 +31,7 @@ from astrai_batch.jobs.options.config import JobConfig
 from astrai_batch.jobs.options.openai_options import served_names
 from astrai_batch.jobs.output.checkpoint import Checkpoint, WindowRecord
 from astrai_batch.jobs.output.records import error_record, row_records
+from astrai_batch.jobs.output.response_parsing import ResponseParsing
 from astrai_batch.jobs.planning.embed_rows import job_embed_request
 from astrai_batch.jobs.planning.tokenize import PromptEncoder
 from astrai_batch.jobs.planning.window import (
@@ -72,6 +73,9 @@ class JobExecution:
         )
         self.collector = SampleCollector()
         self.field_warnings = IgnoredFieldWarnings()
+        self.parsing = ResponseParsing(
+            config.tool_call_parser, config.reasoning_parser, loaded.tokenizer
+        )
         self.embed = (
             job_embed_request(
                 config.pooling, config.normalize, config.dimensions, loaded.model.name_or_path
@@ -204,6 +208,7 @@ class JobExecution:
                 served=served_names(
                     self.config.model, self.loaded.name, self.config.served_model_name
                 ),
+                tool_parser=self.config.tool_call_parser,
             )
 
         window = await anyio.to_thread.run_sync(work)
@@ -241,7 +246,7 @@ class JobExecution:
         row = window.row(int(result.request_id))  # type: ignore[call-overload]
         samples = self.collector.add(result, row.num_samples)
         if samples is not None:
-            self._complete_row(row, row_records(row, samples))
+            self._complete_row(row, row_records(row, samples, self.parsing))
             self._after_rows()
 
     def _complete_row(self, row: PreparedRow, records: list[dict[str, Any]]) -> None:

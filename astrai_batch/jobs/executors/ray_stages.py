@@ -102,6 +102,7 @@ class ChunkReader:
                 grouping=config.grouping,
                 adapters=tuple(name for name, _ in config.lora),
                 served=served_names(config.model, self.model_name, config.served_model_name),
+                tool_parser=config.tool_call_parser,
             )
             out.extend(keyed_record(row, config.page_size) for row in window.rows)
         return pa.Table.from_pylist(out, schema=KEYED_SCHEMA)

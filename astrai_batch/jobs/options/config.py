@@ -29,7 +29,11 @@ from astrai_batch.jobs.options.lora_options import (
     check_lora_options,
     parse_lora,
 )
-from astrai_batch.jobs.options.openai_options import check_served_names, parse_served_names
+from astrai_batch.jobs.options.openai_options import (
+    check_parsers,
+    check_served_names,
+    parse_served_names,
+)
 from astrai_batch.jobs.options.option_groups import (
     OBJECT_OPTIONS,
     PLANNING_OPTIONS,
@@ -89,6 +93,9 @@ class JobConfig:
     chat_template_kwargs: dict[str, Any] | None = None
     # The names OpenAI lines' body.model may give the base model (empty: --model as given)
     served_model_name: tuple[str, ...] = ()
+    # Read tool calls (tool_choice auto) and reasoning out of the model's text
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
     sampling: SamplingParams = field(
         default_factory=lambda: SamplingParams(max_tokens=DEFAULT_MAX_TOKENS)
     )
@@ -149,6 +156,7 @@ class JobConfig:
             require_positive_int(name, getattr(self, name))
         check_lora_options(self.lora, self.max_loras)
         check_served_names(self.served_model_name)
+        check_parsers(self.tool_call_parser, self.reasoning_parser)
         require_positive_int("checkpoint_rows", self.checkpoint_rows)
         for name in ("kv_cache_memory", "threads", "max_model_len"):
             if getattr(self, name) is not None:

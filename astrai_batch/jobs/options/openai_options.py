@@ -1,11 +1,15 @@
 """The options of OpenAI batch lines: the names the job serves its model under
-(`--served-model-name`, repeatable, as vLLM's), which `body.model` must name."""
+(`--served-model-name`, repeatable, as vLLM's), which `body.model` must name, and the parsers
+that read tool calls (`--tool-call-parser`) and reasoning (`--reasoning-parser`) out of the
+model's text."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from astrai_batch.errors import ConfigError
+from astrai_batch.io.reasoning_parsers import REASONING_PARSERS
+from astrai_batch.io.tool_parsers import TOOL_PARSERS
 from astrai_batch.json_types import json_type
 
 
@@ -32,3 +36,12 @@ def served_names(model: str, loaded_name: str, given: tuple[str, ...]) -> tuple[
     is the name responses carry), else the model as --model gives it and the name it loaded
     under (the name responses carry)."""
     return given or tuple(dict.fromkeys((loaded_name, model)))
+
+
+def check_parsers(tool_call_parser: object, reasoning_parser: object) -> None:
+    for name, value, known in (
+        ("tool_call_parser", tool_call_parser, TOOL_PARSERS),
+        ("reasoning_parser", reasoning_parser, REASONING_PARSERS),
+    ):
+        if value is not None and value not in known:
+            raise ConfigError(f"{name} must be one of {', '.join(known)}, got {value!r}")

@@ -95,6 +95,8 @@ OPENAI_COLUMNS = [
     "logprobs",
     "top_logprobs",
     "prompt_logprobs",
+    "tool_calls",
+    "reasoning",
     "embedding",
     INDEX_COLUMN,
     KIND_COLUMN,
@@ -160,6 +162,9 @@ def _write_openai_row(
             sample["tokens"] = [tokenizer.decode([t]) for t in record["completion_token_ids"]]
         if record.get("top_logprobs") is not None:
             sample["top_logprobs"] = record["top_logprobs"]
+        for name in ("tool_calls", "reasoning"):
+            if record.get(name) is not None:
+                sample[name] = record[name]
         samples.append(sample)
     body = openai_response_body(
         first[KIND_COLUMN],

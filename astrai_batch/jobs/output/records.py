@@ -17,6 +17,7 @@ import pyarrow as pa
 from astrai_batch.engine.types import GenerationResult
 from astrai_batch.errors import AstraiBatchError
 from astrai_batch.io import result_schema
+from astrai_batch.jobs.output.response_parsing import ResponseParsing
 from astrai_batch.jobs.output.task_records import embed_record, logprob_rows, score_record
 from astrai_batch.jobs.planning.window import PreparedRow
 
@@ -34,7 +35,16 @@ def part_schema(kept: pa.Schema, task: str = "generate") -> pa.Schema:
     """The schema of checkpoint parts for an input whose keep columns have `kept`'s types
     (every task's columns: the OpenAI writer reads one column list whatever the task)."""
     del task
-    fields = result_schema(True, True, kept, "all", top_logprobs=True, prompt_logprobs=True)
+    fields = result_schema(
+        True,
+        True,
+        kept,
+        "all",
+        top_logprobs=True,
+        prompt_logprobs=True,
+        tool_calls=True,
+        reasoning=True,
+    )
     return pa.schema([*fields, *INTERNAL_FIELDS])
 
 
@@ -46,6 +56,8 @@ def output_schema(
     task: str = "generate",
     top_logprobs: bool = False,
     prompt_logprobs: bool = False,
+    tool_calls: bool = False,
+    reasoning: bool = False,
 ) -> pa.Schema:
     """The schema of the final Parquet output (a subset of the part schema's columns)."""
     return result_schema(
@@ -55,6 +67,8 @@ def output_schema(
         task,
         top_logprobs=top_logprobs,
         prompt_logprobs=prompt_logprobs,
+        tool_calls=tool_calls,
+        reasoning=reasoning,
     )
 
 
@@ -79,11 +93,17 @@ def error_record(row: PreparedRow, message: str) -> dict[str, Any]:
     }
 
 
-def row_records(row: PreparedRow, samples: Sequence[GenerationResult]) -> list[dict[str, Any]]:
+def row_records(
+    row: PreparedRow,
+    samples: Sequence[GenerationResult],
+    parsing: ResponseParsing | None = None,
+) -> list[dict[str, Any]]:
     """The records of a finished row: one per sample, or one error record if any failed.
 
     The engine fails all samples of a request together (a prompt that can never fit), so a
-    row is either wholly generated or wholly failed.
+    row is either wholly generated or wholly failed. A row with tools, or a job with a
+    reasoning parser, has its text read by `parsing` (`response_parsing`): ``completion``
+    holds the content, beside ``tool_calls`` and ``reasoning``.
     """
     if len(samples) != row.num_samples:
         raise AstraiBatchError(
@@ -101,6 +121,7 @@ def row_records(row: PreparedRow, samples: Sequence[GenerationResult]) -> list[d
             "id": row.id,
             "sample_index": sample.sample_index,
             "completion": sample.text,
+            **_parsed(row, sample, parsing),
             "finish_reason": sample.finish_reason,
             "prompt_tokens": sample.prompt_tokens,
             "cached_tokens": sample.cached_tokens,
@@ -118,6 +139,21 @@ def row_records(row: PreparedRow, samples: Sequence[GenerationResult]) -> list[d
         }
         for sample in sorted(samples, key=lambda s: s.sample_index)
     ]
+
+
+def _parsed(
+    row: PreparedRow, sample: GenerationResult, parsing: ResponseParsing | None
+) -> dict[str, Any]:
+    parsing = parsing or ResponseParsing()
+    if row.tool_choice is None and parsing.reasoning_parser is None:
+        return {}
+    key = f"{row.id}\0{sample.sample_index}"
+    parsed = parsing.parse(sample.text, sample.token_ids, row.tool_choice, key)
+    return {
+        "completion": parsed.content,
+        "reasoning": parsed.reasoning,
+        "tool_calls": parsed.tool_calls,
+    }
 
 
 def records_table(records: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:

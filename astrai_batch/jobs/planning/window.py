@@ -25,6 +25,10 @@ from astrai_batch.jobs.planning.score_pairs import score_encodings
 from astrai_batch.jobs.planning.tokenize import PromptEncoder
 
 LORA_COLUMN = "lora"  # the output column of a job with adapters
+AUTO_TOOLS_MESSAGE = (
+    "tool_choice auto (the default with tools) needs --tool-call-parser to read calls from "
+    "the model's text; give one, or a tool_choice of required or a named function"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +48,7 @@ class PreparedRow:
     # --task score: each continuation's tokens (`token_ids` holds the context's)
     continuations: tuple[tuple[int, ...], ...] | None = None
     embed: EmbedRequest | None = None  # --task embed
+    tool_choice: str | None = None  # an OpenAI chat line's (`io.openai_tools`)
 
     def __post_init__(self) -> None:
         runnable = self.token_ids is not None and self.params is not None
@@ -159,13 +164,15 @@ def prepare_window(
     adapters: Sequence[str] = (),
     embed: EmbedRequest | None = None,
     served: Sequence[str] | None = None,
+    tool_parser: str | None = None,
 ) -> PreparedWindow:
     """Tokenize, resolve per-row sampling parameters and plan one window (CPU work: run it
     in a worker thread). Rows without a ``custom_id`` of their own use their row id as one
     in OpenAI output; the input guarantees both are unique (`io.row_ids`). `adapters`: the
     job's LoRA adapter names (a row names one by `lora`, or an OpenAI line by body.model);
     with any, each row's adapter is kept in a `lora` column. `served`: the base model's names
-    an OpenAI line's body.model may give (None: any name runs on the base model)."""
+    an OpenAI line's body.model may give (None: any name runs on the base model);
+    `tool_parser`: the job's --tool-call-parser (without one, a tool_choice auto row fails)."""
     encodings = encoder.encode(input_rows)
     scored = score_encodings(encoder, input_rows, encodings)
     staged: list[tuple[InputRow, tuple[int, ...] | None, SamplingParams | None, str | None]] = []
@@ -177,9 +184,11 @@ def prepare_window(
         if encoding.error is not None:
             staged.append((row, None, None, encoding.error))
             continue
-        unserved = unserved_model_message(row, served, adapters)
-        if unserved is not None:
-            staged.append((row, None, None, unserved))
+        problem = unserved_model_message(row, served, adapters)
+        if problem is None and row.tool_choice == "auto" and tool_parser is None:
+            problem = AUTO_TOOLS_MESSAGE
+        if problem is not None:
+            staged.append((row, None, None, problem))
             continue
         params = row_params(base_params, row.overrides) if embed is None else base_params
         adapter = row_adapter(row, adapters)
@@ -218,6 +227,7 @@ def prepare_window(
             adapter=None if error is not None else row_adapter(row, adapters),
             continuations=scored.get(position) if error is None else None,
             embed=embed if error is None else None,
+            tool_choice=row.tool_choice if error is None else None,
         )
         for position, (row, token_ids, params, error) in enumerate(staged)
     )
