@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
 import pytest
 from jobs.jobkit import engine_args, question, run_cli, write_jsonl
 from openai.types import Completion, CreateEmbeddingResponse
@@ -127,7 +128,117 @@ def test_completions_integer_logprobs(tiny_llama_dir: Path, tmp_path: Path, coun
         assert logprobs.top_logprobs is None
     else:
         assert [len(top) for top in logprobs.top_logprobs or []] == [3, 3, 3]
-        for top, chosen in zip(logprobs.top_logprobs or [], logprobs.token_logprobs or []):
+        tops, chosen_values = logprobs.top_logprobs or [], logprobs.token_logprobs or []
+        for top, chosen in zip(tops, chosen_values, strict=True):
             assert max(top.values()) >= chosen  # the likeliest alternative is at least it
     assert out[1]["error"] is None
     assert out[1]["response"]["body"]["usage"]["prompt_tokens"] == 3
+
+
+UNIT_PARAMS = {
+    "type": "object",
+    "properties": {"unit": {"enum": ["C", "F"]}, "daily": {"type": "boolean"}},
+    "required": ["unit", "daily"],
+    "additionalProperties": False,
+}
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": UNIT_PARAMS}}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": UNIT_PARAMS}}
+
+
+def test_forced_tool_calls_come_back_as_tool_calls(tiny_llama_dir: Path, tmp_path: Path) -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    lines = [
+        chat("named", tools=[WEATHER, TIME], tool_choice=named, max_tokens=400, n=2),
+        chat("required", tools=[WEATHER, TIME], tool_choice="required", max_tokens=400),
+        chat(
+            "legacy",
+            functions=[TIME["function"]],
+            function_call={"name": "get_time"},
+            max_tokens=400,
+        ),
+        chat("auto", tools=[WEATHER]),
+    ]
+    out, _ = run_lines(tiny_llama_dir, tmp_path, lines, "--temperature", "1.0")
+    for item in out[:3]:
+        body = ChatCompletion.model_validate(item["response"]["body"])
+        for choice in body.choices:
+            assert choice.finish_reason == "tool_calls", item["custom_id"]
+            assert choice.message.content is None
+            calls = choice.message.tool_calls or []
+            assert calls and all(call.id.startswith("call_") for call in calls)
+            for call in calls:
+                assert call.function.name in ("get_weather", "get_time")
+                jsonschema.validate(json.loads(call.function.arguments), UNIT_PARAMS)
+    named_calls = [c["message"]["tool_calls"] for c in out[0]["response"]["body"]["choices"]]
+    assert [[call["function"]["name"] for call in calls] for calls in named_calls] == [
+        ["get_weather"],
+        ["get_weather"],
+    ]
+    assert named_calls[0][0]["id"] != named_calls[1][0]["id"]
+    assert (
+        out[2]["response"]["body"]["choices"][0]["message"]["tool_calls"][0]["function"]["name"]
+        == "get_time"
+    )
+    assert out[3]["error"]["message"] == (
+        "tool_choice auto (the default with tools) needs --tool-call-parser to read calls from "
+        "the model's text; give one, or a tool_choice of required or a named function"
+    )
+
+    # the same lines into Parquet: the content column, and the calls in their own column
+    source = write_jsonl(tmp_path / "in.jsonl", lines)
+    output = tmp_path / "tools.parquet"
+    args = [*engine_args(tiny_llama_dir), "--temperature", "1.0", "--tool-call-parser", "hermes"]
+    result = run_cli("run", source, output, *args)
+    assert result.exit_code == 0, result.stderr
+    rows = pq.read_table(output).to_pylist()
+    calls = [
+        [
+            {
+                "id": c["id"],
+                "type": "function",
+                "function": {"name": c["name"], "arguments": c["arguments"]},
+            }
+            for c in row["tool_calls"]
+        ]
+        if row["tool_calls"] is not None
+        else None
+        for row in rows
+    ]
+    assert calls[:2] == named_calls  # the same ids and arguments as the JSONL output
+    assert [row["completion"] for row in rows[:2]] == [None, None]
+    # auto with a parser runs; a random model's text holds no calls, so it stays content
+    assert rows[-1]["error"] is None and rows[-1]["tool_calls"] is None
+    assert isinstance(rows[-1]["completion"], str)
+
+
+def test_reasoning_parser_splits_reasoning_content(tiny_llama_dir: Path, tmp_path: Path) -> None:
+    lines = [chat("a"), chat("bb", max_tokens=6)]
+    plain, _ = run_lines(tiny_llama_dir, tmp_path, lines)
+    split, _ = run_lines(tiny_llama_dir, tmp_path, lines, "--reasoning-parser", "deepseek_r1")
+    for before, after in zip(plain, split, strict=True):
+        old = before["response"]["body"]["choices"][0]
+        new = after["response"]["body"]["choices"][0]
+        # a random model never closes </think>: cut off inside its reasoning, no content
+        assert "</think>" not in old["message"]["content"]
+        assert new["message"]["reasoning_content"] == old["message"]["content"]
+        assert new["message"]["content"] is None
+        assert new["finish_reason"] == old["finish_reason"] == "length"
+        assert after["response"]["body"]["usage"] == before["response"]["body"]["usage"]
+    kept, _ = run_lines(tiny_llama_dir, tmp_path, lines, "--reasoning-parser", "qwen3")
+    # qwen3 without a think block: all answer
+    assert [k["response"]["body"]["choices"] for k in kept] == [
+        p["response"]["body"]["choices"] for p in plain
+    ]
+
+    source = write_jsonl(tmp_path / "in.jsonl", lines)
+    output = tmp_path / "reasoning.parquet"
+    result = run_cli(
+        "run", source, output, *engine_args(tiny_llama_dir), "--reasoning-parser", "deepseek_r1"
+    )
+    assert result.exit_code == 0, result.stderr
+    rows = pq.read_table(output).to_pylist()
+    assert [row["reasoning"] for row in rows] == [
+        p["response"]["body"]["choices"][0]["message"]["content"] for p in plain
+    ]
+    assert [row["completion"] for row in rows] == [None, None]
