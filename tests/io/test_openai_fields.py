@@ -167,3 +167,31 @@ def test_stream_true_is_refused_for_what_it_asks_and_false_passes(tmp_path: Path
 def test_ignored_fields_are_named_in_order_and_nulls_are_absent(tmp_path: Path) -> None:
     body = {"messages": HELLO, "verbosity": "low", "store": True, "metadata": None}
     assert read_row(tmp_path, "chat", body).ignored_fields == ("store", "verbosity")
+
+
+API_TITLES = {
+    "chat": "Chat completions (`/v1/chat/completions`)",
+    "completion": "Completions (`/v1/completions`)",
+    "embedding": "Embeddings (`/v1/embeddings`)",
+}
+
+
+def table_markdown(kind: str) -> str:
+    lines = [
+        f"### {API_TITLES[kind]}",
+        "",
+        "| field | outcome | what the job does |",
+        "|---|---|---|",
+    ]
+    for name, rule in sorted(TABLES[kind].items()):
+        note = rule.note
+        if rule.neutral:
+            note += " (accepted at " + ", ".join(f"`{v}`" for v in sorted(rule.neutral)) + ")"
+        lines.append(f"| `{name}` | {rule.outcome} | {note} |")
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("kind", list(TABLES))
+def test_docs_hold_the_table_as_the_code_has_it(kind: str) -> None:
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "openai.md").read_text()
+    assert table_markdown(kind) in docs
