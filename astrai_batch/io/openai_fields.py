@@ -132,7 +132,10 @@ COMPLETION_FIELDS: dict[str, BodyField] = {
         "an integer 0-5: each generated token's logprob and its N likeliest alternatives, "
         "in the Completions shape (true: the same as 0)"
     ),
-    "echo": refused("echoing the prompt before the completion is not supported yet", False),
+    "echo": honoured(
+        "the prompt (and with logprobs its tokens' logprobs, the first null) before the "
+        "completion; with max_tokens 0 the prompt alone"
+    ),
     "best_of": refused(
         "ranking several samples by their likelihood is not supported (n samples are all returned)",
         1,

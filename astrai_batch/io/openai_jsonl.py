@@ -125,11 +125,42 @@ def _choice(kind: str, position: int, sample: Mapping[str, Any]) -> dict[str, An
             "logprobs": logprobs,
             "finish_reason": finish_reason,
         }
+    echo = sample.get("echo")
+    if echo is not None:
+        text = echo["text"] + (text or "")
+        logprobs = echoed_logprobs(echo, logprobs)
     return {
         "index": position,
         "text": text or "",
         "logprobs": logprobs,
         "finish_reason": finish_reason,
+    }
+
+
+def echoed_logprobs(
+    echo: Mapping[str, Any], generated: dict[str, Any] | None
+) -> dict[str, Any] | None:
+    """The Completions shape with the prompt echoed: its tokens first (the first token's
+    logprob and alternatives null, as OpenAI and vLLM write them), then the completion's.
+    None when the line asked for no logprobs."""
+    rows = echo.get("logprobs")
+    if generated is None or rows is None:
+        return generated
+    tokens = [*echo["tokens"], *generated["tokens"]]
+    values = [None if row is None else _json_logprob(row["logprob"], 0) for row in rows]
+    top = None
+    if generated["top_logprobs"] is not None:
+        prompt_top = [None if row is None else completion_top_logprobs([row])[0] for row in rows]
+        top = [*prompt_top, *generated["top_logprobs"]]
+    offsets, offset = [], 0
+    for token in tokens:
+        offsets.append(offset)
+        offset += len(token)
+    return {
+        "tokens": tokens,
+        "token_logprobs": [*values, *generated["token_logprobs"]],
+        "top_logprobs": top,
+        "text_offset": offsets,
     }
 
 

@@ -25,7 +25,8 @@ table's: ``custom_id is missing``, ``custom_id must be a string, got integer``,
 ``url must be /v1/chat/completions, /v1/completions or /v1/embeddings, got '/v1/x'``,
 ``body is missing``, ``body must be an object, got string``, ``body is not valid JSON: ...``,
 ``body has neither messages nor prompt``, ``body.prompt holds 2 prompts; ...``,
-``body.logprobs must be an integer from 0 to 5 or a boolean, got 7``.
+``body.logprobs must be an integer from 0 to 5 or a boolean, got 7``,
+``body.echo must be a boolean, got string``.
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ class OpenAIRequest:
     chat_template_kwargs: dict[str, Any] | None
     ignored_fields: tuple[str, ...]
     tools: ToolChoice | None = None
+    echo: str | None = None  # completions' echo: "with_completion" or "prompt" (max_tokens 0)
 
 
 def parse_openai_request(record: Mapping[str, Any]) -> OpenAIRequest:
@@ -93,6 +95,7 @@ def parse_openai_request(record: Mapping[str, Any]) -> OpenAIRequest:
         overrides |= tool_constraint
     if kind == "completion" and "logprobs" in overrides:
         overrides |= _completion_logprobs(overrides.pop("logprobs"))
+    echo = _echo(body.get("echo"), overrides) if kind == "completion" else None
     kwargs = validate_template_kwargs(
         body.get(TEMPLATE_KWARGS_FIELD), f"body.{TEMPLATE_KWARGS_FIELD}"
     )
@@ -101,7 +104,7 @@ def parse_openai_request(record: Mapping[str, Any]) -> OpenAIRequest:
         if not isinstance(effort, str):
             raise RowProblem(f"body.reasoning_effort must be a string, got {json_type(effort)}")
         kwargs = {"reasoning_effort": effort, **(kwargs or {})}
-    return OpenAIRequest(content, overrides, kwargs, ignored, tools)
+    return OpenAIRequest(content, overrides, kwargs, ignored, tools, echo)
 
 
 def check_line(record: Mapping[str, Any]) -> None:
@@ -131,6 +134,24 @@ def completion_prompt(value: Any) -> dict[str, Any]:
     if isinstance(value, list):
         return {"prompt_token_ids": validate_token_ids(value, "body.prompt")}
     return {"prompt": validate_prompt(value, "body.prompt")}
+
+
+def _echo(value: Any, overrides: dict[str, Any]) -> str | None:
+    """Completions' ``echo``: the prompt and, with logprobs, its tokens' logprobs (vLLM's
+    prompt logprobs, N alternatives as asked) before the completion. ``max_tokens: 0``
+    scores the prompt alone: one token is generated and left out of the answer."""
+    if value is None or value is False:
+        return None
+    if value is not True:
+        raise RowProblem(f"body.echo must be a boolean, got {json_type(value)}")
+    if overrides.get("logprobs") is True:
+        asked = overrides.get("top_logprobs", 0)
+        overrides["prompt_logprobs"] = max(asked, overrides.get("prompt_logprobs") or 0)
+    if overrides.get("max_tokens") == 0:
+        overrides["max_tokens"] = 1
+        overrides.pop("min_tokens", None)
+        return "prompt"
+    return "with_completion"
 
 
 def _completion_logprobs(value: Any) -> dict[str, Any]:

@@ -61,7 +61,7 @@ def parse_record(
     ids = {"index": index, "id": identity.id, "custom_id": identity.custom_id, "kept": kept}
     adapter: dict[str, str | None] = {}
     ignored: tuple[str, ...] = ()
-    tools: dict[str, Any] = {}
+    extras: dict[str, Any] = {}  # an OpenAI line's tools and echo
     try:
         if identity.error is not None:
             raise RowProblem(identity.error)
@@ -77,7 +77,9 @@ def parse_record(
             content, overrides = request.content, request.overrides
             kwargs, ignored = request.chat_template_kwargs, request.ignored_fields
             if request.tools is not None:
-                tools = {"tools": request.tools.tools, "tool_choice": request.tools.mode}
+                extras |= {"tools": request.tools.tools, "tool_choice": request.tools.mode}
+            if request.echo is not None:
+                extras["echo"] = request.echo
             adapter["model"] = body_model(record)
         else:
             field_name = plan.prompt_column or shape
@@ -98,7 +100,7 @@ def parse_record(
         chat_template_kwargs=kwargs,
         continuations=continuations,
         ignored_fields=ignored,
-        **tools,
+        **extras,
         **adapter,
         **content,
     )

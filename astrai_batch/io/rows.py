@@ -88,6 +88,8 @@ class InputRow:
     # "auto", "required" or "function:NAME" (`io.openai_tools`); None: no tool calls
     tools: tuple[Mapping[str, Any], ...] | None = None
     tool_choice: str | None = None
+    # an OpenAI completions line's echo: "with_completion", or "prompt" (max_tokens 0)
+    echo: str | None = None
 
     def __post_init__(self) -> None:
         if self.index < 0:

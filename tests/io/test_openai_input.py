@@ -151,11 +151,41 @@ def test_fields_that_change_meaning_are_row_errors(
 def test_completion_only_fields_are_rejected_unless_neutral(write_jsonl) -> None:
     neutral = request(url=COMPLETIONS, prompt="p", echo=False, best_of=1, suffix="")
     assert only_row(write_jsonl, neutral).error is None
-    echo = request(url=COMPLETIONS, prompt="p", echo=True)
-    assert only_row(write_jsonl, echo).error == (
-        "body.echo cannot be honoured: echoing the prompt before the completion is not "
-        "supported yet"
+    suffix = request(url=COMPLETIONS, prompt="p", suffix="end")
+    assert only_row(write_jsonl, suffix).error == (
+        "body.suffix cannot be honoured: inserting between a prompt and a suffix needs a "
+        "fill-in-the-middle model"
     )
+
+
+@pytest.mark.parametrize(
+    ("fields", "echo", "overrides"),
+    [
+        ({}, "with_completion", {}),
+        (
+            {"logprobs": 2},
+            "with_completion",
+            {"logprobs": True, "top_logprobs": 2, "prompt_logprobs": 2},
+        ),
+        (
+            {"logprobs": 1, "max_tokens": 0},
+            "prompt",
+            {"logprobs": True, "top_logprobs": 1, "prompt_logprobs": 1, "max_tokens": 1},
+        ),
+        (
+            {"logprobs": 0, "max_tokens": 0},
+            "prompt",
+            {"logprobs": True, "prompt_logprobs": 0, "max_tokens": 1},
+        ),
+    ],
+)
+def test_echo_asks_for_the_prompt_and_its_logprobs(
+    write_jsonl, fields: dict[str, Any], echo: str, overrides: dict[str, Any]
+) -> None:
+    row = only_row(write_jsonl, request(url=COMPLETIONS, prompt="p", echo=True, **fields))
+    assert (row.echo, row.overrides) == (echo, overrides)
+    bad = only_row(write_jsonl, request(url=COMPLETIONS, prompt="p", echo="yes"))
+    assert bad.error == "body.echo must be a boolean, got string"
 
 
 def test_reasoning_effort_is_a_template_variable_under_chat_template_kwargs(write_jsonl) -> None:

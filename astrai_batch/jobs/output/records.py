@@ -24,10 +24,13 @@ from astrai_batch.jobs.planning.window import PreparedRow
 INDEX_COLUMN = "__astrai_row_index"
 KIND_COLUMN = "__astrai_kind"
 CUSTOM_ID_COLUMN = "__astrai_custom_id"
+# an OpenAI completions line with echo: its prompt's token ids (null otherwise)
+ECHO_COLUMN = "__astrai_echo_prompt"
 INTERNAL_FIELDS = (
     pa.field(INDEX_COLUMN, pa.int64(), nullable=False),
     pa.field(KIND_COLUMN, pa.string(), nullable=False),
     pa.field(CUSTOM_ID_COLUMN, pa.string()),
+    pa.field(ECHO_COLUMN, pa.list_(pa.int32())),
 )
 
 
@@ -136,9 +139,26 @@ def row_records(
             INDEX_COLUMN: row.index,
             KIND_COLUMN: row.kind,
             CUSTOM_ID_COLUMN: row.custom_id,
+            **_echo(row, sample),
         }
         for sample in sorted(samples, key=lambda s: s.sample_index)
     ]
+
+
+def _echo(row: PreparedRow, sample: GenerationResult) -> dict[str, Any]:
+    """An echo row's prompt ids; with max_tokens 0 (echo "prompt") the one token generated
+    to get there is left out, so the row answers the prompt alone."""
+    if row.echo is None:
+        return {}
+    out: dict[str, Any] = {ECHO_COLUMN: list(row.token_ids or ())}
+    if row.echo == "prompt":
+        out |= {"completion": "", "completion_tokens": 0, "completion_token_ids": []}
+        out |= {"finish_reason": "length"}
+        if sample.logprobs is not None:
+            out["logprobs"] = []
+        if sample.top_logprobs is not None:
+            out["top_logprobs"] = []
+    return out
 
 
 def _parsed(

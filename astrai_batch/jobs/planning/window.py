@@ -49,6 +49,7 @@ class PreparedRow:
     continuations: tuple[tuple[int, ...], ...] | None = None
     embed: EmbedRequest | None = None  # --task embed
     tool_choice: str | None = None  # an OpenAI chat line's (`io.openai_tools`)
+    echo: str | None = None  # an OpenAI completions line's (`io.openai_request`)
 
     def __post_init__(self) -> None:
         runnable = self.token_ids is not None and self.params is not None
@@ -228,6 +229,7 @@ def prepare_window(
             continuations=scored.get(position) if error is None else None,
             embed=embed if error is None else None,
             tool_choice=row.tool_choice if error is None else None,
+            echo=row.echo if error is None else None,
         )
         for position, (row, token_ids, params, error) in enumerate(staged)
     )
