@@ -74,7 +74,10 @@ _SAMPLING = {
     "stop": honoured("stop strings, left out of the text"),
     "presence_penalty": honoured("as OpenAI defines it"),
     "frequency_penalty": honoured("as OpenAI defines it"),
-    "logit_bias": refused("per-token logit biases are not applied by this runner's sampler", {}),
+    "logit_bias": honoured(
+        "token id -> bias in [-100, 100], added to the logits before penalties and "
+        "constraints (a constraint's forbidden tokens stay forbidden)"
+    ),
     "user": ignored("an end-user tag for OpenAI's abuse monitoring"),
     "stream": refused(
         "a batch job writes each response whole, never as a stream (give false or leave it out)",

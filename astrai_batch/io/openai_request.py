@@ -53,7 +53,7 @@ CHAT_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"
 EMBEDDINGS_URL = "/v1/embeddings"
 
-BODY_OVERRIDE_FIELDS = (*OVERRIDE_FIELDS, "max_completion_tokens")
+BODY_OVERRIDE_FIELDS = (*OVERRIDE_FIELDS, "max_completion_tokens", "logit_bias")
 MAX_COMPLETION_LOGPROBS = 5  # the Completions API's limit on its integer `logprobs`
 
 

@@ -327,3 +327,43 @@ def test_lm_eval_completions_requests_give_the_score_tasks_loglikelihoods(
         body["choices"][0]["logprobs"]["token_logprobs"][0] = 0.0
         body["choices"][0]["logprobs"]["top_logprobs"][0] = {}
         Completion.model_validate(body)
+
+
+def test_logit_bias_steers_generation_and_never_breaks_a_constraint(
+    tiny_llama_dir: Path, tmp_path: Path
+) -> None:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama_dir)
+    z = tokenizer.convert_tokens_to_ids("z")
+    plain = line("plain", COMPLETIONS, prompt=question(4), max_tokens=4, logprobs=0)
+    out, _ = run_lines(tiny_llama_dir, tmp_path, [plain], "--ignore-eos")
+    first = tokenizer(out[0]["response"]["body"]["choices"][0]["logprobs"]["tokens"][0])
+    schema = {"type": "object", "properties": {"a": {"enum": ["yes", "no"]}}, "required": ["a"]}
+    lines = [
+        line("forced", COMPLETIONS, prompt=question(4), max_tokens=4, logit_bias={str(z): 100}),
+        line(
+            "banned",
+            COMPLETIONS,
+            prompt=question(4),
+            max_tokens=1,
+            logit_bias={str(first["input_ids"][-1]): -100},
+        ),
+        chat(
+            "constrained",
+            max_tokens=60,
+            logit_bias={str(z): 100},
+            response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": schema}},
+        ),
+        line("outside", COMPLETIONS, prompt=question(4), logit_bias={"100000": 1}),
+    ]
+    out, _ = run_lines(tiny_llama_dir, tmp_path, lines, "--ignore-eos")
+    assert out[0]["response"]["body"]["choices"][0]["text"] == "zzzz"
+    assert not out[1]["response"]["body"]["choices"][0]["text"].startswith(
+        tokenizer.decode(first["input_ids"][-1:])
+    )
+    answer = json.loads(out[2]["response"]["body"]["choices"][0]["message"]["content"])
+    assert answer["a"] in ("yes", "no")  # the grammar's -inf wins over +100
+    assert out[3]["error"]["message"] == (
+        f"logit_bias token id 100000 is outside the vocabulary (size {len(tokenizer)})"
+    )
