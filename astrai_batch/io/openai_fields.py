@@ -151,8 +151,13 @@ COMPLETION_FIELDS: dict[str, BodyField] = {
 EMBEDDING_FIELDS: dict[str, BodyField] = {
     "input": honoured("a string or a list of token ids"),
     "model": _SAMPLING["model"],
-    "dimensions": honoured("must match the job's --dimensions (one column size)"),
-    "encoding_format": refused("only float embeddings are written", "float"),
+    "dimensions": honoured(
+        "truncation to the first N values, then unit norm; with --task embed it must be the "
+        "job's --dimensions (one column size)"
+    ),
+    "encoding_format": honoured(
+        "float (a list of numbers) or base64 (the little-endian float32 bytes, as OpenAI)"
+    ),
     "user": _SAMPLING["user"],
 }
 

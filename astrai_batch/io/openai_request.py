@@ -206,6 +206,4 @@ def _request_kind(url: Any, body: Mapping[str, Any]) -> str:
         return "chat"
     if url == COMPLETIONS_URL:
         return "completion"
-    if url == EMBEDDINGS_URL:
-        raise RowProblem(f"url {EMBEDDINGS_URL} runs with --task embed, not --task generate")
     raise RowProblem(f"url must be {CHAT_URL}, {COMPLETIONS_URL} or {EMBEDDINGS_URL}, got {url!r}")

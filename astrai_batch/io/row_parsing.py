@@ -61,15 +61,20 @@ def parse_record(
     ids = {"index": index, "id": identity.id, "custom_id": identity.custom_id, "kept": kept}
     adapter: dict[str, str | None] = {}
     ignored: tuple[str, ...] = ()
-    extras: dict[str, Any] = {}  # an OpenAI line's tools and echo
+    extras: dict[str, Any] = {}  # an OpenAI line's tools, echo, embedding format
     try:
         if identity.error is not None:
             raise RowProblem(identity.error)
         if shape is None:
             raise RowProblem(NO_SHAPE_MESSAGE)
-        if shape == "openai" and plan.task == "embed" and record.get("url") == EMBEDDINGS_URL:
+        if shape == "openai" and record.get("url") == EMBEDDINGS_URL:
+            # the url decides: an embeddings line embeds in a generate job too
             check_line(record)
+            if plan.task == "score":
+                raise RowProblem(f"url {EMBEDDINGS_URL} runs with --task generate or embed")
             content, overrides, ignored = parse_embeddings_request(_body(record))
+            encoding = _body(record).get("encoding_format")
+            extras["embedding"] = "base64" if encoding == "base64" else "float"
             kwargs = None
             adapter["model"] = body_model(record)
         elif shape == "openai":

@@ -90,6 +90,8 @@ class InputRow:
     tool_choice: str | None = None
     # an OpenAI completions line's echo: "with_completion", or "prompt" (max_tokens 0)
     echo: str | None = None
+    # an OpenAI /v1/embeddings line: its encoding_format ("float" or "base64")
+    embedding: str | None = None
 
     def __post_init__(self) -> None:
         if self.index < 0:

@@ -98,6 +98,7 @@ def result_schema(
     prompt_logprobs: bool = False,
     tool_calls: bool = False,
     reasoning: bool = False,
+    embeddings: bool = False,
 ) -> pa.Schema:
     """RESULT_SCHEMA plus, in this order, token ids, logprobs, tool calls, reasoning, the
     task's columns and the kept input columns (with their input types, nullable because a
@@ -119,6 +120,8 @@ def result_schema(
         fields.extend(field for task_fields in TASK_FIELDS.values() for field in task_fields)
     else:
         fields.extend(TASK_FIELDS.get(task, ()))
+        if embeddings and task == "generate":  # OpenAI embeddings lines in a generate job
+            fields.extend(EMBED_FIELDS)
     for kept_field in kept or pa.schema([]):
         if kept_field.name in {field.name for field in fields}:
             raise ConfigError(

@@ -233,10 +233,6 @@ def test_completion_logprobs_integer(write_jsonl, logprobs: Any, overrides: dict
         (request(custom_id=12), "custom_id must be a string, got integer"),
         ({**request(), "method": "GET"}, "method must be POST, got 'GET'"),
         (
-            request(url="/v1/embeddings", input="x"),
-            "url /v1/embeddings runs with --task embed, not --task generate",
-        ),
-        (
             request(url="/v1/responses", input="x"),
             "url must be /v1/chat/completions, /v1/completions or /v1/embeddings, "
             "got '/v1/responses'",
@@ -286,3 +282,14 @@ def test_id_column_overrides_custom_id_but_custom_id_is_kept(write_jsonl) -> Non
     path = write_jsonl("batch.jsonl", [line])
     [row] = open_input(path, id_column="row_key").iter_rows()
     assert (row.id, row.custom_id) == ("k-1", "cid")
+
+
+def test_an_embeddings_line_is_an_embedding_row_in_any_job(write_jsonl) -> None:
+    line = request("e", url="/v1/embeddings", input="x", encoding_format="base64", dimensions=4)
+    row = only_row(write_jsonl, line)
+    assert (row.error, row.prompt, row.embedding, row.overrides) == (
+        None,
+        "x",
+        "base64",
+        {"dimensions": 4},
+    )

@@ -10,6 +10,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
+import torch
 from jobs.jobkit import engine_args, question, run_cli, write_jsonl
 from openai.types import Completion, CreateEmbeddingResponse
 from openai.types.chat import ChatCompletion
@@ -39,19 +40,26 @@ def run_lines(
     source = write_jsonl(tmp_path / "in.jsonl", lines)
     output = tmp_path / "out.jsonl"
     args = [*engine_args(model_dir, *extra), "--output-format", "openai-jsonl", "--overwrite"]
+    if "--task" in extra:  # the other tasks take no --max-tokens
+        at = args.index("--max-tokens")
+        del args[at : at + 2]
     result = run_cli("run", source, output, *args)
     assert result.exit_code == 0, result.stderr
     out = [json.loads(text) for text in output.read_text().splitlines()]
     for item in out:
         if item["response"] is not None:
             body = item["response"]["body"]
-            if not echoed(body):  # validated by the echo test, around the first token's null
+            if not validated_by_its_test(body):
                 RESPONSE_TYPES[body["object"]].model_validate(body, strict=False)
     return out, result.stderr
 
 
-def echoed(body: dict[str, Any]) -> bool:
-    logprobs = body["choices"][0].get("logprobs") if body.get("choices") else None
+def validated_by_its_test(body: dict[str, Any]) -> bool:
+    """Bodies whose test validates them around what the openai types do not admit: an echoed
+    prompt's first null logprob, a base64 embedding (text the client decodes)."""
+    if body["object"] == "list":
+        return isinstance(body["data"][0]["embedding"], str)
+    logprobs = body["choices"][0].get("logprobs")
     return bool(
         logprobs and logprobs.get("token_logprobs") and logprobs["token_logprobs"][0] is None
     )
@@ -367,3 +375,45 @@ def test_logit_bias_steers_generation_and_never_breaks_a_constraint(
     assert out[3]["error"]["message"] == (
         f"logit_bias token id 100000 is outside the vocabulary (size {len(tokenizer)})"
     )
+
+
+def test_embeddings_lines_embed_in_a_generate_job(tiny_llama_dir: Path, tmp_path: Path) -> None:
+    import base64
+    import struct
+
+    texts = ["The capital of France is Paris.", "def add(a, b): return a + b"]
+    embed_lines = [line(f"e{k}", "/v1/embeddings", input=text) for k, text in enumerate(texts)]
+    # the reference: the same lines in a --task embed job
+    reference, _ = run_lines(tiny_llama_dir, tmp_path, embed_lines, "--task", "embed")
+    vectors = [item["response"]["body"]["data"][0]["embedding"] for item in reference]
+
+    lines = [
+        chat("chat"),
+        *embed_lines,
+        line("b64", "/v1/embeddings", input=texts[0], encoding_format="base64"),
+        line("d8", "/v1/embeddings", input=texts[1], dimensions=8),
+        line("bad", "/v1/embeddings", input=texts[1], encoding_format="int8"),
+    ]
+    out, _ = run_lines(tiny_llama_dir, tmp_path, lines)
+    assert out[0]["response"]["body"]["object"] == "chat.completion"
+    assert [item["response"]["body"]["data"][0]["embedding"] for item in out[1:3]] == vectors
+    encoded = out[3]["response"]["body"]["data"][0]["embedding"]
+    raw = base64.b64decode(encoded)
+    decoded = list(struct.unpack(f"<{len(raw) // 4}f", raw))
+    assert decoded == [struct.unpack("<f", struct.pack("<f", v))[0] for v in vectors[0]]
+    body = json.loads(json.dumps(out[3]["response"]["body"]))
+    body["data"][0]["embedding"] = decoded  # what the openai client decodes base64 into
+    CreateEmbeddingResponse.model_validate(body)
+    short = torch.tensor(out[4]["response"]["body"]["data"][0]["embedding"])
+    raw_full = torch.tensor(vectors[1])
+    assert len(short) == 8
+    assert torch.allclose(short, torch.nn.functional.normalize(raw_full[:8], dim=0), atol=1e-6)
+    assert out[5]["error"]["message"] == "body.encoding_format must be float or base64, got 'int8'"
+
+    # Parquet: the vectors in an embedding column beside the completions
+    source = write_jsonl(tmp_path / "mixed.jsonl", lines)
+    result = run_cli("run", source, tmp_path / "mixed.parquet", *engine_args(tiny_llama_dir))
+    assert result.exit_code == 0, result.stderr
+    rows = pq.read_table(tmp_path / "mixed.parquet").to_pylist()
+    assert rows[0]["embedding"] is None and isinstance(rows[0]["completion"], str)
+    assert [row["embedding"] for row in rows[1:3]] == vectors

@@ -285,9 +285,15 @@ def test_openai_batch_lines_in_and_out(tiny_llama_dir: Path, tmp_path: Path, out
             "body": {"model": "any", "prompt": question(2), "max_tokens": 2, "n": 2},
         },
         {
-            "custom_id": "bad-3",
+            "custom_id": "embed-3",
             "method": "POST",
             "url": "/v1/embeddings",
+            "body": {"input": "x"},
+        },
+        {
+            "custom_id": "bad-4",
+            "method": "POST",
+            "url": "/v1/responses",
             "body": {"input": "x"},
         },
     ]
@@ -310,7 +316,8 @@ def test_openai_batch_lines_in_and_out(tiny_llama_dir: Path, tmp_path: Path, out
     assert [(line["id"], line["custom_id"]) for line in lines] == [
         ("batch_req_0", "chat-1"),
         ("batch_req_1", "text-2"),
-        ("batch_req_2", "bad-3"),
+        ("batch_req_2", "embed-3"),
+        ("batch_req_3", "bad-4"),
     ]
     chat = lines[0]["response"]["body"]
     assert chat["object"] == "chat.completion" and chat["model"] == "any"
@@ -320,10 +327,13 @@ def test_openai_batch_lines_in_and_out(tiny_llama_dir: Path, tmp_path: Path, out
     assert text["object"] == "text_completion"
     assert [choice["index"] for choice in text["choices"]] == [0, 1]
     assert text["usage"]["completion_tokens"] <= 2 * 2
-    assert lines[2]["response"] is None
-    assert lines[2]["error"] == {
+    # the url decides the task: an embeddings line embeds in a generate job
+    assert lines[2]["response"]["body"]["object"] == "list"
+    assert lines[3]["response"] is None
+    assert lines[3]["error"] == {
         "code": "invalid_request",
-        "message": "url /v1/embeddings runs with --task embed, not --task generate",
+        "message": "url must be /v1/chat/completions, /v1/completions or /v1/embeddings, "
+        "got '/v1/responses'",
     }
 
 

@@ -83,6 +83,13 @@ class JobExecution:
             if config.task == "embed"
             else None
         )
+        # a generate job embeds its /v1/embeddings lines (the url decides), each at its own
+        # body.dimensions
+        self.line_embed = (
+            job_embed_request(config.pooling, config.normalize, None, loaded.model.name_or_path)
+            if config.task == "generate"
+            else None
+        )
         saved = checkpoint.total_stats()
         self.rows_before = saved.input_rows
         self.failed_rows = saved.failed_rows
@@ -209,6 +216,7 @@ class JobExecution:
                     self.config.model, self.loaded.name, self.config.served_model_name
                 ),
                 tool_parser=self.config.tool_call_parser,
+                line_embed=self.line_embed,
             )
 
         window = await anyio.to_thread.run_sync(work)

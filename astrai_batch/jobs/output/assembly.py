@@ -26,6 +26,7 @@ from astrai_batch.jobs.output.lora_stats import SOURCE_COLUMNS, adapter_counts, 
 from astrai_batch.jobs.output.records import (
     CUSTOM_ID_COLUMN,
     ECHO_COLUMN,
+    EMBEDDING_FORMAT_COLUMN,
     INDEX_COLUMN,
     KIND_COLUMN,
 )
@@ -107,6 +108,7 @@ OPENAI_COLUMNS = [
     KIND_COLUMN,
     CUSTOM_ID_COLUMN,
     ECHO_COLUMN,
+    EMBEDDING_FORMAT_COLUMN,
 ]
 
 
@@ -153,7 +155,12 @@ def _write_openai_row(
         writer.write_error(custom_id, code="invalid_request", message=first["error"], index=index)
         return
     if first.get("embedding") is not None:
-        body = embeddings_response_body(model_name, first["embedding"], first["prompt_tokens"])
+        body = embeddings_response_body(
+            model_name,
+            first["embedding"],
+            first["prompt_tokens"],
+            first.get(EMBEDDING_FORMAT_COLUMN) or "float",
+        )
         writer.write_response(custom_id, body, index=index)
         return
     samples = []

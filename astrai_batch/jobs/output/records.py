@@ -26,11 +26,14 @@ KIND_COLUMN = "__astrai_kind"
 CUSTOM_ID_COLUMN = "__astrai_custom_id"
 # an OpenAI completions line with echo: its prompt's token ids (null otherwise)
 ECHO_COLUMN = "__astrai_echo_prompt"
+# an OpenAI embeddings line: its encoding_format, float or base64 (null otherwise)
+EMBEDDING_FORMAT_COLUMN = "__astrai_embedding_format"
 INTERNAL_FIELDS = (
     pa.field(INDEX_COLUMN, pa.int64(), nullable=False),
     pa.field(KIND_COLUMN, pa.string(), nullable=False),
     pa.field(CUSTOM_ID_COLUMN, pa.string()),
     pa.field(ECHO_COLUMN, pa.list_(pa.int32())),
+    pa.field(EMBEDDING_FORMAT_COLUMN, pa.string()),
 )
 
 
@@ -61,8 +64,10 @@ def output_schema(
     prompt_logprobs: bool = False,
     tool_calls: bool = False,
     reasoning: bool = False,
+    embeddings: bool = False,
 ) -> pa.Schema:
-    """The schema of the final Parquet output (a subset of the part schema's columns)."""
+    """The schema of the final Parquet output (a subset of the part schema's columns);
+    `embeddings`: a generate job's embeddings lines keep their vectors (any size)."""
     return result_schema(
         save_tokens,
         logprobs,
@@ -72,6 +77,7 @@ def output_schema(
         prompt_logprobs=prompt_logprobs,
         tool_calls=tool_calls,
         reasoning=reasoning,
+        embeddings=embeddings,
     )
 
 
@@ -93,6 +99,7 @@ def error_record(row: PreparedRow, message: str) -> dict[str, Any]:
         INDEX_COLUMN: row.index,
         KIND_COLUMN: row.kind,
         CUSTOM_ID_COLUMN: row.custom_id,
+        EMBEDDING_FORMAT_COLUMN: row.embedding,
     }
 
 
