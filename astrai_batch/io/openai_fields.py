@@ -139,9 +139,8 @@ COMPLETION_FIELDS: dict[str, BodyField] = {
         "the prompt (and with logprobs its tokens' logprobs, the first null) before the "
         "completion; with max_tokens 0 the prompt alone"
     ),
-    "best_of": refused(
-        "ranking several samples by their likelihood is not supported (n samples are all returned)",
-        1,
+    "best_of": honoured(
+        "generates best_of samples and returns the n likeliest (sum of token logprobs)"
     ),
     "suffix": refused(
         "inserting between a prompt and a suffix needs a fill-in-the-middle model", ""

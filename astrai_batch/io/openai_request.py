@@ -46,7 +46,7 @@ from astrai_batch.io.row_validation import (
     validate_template_kwargs,
     validate_token_ids,
 )
-from astrai_batch.io.rows import OVERRIDE_FIELDS, TEMPLATE_KWARGS_FIELD, RowProblem
+from astrai_batch.io.rows import OVERRIDE_FIELDS, TEMPLATE_KWARGS_FIELD, BestOf, RowProblem
 from astrai_batch.json_types import json_type
 
 CHAT_URL = "/v1/chat/completions"
@@ -67,6 +67,7 @@ class OpenAIRequest:
     ignored_fields: tuple[str, ...]
     tools: ToolChoice | None = None
     echo: str | None = None  # completions' echo: "with_completion" or "prompt" (max_tokens 0)
+    best_of: BestOf | None = None
 
 
 def parse_openai_request(record: Mapping[str, Any]) -> OpenAIRequest:
@@ -95,6 +96,7 @@ def parse_openai_request(record: Mapping[str, Any]) -> OpenAIRequest:
         overrides |= tool_constraint
     if kind == "completion" and "logprobs" in overrides:
         overrides |= _completion_logprobs(overrides.pop("logprobs"))
+    best_of = _best_of(body.get("best_of"), overrides) if kind == "completion" else None
     echo = _echo(body.get("echo"), overrides) if kind == "completion" else None
     kwargs = validate_template_kwargs(
         body.get(TEMPLATE_KWARGS_FIELD), f"body.{TEMPLATE_KWARGS_FIELD}"
@@ -104,7 +106,7 @@ def parse_openai_request(record: Mapping[str, Any]) -> OpenAIRequest:
         if not isinstance(effort, str):
             raise RowProblem(f"body.reasoning_effort must be a string, got {json_type(effort)}")
         kwargs = {"reasoning_effort": effort, **(kwargs or {})}
-    return OpenAIRequest(content, overrides, kwargs, ignored, tools, echo)
+    return OpenAIRequest(content, overrides, kwargs, ignored, tools, echo, best_of)
 
 
 def check_line(record: Mapping[str, Any]) -> None:
@@ -134,6 +136,31 @@ def completion_prompt(value: Any) -> dict[str, Any]:
     if isinstance(value, list):
         return {"prompt_token_ids": validate_token_ids(value, "body.prompt")}
     return {"prompt": validate_prompt(value, "body.prompt")}
+
+
+def _best_of(value: Any, overrides: dict[str, Any]) -> BestOf | None:
+    """Completions' ``best_of``: generate that many samples and return the ``n`` likeliest
+    (by the sum of their tokens' logprobs). Equal to ``n``: nothing to choose."""
+    if value is None:
+        return None
+    n = overrides.get("n", 1)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise RowProblem(f"body.best_of must be a positive integer, got {_value(value)}")
+    if not isinstance(n, bool) and isinstance(n, int) and value < n:
+        raise RowProblem(f"body.best_of ({value}) must be at least body.n ({n})")
+    if value == n:
+        return None
+    shown = overrides.get("logprobs") is True
+    overrides |= {"n": value, "logprobs": True}
+    return BestOf(keep=n, logprobs=shown)
+
+
+def _value(value: Any) -> str:
+    return (
+        repr(value)
+        if isinstance(value, (int, float)) and not isinstance(value, bool)
+        else json_type(value)
+    )
 
 
 def _echo(value: Any, overrides: dict[str, Any]) -> str | None:

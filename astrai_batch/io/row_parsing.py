@@ -85,6 +85,8 @@ def parse_record(
                 extras |= {"tools": request.tools.tools, "tool_choice": request.tools.mode}
             if request.echo is not None:
                 extras["echo"] = request.echo
+            if request.best_of is not None:
+                extras["best_of"] = request.best_of
             adapter["model"] = body_model(record)
         else:
             field_name = plan.prompt_column or shape

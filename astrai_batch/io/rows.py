@@ -58,6 +58,15 @@ CONSTRAINT_COLUMNS = ("json_schema", "regex", "choice", "grammar")
 
 
 @dataclass(frozen=True)
+class BestOf:
+    """Completions' ``best_of``: of the row's samples, return the `keep` likeliest (sum of
+    logprobs), with their logprobs only when the line asked for them."""
+
+    keep: int
+    logprobs: bool
+
+
+@dataclass(frozen=True)
 class InputRow:
     """A prompt to run, or the reason the stored record cannot be one.
 
@@ -92,6 +101,7 @@ class InputRow:
     echo: str | None = None
     # an OpenAI /v1/embeddings line: its encoding_format ("float" or "base64")
     embedding: str | None = None
+    best_of: BestOf | None = None  # an OpenAI completions line's best_of above its n
 
     def __post_init__(self) -> None:
         if self.index < 0:

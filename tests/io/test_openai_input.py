@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from astrai_batch.io import InputRow, open_input
+from astrai_batch.io.rows import BestOf
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -293,3 +294,17 @@ def test_an_embeddings_line_is_an_embedding_row_in_any_job(write_jsonl) -> None:
         "base64",
         {"dimensions": 4},
     )
+
+
+def test_best_of_generates_more_and_keeps_n(write_jsonl) -> None:
+    row = only_row(write_jsonl, request(url=COMPLETIONS, prompt="p", best_of=3, n=2))
+    assert row.overrides == {"n": 3, "logprobs": True}
+    assert row.best_of == BestOf(keep=2, logprobs=False)
+    shown = only_row(write_jsonl, request(url=COMPLETIONS, prompt="p", best_of=2, logprobs=1))
+    assert shown.best_of == BestOf(keep=1, logprobs=True)
+    same = only_row(write_jsonl, request(url=COMPLETIONS, prompt="p", best_of=2, n=2))
+    assert (same.best_of, same.overrides) == (None, {"n": 2})
+    fewer = only_row(write_jsonl, request(url=COMPLETIONS, prompt="p", best_of=1, n=2))
+    assert fewer.error == "body.best_of (1) must be at least body.n (2)"
+    bad = only_row(write_jsonl, request(url=COMPLETIONS, prompt="p", best_of="3"))
+    assert bad.error == "body.best_of must be a positive integer, got string"

@@ -5,6 +5,7 @@ body.model, the Completions API's logprobs; every success body is validated with
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -417,3 +418,19 @@ def test_embeddings_lines_embed_in_a_generate_job(tiny_llama_dir: Path, tmp_path
     rows = pq.read_table(tmp_path / "mixed.parquet").to_pylist()
     assert rows[0]["embedding"] is None and isinstance(rows[0]["completion"], str)
     assert [row["embedding"] for row in rows[1:3]] == vectors
+
+
+def test_best_of_returns_the_likeliest_of_its_samples(tiny_llama_dir: Path, tmp_path: Path) -> None:
+    body = {"prompt": question(5), "max_tokens": 4, "temperature": 1.0, "seed": 7}
+    every, _ = run_lines(
+        tiny_llama_dir, tmp_path, [line("r", COMPLETIONS, n=4, logprobs=0, **body)]
+    )
+    samples = every[0]["response"]["body"]["choices"]
+    ranked = sorted(
+        samples, key=lambda c: (-math.fsum(c["logprobs"]["token_logprobs"]), c["index"])
+    )
+    best, _ = run_lines(tiny_llama_dir, tmp_path, [line("r", COMPLETIONS, n=2, best_of=4, **body)])
+    choices = best[0]["response"]["body"]["choices"]
+    assert [c["text"] for c in choices] == [c["text"] for c in ranked[:2]]
+    assert [c["index"] for c in choices] == [0, 1]
+    assert [c["logprobs"] for c in choices] == [None, None]  # the line did not ask for them

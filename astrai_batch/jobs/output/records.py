@@ -9,6 +9,8 @@ inputs that are not OpenAI batch lines).
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,6 +19,7 @@ import pyarrow as pa
 from astrai_batch.engine.types import GenerationResult
 from astrai_batch.errors import AstraiBatchError
 from astrai_batch.io import result_schema
+from astrai_batch.io.rows import BestOf
 from astrai_batch.jobs.output.response_parsing import ResponseParsing
 from astrai_batch.jobs.output.task_records import embed_record, logprob_rows, score_record
 from astrai_batch.jobs.planning.window import PreparedRow
@@ -126,6 +129,8 @@ def row_records(
         return [score_record(row, samples[0], error_record(row, ""))]
     if samples[0].embedding is not None:
         return [embed_record(samples[0], error_record(row, ""))]
+    if row.best_of is not None:
+        samples = best_samples(samples, row.best_of)
     return [
         {
             "id": row.id,
@@ -149,6 +154,21 @@ def row_records(
             **_echo(row, sample),
         }
         for sample in sorted(samples, key=lambda s: s.sample_index)
+    ]
+
+
+def best_samples(samples: Sequence[GenerationResult], best: BestOf) -> list[GenerationResult]:
+    """Completions' ``best_of``: the `best.keep` likeliest samples (the sum of their tokens'
+    logprobs; the lower sample index first on a tie), numbered 0.. in that order, their
+    logprobs kept only when the line asked for them."""
+    ranked = sorted(samples, key=lambda s: (-math.fsum(s.logprobs or ()), s.sample_index))
+    return [
+        dataclasses.replace(
+            sample,
+            sample_index=place,
+            logprobs=sample.logprobs if best.logprobs else None,
+        )
+        for place, sample in enumerate(ranked[: best.keep])
     ]
 
 

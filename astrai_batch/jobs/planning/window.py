@@ -20,6 +20,7 @@ from astrai_batch.engine.tasks.scoring_types import ScoreRequest
 from astrai_batch.engine.types import GenerationRequest
 from astrai_batch.errors import AstraiBatchError, ConfigError
 from astrai_batch.io import InputRow
+from astrai_batch.io.rows import BestOf
 from astrai_batch.jobs.planning.embed_rows import embed_row_problem
 from astrai_batch.jobs.planning.prefix_order import plan_window
 from astrai_batch.jobs.planning.score_pairs import score_encodings
@@ -52,6 +53,7 @@ class PreparedRow:
     tool_choice: str | None = None  # an OpenAI chat line's (`io.openai_tools`)
     echo: str | None = None  # an OpenAI completions line's (`io.openai_request`)
     embedding: str | None = None  # an OpenAI embeddings line's encoding_format
+    best_of: BestOf | None = None  # an OpenAI completions line's (`io.rows.BestOf`)
 
     def __post_init__(self) -> None:
         runnable = self.token_ids is not None and self.params is not None
@@ -260,6 +262,7 @@ def prepare_window(
             tool_choice=row.tool_choice if error is None else None,
             echo=row.echo if error is None else None,
             embedding=row.embedding if error is None else None,
+            best_of=row.best_of if error is None else None,
         )
         for position, (row, token_ids, params, error) in enumerate(staged)
     )
