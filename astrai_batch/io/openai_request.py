@@ -96,8 +96,9 @@ def parse_openai_request(record: Mapping[str, Any]) -> OpenAIRequest:
         overrides |= tool_constraint
     if kind == "completion" and "logprobs" in overrides:
         overrides |= _completion_logprobs(overrides.pop("logprobs"))
-    best_of = _best_of(body.get("best_of"), overrides) if kind == "completion" else None
+    # echo first: it shows the logprobs the line asked for, not those best_of ranks by
     echo = _echo(body.get("echo"), overrides) if kind == "completion" else None
+    best_of = _best_of(body.get("best_of"), overrides) if kind == "completion" else None
     kwargs = validate_template_kwargs(
         body.get(TEMPLATE_KWARGS_FIELD), f"body.{TEMPLATE_KWARGS_FIELD}"
     )
