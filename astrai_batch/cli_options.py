@@ -13,6 +13,8 @@ from astrai_batch.engine.attention.backends import ATTENTION_BACKENDS
 from astrai_batch.engine.config import KV_LAYOUTS
 from astrai_batch.engine.device_choice import AUTO, DEVICE_HELP, DTYPE_HELP
 from astrai_batch.engine.tasks.embedding_types import POOLINGS
+from astrai_batch.io.reasoning_parsers import REASONING_PARSERS
+from astrai_batch.io.tool_parsers import TOOL_PARSERS
 from astrai_batch.jobs.options.config import JobConfig
 from astrai_batch.jobs.options.io_options import OUTPUT_FORMATS
 from astrai_batch.jobs.options.task_options import TASKS
@@ -57,6 +59,25 @@ def run_options(function: Any) -> Any:
             "LoRA adapter NAME=PATH (a PEFT adapter directory or URI; repeatable); rows pick "
             "one by their lora field.",
             multiple=True,
+        ),
+        option(
+            "--served-model-name",
+            None,
+            "A name OpenAI lines' body.model may give the model (repeatable; the first is "
+            "the name responses carry) [default: --model as given].",
+            multiple=True,
+        ),
+        option(
+            "--tool-call-parser",
+            None,
+            "Read tool calls (tool_choice auto) out of the model's text in this format.",
+            type=click.Choice(list(TOOL_PARSERS)),
+        ),
+        option(
+            "--reasoning-parser",
+            None,
+            "Split the model's reasoning from its answer (reasoning_content; a reasoning column).",
+            type=click.Choice(list(REASONING_PARSERS)),
         ),
         option("--max-loras", d.max_loras, "Most LoRA adapters in a job.", type=int),
         option("--max-lora-rank", d.max_lora_rank, "Largest LoRA rank accepted.", type=int),

@@ -127,6 +127,7 @@ class EngineCore:
             max_model_len=self.max_model_len,
             page_size=self.config.page_size,
             usable_pages=self._usable_pages,
+            logit_bias=params.logit_bias,
         )
         if problem is not None:
             self.counts.failed += params.n

@@ -15,6 +15,7 @@ def why_never_fits(
     max_model_len: int,
     page_size: int,
     usable_pages: int,
+    logit_bias: Sequence[tuple[int, float]] = (),
 ) -> str | None:
     """The row error of a request no step could ever run, or None when it fits."""
     if not prompt:
@@ -22,6 +23,9 @@ def why_never_fits(
     bad = next((t for t in prompt if t < 0 or t >= vocab_size), None)
     if bad is not None:
         return f"prompt token id {bad} is outside the vocabulary (size {vocab_size})"
+    bad = next((t for t, _ in logit_bias if t >= vocab_size), None)
+    if bad is not None:
+        return f"logit_bias token id {bad} is outside the vocabulary (size {vocab_size})"
     total = len(prompt) + max_tokens
     if total > max_model_len:
         return (

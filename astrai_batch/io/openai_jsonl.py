@@ -23,7 +23,11 @@ from types import TracebackType
 from typing import Any
 
 from astrai_batch.io.filesystems import AtomicObject, Location, as_location
-from astrai_batch.io.openai_logprobs import chat_logprobs, vllm_prompt_logprobs
+from astrai_batch.io.openai_logprobs import (
+    chat_logprobs,
+    completion_top_logprobs,
+    vllm_prompt_logprobs,
+)
 
 # kind -> (response object name, response id prefix), as OpenAI names them.
 CHAT_NAMES = ("chat.completion", "chatcmpl")
@@ -46,9 +50,14 @@ def openai_response_body(
 ) -> dict[str, Any]:
     """A chat.completion ("chat") or text_completion ("completion") response body.
 
-    Each sample is a mapping with ``text``, ``finish_reason`` ("stop" | "length") and
-    ``completion_tokens``; with logprobs it also has ``logprobs`` (one float per generated
-    token) and ``tokens`` (the decoded text of each token). `response_id` defaults to a hash
+    Each sample is a mapping with ``text`` (chat: None when the answer is all tool calls),
+    ``finish_reason`` ("stop" | "length") and ``completion_tokens``, optionally
+    ``tool_calls`` (``{id, name, arguments}``: chat's ``message.tool_calls``, and finish reason
+    "tool_calls" for a sample that stopped) and ``reasoning`` (``reasoning_content``, as vLLM
+    names it); with logprobs it also has ``logprobs`` (one float per generated
+    token) and ``tokens`` (the decoded text of each token), and with alternatives
+    ``top_logprobs`` (rows of `io.schemas.TOKEN_LOGPROB_TYPE`: chat's ``top_logprobs``
+    lists, the Completions API's ``{token: logprob}`` objects). `response_id` defaults to a hash
     of the body's content; `cached_tokens` adds ``usage.prompt_tokens_details``. For text
     completions ``text_offset`` counts from the start of the completion, since the prompt
     is not echoed.
@@ -95,13 +104,64 @@ def _choice(kind: str, position: int, sample: Mapping[str, Any]) -> dict[str, An
     text = sample["text"]
     logprobs = _logprobs(kind, position, sample)
     if kind == "chat":
+        message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
+        calls = sample.get("tool_calls")
+        if calls:
+            message["tool_calls"] = [
+                {
+                    "id": call["id"],
+                    "type": "function",
+                    "function": {"name": call["name"], "arguments": call["arguments"]},
+                }
+                for call in calls
+            ]
+            if finish_reason == "stop":
+                finish_reason = "tool_calls"
+        if sample.get("reasoning") is not None:
+            message["reasoning_content"] = sample["reasoning"]
         return {
             "index": position,
-            "message": {"role": "assistant", "content": text, "refusal": None},
+            "message": message,
             "logprobs": logprobs,
             "finish_reason": finish_reason,
         }
-    return {"index": position, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+    echo = sample.get("echo")
+    if echo is not None:
+        text = echo["text"] + (text or "")
+        logprobs = echoed_logprobs(echo, logprobs)
+    return {
+        "index": position,
+        "text": text or "",
+        "logprobs": logprobs,
+        "finish_reason": finish_reason,
+    }
+
+
+def echoed_logprobs(
+    echo: Mapping[str, Any], generated: dict[str, Any] | None
+) -> dict[str, Any] | None:
+    """The Completions shape with the prompt echoed: its tokens first (the first token's
+    logprob and alternatives null, as OpenAI and vLLM write them), then the completion's.
+    None when the line asked for no logprobs."""
+    rows = echo.get("logprobs")
+    if generated is None or rows is None:
+        return generated
+    tokens = [*echo["tokens"], *generated["tokens"]]
+    values = [None if row is None else _json_logprob(row["logprob"], 0) for row in rows]
+    top = None
+    if generated["top_logprobs"] is not None:
+        prompt_top = [None if row is None else completion_top_logprobs([row])[0] for row in rows]
+        top = [*prompt_top, *generated["top_logprobs"]]
+    offsets, offset = [], 0
+    for token in tokens:
+        offsets.append(offset)
+        offset += len(token)
+    return {
+        "tokens": tokens,
+        "token_logprobs": [*values, *generated["token_logprobs"]],
+        "top_logprobs": top,
+        "text_offset": offsets,
+    }
 
 
 def _logprobs(kind: str, position: int, sample: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -127,7 +187,7 @@ def _logprobs(kind: str, position: int, sample: Mapping[str, Any]) -> dict[str, 
     return {
         "tokens": list(tokens),
         "token_logprobs": finite,
-        "top_logprobs": None,
+        "top_logprobs": completion_top_logprobs(sample.get("top_logprobs")),
         "text_offset": offsets,
     }
 

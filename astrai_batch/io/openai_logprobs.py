@@ -19,6 +19,19 @@ def chat_logprobs(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
+def completion_top_logprobs(
+    rows: Sequence[Mapping[str, Any]] | None,
+) -> list[dict[str, float]] | None:
+    """The Completions API's ``logprobs.top_logprobs``: per generated token an object from
+    each of its N likeliest alternatives' text to its logprob (None without rows)."""
+    if rows is None:
+        return None
+    return [
+        {alternative["token"] or "": _finite(alternative["logprob"]) for alternative in top}
+        for top in (row["top_logprobs"] or () for row in rows)
+    ]
+
+
 def vllm_prompt_logprobs(rows: Sequence[Mapping[str, Any] | None]) -> list[Any]:
     """vLLM's ``prompt_logprobs``: per prompt token null (the first) or an object from token
     id (a string key, as JSON has) to ``{logprob, rank, decoded_token}``: the prompt token

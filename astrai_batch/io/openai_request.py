@@ -1,92 +1,117 @@
 """Rows in the OpenAI Batch API input format: ``{custom_id, method, url, body}``.
 
-Only chat and text completions can run here. Body fields are sorted into four groups:
+What a job does with each body field is `openai_fields`' table (docs/openai.md): the
+honoured ones are read here into
 
-- the prompt: ``messages`` (chat) or ``prompt`` (completions, a string);
+- the prompt: ``messages`` (chat), or ``prompt`` (completions: a string, a list of token
+  ids, or a list holding one of those);
 - sampling overrides, copied raw into `InputRow.overrides` (``max_completion_tokens`` is the
-  newer name of ``max_tokens`` and wins when both are given), and ``chat_template_kwargs``
-  (variables for the chat template, as vLLM accepts them);
-- fields that change nothing for a local batch run and are ignored (``model``, ``user``, ...);
+  newer name of ``max_tokens`` and wins when both are given; a completions ``logprobs``
+  integer N asks for logprobs and N alternatives per token);
 - ``response_format`` (json_object / json_schema), the row's output constraint
   (`constraint_fields`);
-- fields whose meaning this runner cannot honour (``tools``, ``stream: true``, unknown
-  fields) which make the row an error naming the field. A few of
-  them are accepted at their do-nothing value (``stream: false``, ``tools: []``, ...).
+- chat template variables: ``reasoning_effort``, then ``chat_template_kwargs`` over it;
+- tools (``tools`` / ``tool_choice``, legacy ``functions`` / ``function_call``:
+  `openai_tools`): the template's tools, a forced call's constraint, how output is read;
 
-A null body field is treated as absent, as in every other input shape. The row id is read
-like every row's (`row_ids`): ``custom_id`` unless the line also has an ``id``.
+the ignored ones are returned by name (the job warns once per name), and a refused one makes
+the row an error saying why. A null body field is treated as absent, as in every other input
+shape. The row id is read like every row's (`row_ids`): ``custom_id`` unless the line also
+has an ``id``.
 
-Row error messages, beyond those of `row_validation` (with a ``body.`` prefix):
-``custom_id is missing``, ``custom_id must be a string, got integer``,
+Row error messages, beyond those of `row_validation` (with a ``body.`` prefix) and the
+table's: ``custom_id is missing``, ``custom_id must be a string, got integer``,
 ``method must be POST, got 'GET'``,
-``url must be /v1/chat/completions or /v1/completions, got '/v1/embeddings'``,
+``url must be /v1/chat/completions, /v1/completions or /v1/embeddings, got '/v1/x'``,
 ``body is missing``, ``body must be an object, got string``, ``body is not valid JSON: ...``,
-``body has neither messages nor prompt``, ``unsupported body field 'tools'``.
+``body has neither messages nor prompt``, ``body.prompt holds 2 prompts; ...``,
+``body.logprobs must be an integer from 0 to 5 or a boolean, got 7``,
+``body.echo must be a boolean, got string``.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from astrai_batch.io.constraint_fields import response_format_override
+from astrai_batch.io.openai_fields import check_body_fields
+from astrai_batch.io.openai_tools import ToolChoice, parse_tool_choice
 from astrai_batch.io.row_validation import (
     collect_overrides,
     validate_messages,
     validate_prompt,
     validate_template_kwargs,
+    validate_token_ids,
 )
-from astrai_batch.io.rows import OVERRIDE_FIELDS, TEMPLATE_KWARGS_FIELD, RowProblem
+from astrai_batch.io.rows import OVERRIDE_FIELDS, TEMPLATE_KWARGS_FIELD, BestOf, RowProblem
 from astrai_batch.json_types import json_type
 
 CHAT_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"
+EMBEDDINGS_URL = "/v1/embeddings"
 
-BODY_OVERRIDE_FIELDS = (*OVERRIDE_FIELDS, "max_completion_tokens")
-
-# Defined by OpenAI, but with no effect on what a local batch run generates.
-IGNORED_BODY_FIELDS = frozenset(
-    {
-        "model",
-        "user",
-        "store",
-        "metadata",
-        "service_tier",
-        "stream_options",
-        "parallel_tool_calls",
-        "safety_identifier",
-        "prompt_cache_key",
-    }
-)
-
-ACCEPTED_BODY_FIELDS = frozenset(
-    {*BODY_OVERRIDE_FIELDS, *IGNORED_BODY_FIELDS, TEMPLATE_KWARGS_FIELD}
-)
-
-# Fields accepted only at the value that asks for nothing beyond plain generation, as
-# (name, canonical JSON) pairs: JSON text keeps `false` apart from `0` and stays immutable.
-NEUTRAL_BODY_VALUES = frozenset(
-    {
-        ("stream", "false"),
-        ("logit_bias", "{}"),
-        ("best_of", "1"),
-        ("echo", "false"),
-        ("suffix", '""'),
-        ("tools", "[]"),
-        ("functions", "[]"),
-        ("tool_choice", '"none"'),
-        ("function_call", '"none"'),
-        ("modalities", '["text"]'),
-    }
-)
+BODY_OVERRIDE_FIELDS = (*OVERRIDE_FIELDS, "max_completion_tokens", "logit_bias")
+MAX_COMPLETION_LOGPROBS = 5  # the Completions API's limit on its integer `logprobs`
 
 
-def parse_openai_request(
-    record: Mapping[str, Any],
-) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None]:
-    """The prompt keyword, sampling overrides and chat template variables of one request
-    line; raises RowProblem for the first problem."""
+@dataclass(frozen=True)
+class OpenAIRequest:
+    """What one chat or completions line asks for (see the module's docstring)."""
+
+    content: dict[str, Any]  # the InputRow keyword: messages, prompt or prompt_token_ids
+    overrides: dict[str, Any]
+    chat_template_kwargs: dict[str, Any] | None
+    ignored_fields: tuple[str, ...]
+    tools: ToolChoice | None = None
+    echo: str | None = None  # completions' echo: "with_completion" or "prompt" (max_tokens 0)
+    best_of: BestOf | None = None
+
+
+def parse_openai_request(record: Mapping[str, Any]) -> OpenAIRequest:
+    """One chat or completions request line; raises RowProblem for the first problem."""
+    check_line(record)
+    body = _body_object(record.get("body"))
+    kind = _request_kind(record.get("url"), body)
+    if kind == "chat":
+        content = {"messages": validate_messages(body.get("messages"), "body.messages")}
+    else:
+        content = completion_prompt(body.get("prompt"))
+    ignored = check_body_fields(body, kind)
+    overrides = collect_overrides(body, BODY_OVERRIDE_FIELDS)
+    if body.get("response_format") is not None:
+        overrides |= response_format_override(body["response_format"], "body.response_format")
+    newer_max = overrides.pop("max_completion_tokens", None)
+    if newer_max is not None:
+        overrides["max_tokens"] = newer_max
+    tools = parse_tool_choice(body) if kind == "chat" else None
+    tool_constraint = tools.constraint() if tools is not None else None
+    if tool_constraint is not None:
+        if "constraint" in overrides:
+            raise RowProblem(
+                "give body.response_format or a tool_choice that forces a call, not both"
+            )
+        overrides |= tool_constraint
+    if kind == "completion" and "logprobs" in overrides:
+        overrides |= _completion_logprobs(overrides.pop("logprobs"))
+    # echo first: it shows the logprobs the line asked for, not those best_of ranks by
+    echo = _echo(body.get("echo"), overrides) if kind == "completion" else None
+    best_of = _best_of(body.get("best_of"), overrides) if kind == "completion" else None
+    kwargs = validate_template_kwargs(
+        body.get(TEMPLATE_KWARGS_FIELD), f"body.{TEMPLATE_KWARGS_FIELD}"
+    )
+    effort = body.get("reasoning_effort")
+    if effort is not None:
+        if not isinstance(effort, str):
+            raise RowProblem(f"body.reasoning_effort must be a string, got {json_type(effort)}")
+        kwargs = {"reasoning_effort": effort, **(kwargs or {})}
+    return OpenAIRequest(content, overrides, kwargs, ignored, tools, echo, best_of)
+
+
+def check_line(record: Mapping[str, Any]) -> None:
+    """The line's own fields (custom_id, method); raises RowProblem."""
     custom_id = record.get("custom_id")
     if custom_id is None:
         raise RowProblem("custom_id is missing")
@@ -95,23 +120,80 @@ def parse_openai_request(
     method = record.get("method")
     if method is not None and method != "POST":
         raise RowProblem(f"method must be POST, got {method!r}")
-    body = _body_object(record.get("body"))
-    kind = _request_kind(record.get("url"), body)
-    if kind == "chat":
-        content = {"messages": validate_messages(body.get("messages"), "body.messages")}
-    else:
-        content = {"prompt": validate_prompt(body.get("prompt"), "body.prompt")}
-    _reject_unsupported_fields(body, kind)
-    overrides = collect_overrides(body, BODY_OVERRIDE_FIELDS)
-    if body.get("response_format") is not None:
-        overrides |= response_format_override(body["response_format"], "body.response_format")
-    newer_max = overrides.pop("max_completion_tokens", None)
-    if newer_max is not None:
-        overrides["max_tokens"] = newer_max
-    kwargs = validate_template_kwargs(
-        body.get(TEMPLATE_KWARGS_FIELD), f"body.{TEMPLATE_KWARGS_FIELD}"
+
+
+def completion_prompt(value: Any) -> dict[str, Any]:
+    """A completions ``prompt``: a string or token ids, or a list holding one of them."""
+    if isinstance(value, list) and value and all(isinstance(item, (str, list)) for item in value):
+        if len(value) != 1:
+            raise RowProblem(
+                f"body.prompt holds {len(value)} prompts; a line here runs one prompt "
+                "(write one line per prompt)"
+            )
+        value = value[0]
+        if isinstance(value, list):
+            return {"prompt_token_ids": validate_token_ids(value, "body.prompt[0]")}
+        return {"prompt": validate_prompt(value, "body.prompt[0]")}
+    if isinstance(value, list):
+        return {"prompt_token_ids": validate_token_ids(value, "body.prompt")}
+    return {"prompt": validate_prompt(value, "body.prompt")}
+
+
+def _best_of(value: Any, overrides: dict[str, Any]) -> BestOf | None:
+    """Completions' ``best_of``: generate that many samples and return the ``n`` likeliest
+    (by the sum of their tokens' logprobs). Equal to ``n``: nothing to choose."""
+    if value is None:
+        return None
+    n = overrides.get("n", 1)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise RowProblem(f"body.best_of must be a positive integer, got {_value(value)}")
+    if not isinstance(n, bool) and isinstance(n, int) and value < n:
+        raise RowProblem(f"body.best_of ({value}) must be at least body.n ({n})")
+    if value == n:
+        return None
+    shown = overrides.get("logprobs") is True
+    overrides |= {"n": value, "logprobs": True}
+    return BestOf(keep=n, logprobs=shown)
+
+
+def _value(value: Any) -> str:
+    return (
+        repr(value)
+        if isinstance(value, (int, float)) and not isinstance(value, bool)
+        else json_type(value)
     )
-    return content, overrides, kwargs
+
+
+def _echo(value: Any, overrides: dict[str, Any]) -> str | None:
+    """Completions' ``echo``: the prompt and, with logprobs, its tokens' logprobs (vLLM's
+    prompt logprobs, N alternatives as asked) before the completion. ``max_tokens: 0``
+    scores the prompt alone: one token is generated and left out of the answer."""
+    if value is None or value is False:
+        return None
+    if value is not True:
+        raise RowProblem(f"body.echo must be a boolean, got {json_type(value)}")
+    if overrides.get("logprobs") is True:
+        asked = overrides.get("top_logprobs", 0)
+        overrides["prompt_logprobs"] = max(asked, overrides.get("prompt_logprobs") or 0)
+    if overrides.get("max_tokens") == 0:
+        overrides["max_tokens"] = 1
+        overrides.pop("min_tokens", None)
+        return "prompt"
+    return "with_completion"
+
+
+def _completion_logprobs(value: Any) -> dict[str, Any]:
+    """The Completions API's ``logprobs``: an integer N in 0..5 (the sampled token's logprob
+    and its N likeliest alternatives); true/false as chat's boolean."""
+    if isinstance(value, bool):
+        return {"logprobs": value}
+    if not isinstance(value, int) or not 0 <= value <= MAX_COMPLETION_LOGPROBS:
+        shown = value if isinstance(value, int) else json_type(value)
+        raise RowProblem(
+            f"body.logprobs must be an integer from 0 to {MAX_COMPLETION_LOGPROBS} or a "
+            f"boolean, got {shown}"
+        )
+    return {"logprobs": True, "top_logprobs": value} if value else {"logprobs": True}
 
 
 def body_model(record: Mapping[str, Any]) -> str | None:
@@ -152,23 +234,4 @@ def _request_kind(url: Any, body: Mapping[str, Any]) -> str:
         return "chat"
     if url == COMPLETIONS_URL:
         return "completion"
-    raise RowProblem(f"url must be {CHAT_URL} or {COMPLETIONS_URL}, got {url!r}")
-
-
-def _reject_unsupported_fields(body: Mapping[str, Any], kind: str) -> None:
-    prompt_field = "messages" if kind == "chat" else "prompt"
-    for name in sorted(body):
-        value = body[name]
-        if value is None or name == prompt_field:
-            continue
-        if name in ACCEPTED_BODY_FIELDS:
-            continue
-        if name == "response_format":  # read by `response_format_override`
-            continue
-        if (name, _canonical_json(value)) in NEUTRAL_BODY_VALUES:
-            continue
-        raise RowProblem(f"unsupported body field {name!r}")
-
-
-def _canonical_json(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+    raise RowProblem(f"url must be {CHAT_URL}, {COMPLETIONS_URL} or {EMBEDDINGS_URL}, got {url!r}")

@@ -12,8 +12,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from astrai_batch.io.constraint_fields import constraint_override
-from astrai_batch.io.openai_embeddings import EMBEDDINGS_URL, parse_embeddings_request
-from astrai_batch.io.openai_request import body_model, parse_openai_request, request_body
+from astrai_batch.io.openai_embeddings import parse_embeddings_request
+from astrai_batch.io.openai_request import (
+    EMBEDDINGS_URL,
+    body_model,
+    check_line,
+    parse_openai_request,
+    request_body,
+)
 from astrai_batch.io.row_ids import DuplicateIds, row_identity
 from astrai_batch.io.row_validation import (
     collect_overrides,
@@ -54,17 +60,33 @@ def parse_record(
     )
     ids = {"index": index, "id": identity.id, "custom_id": identity.custom_id, "kept": kept}
     adapter: dict[str, str | None] = {}
+    ignored: tuple[str, ...] = ()
+    extras: dict[str, Any] = {}  # an OpenAI line's tools, echo, embedding format
     try:
         if identity.error is not None:
             raise RowProblem(identity.error)
         if shape is None:
             raise RowProblem(NO_SHAPE_MESSAGE)
-        if shape == "openai" and plan.task == "embed" and record.get("url") == EMBEDDINGS_URL:
-            content, overrides = parse_embeddings_request(_body(record))
+        if shape == "openai" and record.get("url") == EMBEDDINGS_URL:
+            # the url decides: an embeddings line embeds in a generate job too
+            check_line(record)
+            if plan.task == "score":
+                raise RowProblem(f"url {EMBEDDINGS_URL} runs with --task generate or embed")
+            content, overrides, ignored = parse_embeddings_request(_body(record))
+            encoding = _body(record).get("encoding_format")
+            extras["embedding"] = "base64" if encoding == "base64" else "float"
             kwargs = None
             adapter["model"] = body_model(record)
         elif shape == "openai":
-            content, overrides, kwargs = parse_openai_request(record)
+            request = parse_openai_request(record)
+            content, overrides = request.content, request.overrides
+            kwargs, ignored = request.chat_template_kwargs, request.ignored_fields
+            if request.tools is not None:
+                extras |= {"tools": request.tools.tools, "tool_choice": request.tools.mode}
+            if request.echo is not None:
+                extras["echo"] = request.echo
+            if request.best_of is not None:
+                extras["best_of"] = request.best_of
             adapter["model"] = body_model(record)
         else:
             field_name = plan.prompt_column or shape
@@ -86,6 +108,8 @@ def parse_record(
         overrides=overrides,
         chat_template_kwargs=kwargs,
         continuations=continuations,
+        ignored_fields=ignored,
+        **extras,
         **adapter,
         **content,
     )

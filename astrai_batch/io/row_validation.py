@@ -25,6 +25,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from astrai_batch.io.rows import RowPlan, RowProblem, json_text
+from astrai_batch.io.tool_history import tool_calls_of, tool_reply_fields
 from astrai_batch.json_types import first_non_count, json_object, json_type
 
 MESSAGES_SHAPE_TEXT = "must be a list of {role, content} objects"
@@ -69,8 +70,10 @@ def validate_prompt(value: Any, field_name: str) -> str:
     return value
 
 
-def validate_messages(value: Any, field_name: str) -> tuple[dict[str, str], ...]:
-    """Messages as {role, content} dicts; other message keys (e.g. `name`) are dropped."""
+def validate_messages(value: Any, field_name: str) -> tuple[dict[str, Any], ...]:
+    """Messages as {role, content} dicts, with an assistant's ``tool_calls`` and a tool
+    message's ``tool_call_id`` / ``name`` kept for the chat template (`tool_history`); other
+    message keys are dropped."""
     if value is None:
         raise RowProblem(f"{field_name} is missing")
     if not isinstance(value, (list, tuple)):
@@ -89,7 +92,19 @@ def validate_messages(value: Any, field_name: str) -> tuple[dict[str, str], ...]
             raise RowProblem(f"{where} has no role")
         if not isinstance(role, str):
             raise RowProblem(f"{where} role must be a string, got {json_type(role)}")
-        messages.append({"role": role, "content": message_text(message.get("content"), where)})
+        calls = message.get("tool_calls")
+        if calls is not None and role == "assistant":
+            content = message.get("content")
+            text = "" if content in (None, "", []) else message_text(content, where)
+            messages.append({"role": role, "content": text, **tool_calls_of(calls, where)})
+            continue
+        entry: dict[str, Any] = {
+            "role": role,
+            "content": message_text(message.get("content"), where),
+        }
+        if role == "tool":
+            entry |= tool_reply_fields(message, where)
+        messages.append(entry)
     return tuple(messages)
 
 

@@ -58,6 +58,15 @@ CONSTRAINT_COLUMNS = ("json_schema", "regex", "choice", "grammar")
 
 
 @dataclass(frozen=True)
+class BestOf:
+    """Completions' ``best_of``: of the row's samples, return the `keep` likeliest (sum of
+    logprobs), with their logprobs only when the line asked for them."""
+
+    keep: int
+    logprobs: bool
+
+
+@dataclass(frozen=True)
 class InputRow:
     """A prompt to run, or the reason the stored record cannot be one.
 
@@ -82,6 +91,17 @@ class InputRow:
     lora: str | None = None  # the row's `lora` field: an adapter name
     model: str | None = None  # an OpenAI line's body.model (an adapter's name picks it)
     continuations: tuple[str, ...] | None = None  # a --task score row's continuations
+    # an OpenAI line's body fields the job ignores (`io.openai_fields`): it warns once each
+    ignored_fields: tuple[str, ...] = ()
+    # an OpenAI chat line's tools (given to the chat template) and how its output is read:
+    # "auto", "required" or "function:NAME" (`io.openai_tools`); None: no tool calls
+    tools: tuple[Mapping[str, Any], ...] | None = None
+    tool_choice: str | None = None
+    # an OpenAI completions line's echo: "with_completion", or "prompt" (max_tokens 0)
+    echo: str | None = None
+    # an OpenAI /v1/embeddings line: its encoding_format ("float" or "base64")
+    embedding: str | None = None
+    best_of: BestOf | None = None  # an OpenAI completions line's best_of above its n
 
     def __post_init__(self) -> None:
         if self.index < 0:

@@ -57,6 +57,12 @@ TOKEN_LOGPROB_TYPE = pa.struct(
 )
 TOP_LOGPROBS_FIELD = pa.field("top_logprobs", pa.list_(TOKEN_LOGPROB_TYPE))
 PROMPT_LOGPROBS_FIELD = pa.field("prompt_logprobs", pa.list_(TOKEN_LOGPROB_TYPE))
+# An OpenAI chat line's tool calls (`io.openai_tools`): OpenAI's id, function name and
+# arguments (JSON text); null when the sample holds none
+TOOL_CALL_TYPE = pa.struct([("id", pa.string()), ("name", pa.string()), ("arguments", pa.string())])
+TOOL_CALLS_FIELD = pa.field("tool_calls", pa.list_(TOOL_CALL_TYPE))
+# --reasoning-parser: the reasoning split from the completion (null: none)
+REASONING_FIELD = pa.field("reasoning", pa.string())
 
 # One row per stats window plus one total row (window null, is_total true).
 STATS_SCHEMA = pa.schema(
@@ -90,10 +96,13 @@ def result_schema(
     *,
     top_logprobs: bool = False,
     prompt_logprobs: bool = False,
+    tool_calls: bool = False,
+    reasoning: bool = False,
+    embeddings: bool = False,
 ) -> pa.Schema:
-    """RESULT_SCHEMA plus, in this order, token ids, logprobs, the task's columns and the
-    kept input columns (with their input types, nullable because a failed row may lack
-    them)."""
+    """RESULT_SCHEMA plus, in this order, token ids, logprobs, tool calls, reasoning, the
+    task's columns and the kept input columns (with their input types, nullable because a
+    failed row may lack them)."""
     fields = list(RESULT_SCHEMA)
     if save_tokens:
         fields.append(TOKEN_IDS_FIELD)
@@ -103,10 +112,16 @@ def result_schema(
         fields.append(TOP_LOGPROBS_FIELD)
     if prompt_logprobs:
         fields.append(PROMPT_LOGPROBS_FIELD)
+    if tool_calls:
+        fields.append(TOOL_CALLS_FIELD)
+    if reasoning:
+        fields.append(REASONING_FIELD)
     if task == "all":  # checkpoint parts: every column any output format may read
         fields.extend(field for task_fields in TASK_FIELDS.values() for field in task_fields)
     else:
         fields.extend(TASK_FIELDS.get(task, ()))
+        if embeddings and task == "generate":  # OpenAI embeddings lines in a generate job
+            fields.extend(EMBED_FIELDS)
     for kept_field in kept or pa.schema([]):
         if kept_field.name in {field.name for field in fields}:
             raise ConfigError(

@@ -103,6 +103,10 @@ def _run(
         task=config.task,
         top_logprobs=config.sampling.top_logprobs > 0,
         prompt_logprobs=config.sampling.prompt_logprobs is not None,
+        # OpenAI chat lines may carry tools; the parser's split has its own column
+        tool_calls=config.task == "generate" and source.shape in ("openai", "mixed"),
+        reasoning=config.reasoning_parser is not None,
+        embeddings=source.shape in ("openai", "mixed"),
     )
     total_rows = source.count_rows()
     progress.message(f"{total_rows} rows ({source.shape}) in {paths.input.shown}")

@@ -14,6 +14,7 @@ from astrai_batch.io.filesystems import AtomicObject, Location
 from astrai_batch.jobs.crash_points import crash_point
 from astrai_batch.jobs.executors.base import ModelFacts
 from astrai_batch.jobs.options.config import JobConfig
+from astrai_batch.jobs.options.openai_options import served_names
 from astrai_batch.jobs.output.assembly import (
     OPENAI_COLUMNS,
     write_openai_tables,
@@ -49,7 +50,7 @@ def write_outputs(
         write_openai_tables(
             ordered_tables(checkpoint, OPENAI_COLUMNS, total_rows),
             output,
-            model_name=model.name,
+            model_name=served_names(config.model, model.name, config.served_model_name)[0],
             tokenizer=model.tokenizer,
             overwrite=config.overwrite,
             created=checkpoint.created,

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from astrai_batch.io import InputRow, open_input
+from astrai_batch.io.rows import BestOf
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -43,6 +44,7 @@ def test_chat_and_completion_requests(write_jsonl) -> None:
             overrides={"temperature": 0.2},
             custom_id="chat-1",
             model="m",  # body.model: a job runs the line with the adapter of that name
+            ignored_fields=("user",),  # the job warns once that it ignores body.user
         ),
         InputRow(
             index=1,
@@ -121,18 +123,23 @@ def test_fields_that_change_nothing_are_accepted(write_jsonl, fields: dict[str, 
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
-        ({"tools": [{"type": "function"}]}, "unsupported body field 'tools'"),
-        ({"tool_choice": "auto"}, "unsupported body field 'tool_choice'"),
         (
             {"response_format": {"type": "xml"}},
             "body.response_format.type must be text, json_object or json_schema, got 'xml'",
         ),
-        ({"stream": True}, "unsupported body field 'stream'"),
-        ({"stream": 0}, "unsupported body field 'stream'"),
-        ({"logit_bias": {"50256": -100}}, "unsupported body field 'logit_bias'"),
-        ({"audio": {"voice": "x"}}, "unsupported body field 'audio'"),
-        ({"made_up_option": 1}, "unsupported body field 'made_up_option'"),
-        ({"prompt": "also a prompt"}, "unsupported body field 'prompt'"),
+        (
+            {"audio": {"voice": "x"}},
+            "body.audio cannot be honoured: the runner generates text only, never audio",
+        ),
+        (
+            {"made_up_option": 1},
+            "body field 'made_up_option' is not a field of /v1/chat/completions requests",
+        ),
+        (
+            {"prompt": "also a prompt"},
+            "body field 'prompt' is not a field of /v1/chat/completions requests",
+        ),
+        ({"reasoning_effort": 3}, "body.reasoning_effort must be a string, got integer"),
     ],
 )
 def test_fields_that_change_meaning_are_row_errors(
@@ -145,8 +152,78 @@ def test_fields_that_change_meaning_are_row_errors(
 def test_completion_only_fields_are_rejected_unless_neutral(write_jsonl) -> None:
     neutral = request(url=COMPLETIONS, prompt="p", echo=False, best_of=1, suffix="")
     assert only_row(write_jsonl, neutral).error is None
-    echo = request(url=COMPLETIONS, prompt="p", echo=True)
-    assert only_row(write_jsonl, echo).error == "unsupported body field 'echo'"
+    suffix = request(url=COMPLETIONS, prompt="p", suffix="end")
+    assert only_row(write_jsonl, suffix).error == (
+        "body.suffix cannot be honoured: inserting between a prompt and a suffix needs a "
+        "fill-in-the-middle model"
+    )
+
+
+@pytest.mark.parametrize(
+    ("fields", "echo", "overrides"),
+    [
+        ({}, "with_completion", {}),
+        (
+            {"logprobs": 2},
+            "with_completion",
+            {"logprobs": True, "top_logprobs": 2, "prompt_logprobs": 2},
+        ),
+        (
+            {"logprobs": 1, "max_tokens": 0},
+            "prompt",
+            {"logprobs": True, "top_logprobs": 1, "prompt_logprobs": 1, "max_tokens": 1},
+        ),
+        (
+            {"logprobs": 0, "max_tokens": 0},
+            "prompt",
+            {"logprobs": True, "prompt_logprobs": 0, "max_tokens": 1},
+        ),
+    ],
+)
+def test_echo_asks_for_the_prompt_and_its_logprobs(
+    write_jsonl, fields: dict[str, Any], echo: str, overrides: dict[str, Any]
+) -> None:
+    row = only_row(write_jsonl, request(url=COMPLETIONS, prompt="p", echo=True, **fields))
+    assert (row.echo, row.overrides) == (echo, overrides)
+    bad = only_row(write_jsonl, request(url=COMPLETIONS, prompt="p", echo="yes"))
+    assert bad.error == "body.echo must be a boolean, got string"
+
+
+def test_reasoning_effort_is_a_template_variable_under_chat_template_kwargs(write_jsonl) -> None:
+    row = only_row(write_jsonl, request(messages=HELLO, reasoning_effort="high"))
+    assert row.chat_template_kwargs == {"reasoning_effort": "high"}
+    both = request(
+        messages=HELLO, reasoning_effort="high", chat_template_kwargs={"reasoning_effort": "low"}
+    )
+    assert only_row(write_jsonl, both).chat_template_kwargs == {"reasoning_effort": "low"}
+
+
+@pytest.mark.parametrize(
+    ("prompt", "content"),
+    [
+        ("Once", {"prompt": "Once"}),
+        (["Once"], {"prompt": "Once"}),
+        ([5, 6, 7], {"prompt_token_ids": (5, 6, 7)}),
+        ([[5, 6]], {"prompt_token_ids": (5, 6)}),
+    ],
+)
+def test_completion_prompt_shapes(write_jsonl, prompt: Any, content: dict[str, Any]) -> None:
+    row = only_row(write_jsonl, request("p", url=COMPLETIONS, prompt=prompt))
+    assert row == InputRow(index=1, id="p", custom_id="p", **content)
+
+
+@pytest.mark.parametrize(
+    ("logprobs", "overrides"),
+    [
+        (0, {"logprobs": True}),
+        (3, {"logprobs": True, "top_logprobs": 3}),
+        (True, {"logprobs": True}),
+        (False, {"logprobs": False}),
+    ],
+)
+def test_completion_logprobs_integer(write_jsonl, logprobs: Any, overrides: dict) -> None:
+    row = only_row(write_jsonl, request(url=COMPLETIONS, prompt="p", logprobs=logprobs))
+    assert row.overrides == overrides
 
 
 @pytest.mark.parametrize(
@@ -157,8 +234,21 @@ def test_completion_only_fields_are_rejected_unless_neutral(write_jsonl) -> None
         (request(custom_id=12), "custom_id must be a string, got integer"),
         ({**request(), "method": "GET"}, "method must be POST, got 'GET'"),
         (
-            request(url="/v1/embeddings", input="x"),
-            "url must be /v1/chat/completions or /v1/completions, got '/v1/embeddings'",
+            request(url="/v1/responses", input="x"),
+            "url must be /v1/chat/completions, /v1/completions or /v1/embeddings, "
+            "got '/v1/responses'",
+        ),
+        (
+            request(url=COMPLETIONS, prompt=["a", "b"]),
+            "body.prompt holds 2 prompts; a line here runs one prompt (write one line per prompt)",
+        ),
+        (
+            request(url=COMPLETIONS, prompt="p", logprobs=6),
+            "body.logprobs must be an integer from 0 to 5 or a boolean, got 6",
+        ),
+        (
+            request(url=COMPLETIONS, prompt=[[1, -2]]),
+            "body.prompt[0][1] must be a non-negative integer, got -2",
         ),
         ({"custom_id": "r", "body": None}, "body is missing"),
         ({"custom_id": "r", "body": ["x"]}, "body must be an object, got list"),
@@ -175,7 +265,7 @@ def test_completion_only_fields_are_rejected_unless_neutral(write_jsonl) -> None
         ),
         (request(url=COMPLETIONS, messages=HELLO), "body.prompt is missing"),
         (request(url=COMPLETIONS, prompt=""), "body.prompt is empty"),
-        (request(url=COMPLETIONS, prompt=[1, 2]), "body.prompt must be a string, got list"),
+        (request(url=COMPLETIONS, prompt={"a": 1}), "body.prompt must be a string, got object"),
     ],
 )
 def test_bad_request_messages(write_jsonl, line: dict[str, Any], message: str) -> None:
@@ -193,3 +283,28 @@ def test_id_column_overrides_custom_id_but_custom_id_is_kept(write_jsonl) -> Non
     path = write_jsonl("batch.jsonl", [line])
     [row] = open_input(path, id_column="row_key").iter_rows()
     assert (row.id, row.custom_id) == ("k-1", "cid")
+
+
+def test_an_embeddings_line_is_an_embedding_row_in_any_job(write_jsonl) -> None:
+    line = request("e", url="/v1/embeddings", input="x", encoding_format="base64", dimensions=4)
+    row = only_row(write_jsonl, line)
+    assert (row.error, row.prompt, row.embedding, row.overrides) == (
+        None,
+        "x",
+        "base64",
+        {"dimensions": 4},
+    )
+
+
+def test_best_of_generates_more_and_keeps_n(write_jsonl) -> None:
+    row = only_row(write_jsonl, request(url=COMPLETIONS, prompt="p", best_of=3, n=2))
+    assert row.overrides == {"n": 3, "logprobs": True}
+    assert row.best_of == BestOf(keep=2, logprobs=False)
+    shown = only_row(write_jsonl, request(url=COMPLETIONS, prompt="p", best_of=2, logprobs=1))
+    assert shown.best_of == BestOf(keep=1, logprobs=True)
+    same = only_row(write_jsonl, request(url=COMPLETIONS, prompt="p", best_of=2, n=2))
+    assert (same.best_of, same.overrides) == (None, {"n": 2})
+    fewer = only_row(write_jsonl, request(url=COMPLETIONS, prompt="p", best_of=1, n=2))
+    assert fewer.error == "body.best_of (1) must be at least body.n (2)"
+    bad = only_row(write_jsonl, request(url=COMPLETIONS, prompt="p", best_of="3"))
+    assert bad.error == "body.best_of must be a positive integer, got string"

@@ -218,7 +218,7 @@ def test_openai_input_round_trips_custom_ids(tmp_path: Path, write_jsonl) -> Non
             "custom_id": "task-3",
             "method": "POST",
             "url": "/v1/chat/completions",
-            "body": {"model": "m", "messages": HI, "tools": [{"type": "function"}]},
+            "body": {"model": "m", "messages": HI, "web_search_options": {}},
         },
     ]
     source = open_input(write_jsonl("batch.jsonl", requests))
@@ -246,5 +246,5 @@ def test_openai_input_round_trips_custom_ids(tmp_path: Path, write_jsonl) -> Non
     assert len(output[1]["response"]["body"]["choices"]) == 2
     assert output[2]["error"] == {
         "code": "invalid_request",
-        "message": "unsupported body field 'tools'",
+        "message": "body.web_search_options cannot be honoured: a batch job has no web search",
     }

@@ -188,7 +188,8 @@ def test_openai_body_model_picks_the_adapter(tiny_llama_dir, adapters, tmp_path)
     ]
     source = write_jsonl(tmp_path / "in.jsonl", lines)
     output = tmp_path / "out.parquet"
-    result = run_cli(*run_args(tiny_llama_dir, source, output, adapters))
+    args = ("--served-model-name", "some-base-model")
+    result = run_cli(*run_args(tiny_llama_dir, source, output, adapters, *args))
     assert result.exit_code == 0, result.output
     assert [row["lora"] for row in read_rows(output)] == ["r16", None, "r4"]
 

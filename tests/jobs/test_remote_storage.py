@@ -111,6 +111,7 @@ def test_every_output_format_can_be_written_to_s3(
     local = tmp_path / name
     remote = s3_bucket.uri(f"formats/{output_format}/{name}")
     args = [*engine_args(tiny_llama_dir), "--output-format", output_format]
+    args += ["--served-model-name", "tiny"]
 
     assert run_cli("run", source, local, *args).exit_code == 0
     result = run_cli("run", source, remote, *args)

@@ -285,16 +285,29 @@ def test_openai_batch_lines_in_and_out(tiny_llama_dir: Path, tmp_path: Path, out
             "body": {"model": "any", "prompt": question(2), "max_tokens": 2, "n": 2},
         },
         {
-            "custom_id": "bad-3",
+            "custom_id": "embed-3",
             "method": "POST",
             "url": "/v1/embeddings",
+            "body": {"input": "x"},
+        },
+        {
+            "custom_id": "bad-4",
+            "method": "POST",
+            "url": "/v1/responses",
             "body": {"input": "x"},
         },
     ]
     source = write_jsonl(tmp_path / "batch.jsonl", requests)
     output = out_dir / "results.jsonl"
     result = run_cli(
-        "run", source, output, *engine_args(tiny_llama_dir), "--output-format", "openai-jsonl"
+        "run",
+        source,
+        output,
+        *engine_args(tiny_llama_dir),
+        "--output-format",
+        "openai-jsonl",
+        "--served-model-name",
+        "any",
     )
     assert result.exit_code == 0, result.stderr
     assert listing(out_dir) == ["results.jsonl", "results.stats.parquet"]
@@ -303,20 +316,24 @@ def test_openai_batch_lines_in_and_out(tiny_llama_dir: Path, tmp_path: Path, out
     assert [(line["id"], line["custom_id"]) for line in lines] == [
         ("batch_req_0", "chat-1"),
         ("batch_req_1", "text-2"),
-        ("batch_req_2", "bad-3"),
+        ("batch_req_2", "embed-3"),
+        ("batch_req_3", "bad-4"),
     ]
     chat = lines[0]["response"]["body"]
-    assert chat["object"] == "chat.completion" and chat["model"] == str(tiny_llama_dir)
+    assert chat["object"] == "chat.completion" and chat["model"] == "any"
     assert chat["choices"][0]["message"]["role"] == "assistant"
     assert chat["usage"]["completion_tokens"] <= 4
     text = lines[1]["response"]["body"]
     assert text["object"] == "text_completion"
     assert [choice["index"] for choice in text["choices"]] == [0, 1]
     assert text["usage"]["completion_tokens"] <= 2 * 2
-    assert lines[2]["response"] is None
-    assert lines[2]["error"] == {
+    # the url decides the task: an embeddings line embeds in a generate job
+    assert lines[2]["response"]["body"]["object"] == "list"
+    assert lines[3]["response"] is None
+    assert lines[3]["error"] == {
         "code": "invalid_request",
-        "message": "url must be /v1/chat/completions or /v1/completions, got '/v1/embeddings'",
+        "message": "url must be /v1/chat/completions, /v1/completions or /v1/embeddings, "
+        "got '/v1/responses'",
     }
 
 

@@ -64,12 +64,16 @@ class SamplingParams:
     top_logprobs: int = 0
     # vLLM's prompt_logprobs: every prompt token's logprob and N alternatives (None: off)
     prompt_logprobs: int | None = None
+    # OpenAI's logit_bias: (token id, bias in [-100, 100]) pairs in id order, added to the
+    # model's logits before penalties and masks (`logit_bias`); given as {id: bias} too
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         self._check_types()
         self._check_ranges()
         self._check_stops()
         self._check_constraint()
+        object.__setattr__(self, "logit_bias", logit_bias_pairs(self.logit_bias))
 
     def _check_types(self) -> None:
         for name in _INT_FIELDS:
@@ -186,6 +190,29 @@ class SamplingParams:
     def greedy(self) -> bool:
         """Temperature 0: the next token is the argmax; top-k/top-p/min-p and seed are unused."""
         return self.temperature == 0.0
+
+
+def logit_bias_pairs(value: Any) -> tuple[tuple[int, float], ...]:
+    """{token id: bias} (ids as JSON's string keys or ints) or (id, bias) pairs, checked, as
+    pairs in id order."""
+    if isinstance(value, Mapping):
+        items = list(value.items())
+    elif isinstance(value, (list, tuple)):
+        items = [tuple(pair) if isinstance(pair, (list, tuple)) else (pair,) for pair in value]
+    else:
+        raise ConfigError(f"logit_bias must be an object of token id: bias, got {json_type(value)}")
+    pairs: dict[int, float] = {}
+    for item in items:
+        if len(item) != 2:
+            raise ConfigError("logit_bias must be an object of token id: bias")
+        key, bias = item
+        token = int(key) if isinstance(key, str) and key.isdigit() else key
+        if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+            raise ConfigError(f"logit_bias keys must be token ids, got {key!r}")
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not -100 <= bias <= 100:
+            raise ConfigError(f"logit_bias[{key!r}] must be a number in [-100, 100], got {bias!r}")
+        pairs[token] = float(bias)
+    return tuple(sorted(pairs.items()))
 
 
 def _coerced(values: Mapping[str, Any]) -> dict[str, Any]:

@@ -66,7 +66,12 @@ class SequenceSampler:
         # `is_plain_greedy` (asked every step) as one comparison: from which generated token
         # on the next one is the raw logits' argmax (never with penalties, logprobs or
         # sampling; after min_tokens while that masks the tokens that would end the row)
-        plain = params.greedy and not self.has_penalties and not params.logprobs
+        plain = (
+            params.greedy
+            and not self.has_penalties
+            and not params.logprobs
+            and not params.logit_bias
+        )
         masked_until = params.min_tokens if self.early_stop_ids else 0
         self._plain_greedy_from = masked_until if plain else math.inf
         self._num_generated = 0

@@ -3,7 +3,8 @@
 `sample_next_tokens` turns the last-position logits of N sequences into N tokens. Each row is
 processed in this order, always in float32:
 
-1. Penalties. `repetition_penalty` (Hugging Face semantics, the same arithmetic as
+1. `logit_bias` (OpenAI's), added to the model's logits (`logit_bias`). Then penalties.
+   `repetition_penalty` (Hugging Face semantics, the same arithmetic as
    `RepetitionPenaltyLogitsProcessor`): every token seen in the prompt or the output so far has
    its logit divided by the penalty when positive and multiplied by it when negative, once
    however often it occurred. Then `frequency_penalty * count + presence_penalty` is subtracted
@@ -48,6 +49,7 @@ import numpy as np
 import torch
 
 from astrai_batch.engine.attention.host_staging import HostStaging
+from astrai_batch.engine.sampling.logit_bias import add_logit_bias
 from astrai_batch.engine.sampling.sequence_sampler import SequenceSampler, draw_uniforms
 
 if TYPE_CHECKING:
@@ -140,7 +142,8 @@ def adjusted_scores(
     applied in place to float32 `logits` (the engine's are a per-step temporary)."""
     penalised = [s for s in samplers if s.has_penalties]
     masked = [i for i, sampler in enumerate(samplers) if sampler.masks_early_stops]
-    if not penalised and not masked:
+    biased = any(sampler.params.logit_bias for sampler in samplers)
+    if not penalised and not masked and not biased:
         scores = logits.float()
         if masks is not None:
             masks.apply(scores)
@@ -148,6 +151,8 @@ def adjusted_scores(
     scores = logits.to(torch.float32, memory_format=torch.contiguous_format, copy=True)
     vocab = scores.shape[1]
     flat = scores.view(-1)
+    if biased:
+        add_logit_bias(flat, samplers, vocab)
     if any(s.params.repetition_penalty != 1.0 for s in penalised):
         rows, ids = _flatten([s.penalised_ids() for s in samplers], vocab)
         at = (rows * vocab + ids).to(scores.device)

@@ -27,9 +27,12 @@ from astrai_batch.io import InputRow, InputSource
 from astrai_batch.jobs.executors.base import ExecutionResult
 from astrai_batch.jobs.executors.ordering import SampleCollector
 from astrai_batch.jobs.executors.pending_part import PendingPart
+from astrai_batch.jobs.field_warnings import IgnoredFieldWarnings
 from astrai_batch.jobs.options.config import JobConfig
+from astrai_batch.jobs.options.openai_options import served_names
 from astrai_batch.jobs.output.checkpoint import Checkpoint, WindowRecord
 from astrai_batch.jobs.output.records import error_record, row_records
+from astrai_batch.jobs.output.response_parsing import ResponseParsing
 from astrai_batch.jobs.output.timeline import TimelineRecorder
 from astrai_batch.jobs.planning.embed_rows import job_embed_request
 from astrai_batch.jobs.planning.tokenize import PromptEncoder
@@ -81,6 +84,23 @@ class JobExecution:
                 loaded.model.config.hidden_size,
             )
         self.embed = embed
+        self.field_warnings = IgnoredFieldWarnings()
+        self.parsing = ResponseParsing(
+            config.tool_call_parser, config.reasoning_parser, loaded.tokenizer
+        )
+        # a generate job embeds its /v1/embeddings lines (the url decides), each at its own
+        # body.dimensions
+        self.line_embed = (
+            job_embed_request(
+                config.pooling,
+                config.normalize,
+                None,
+                loaded.model.name_or_path,
+                loaded.model.config.hidden_size,
+            )
+            if config.task == "generate"
+            else None
+        )
         saved = checkpoint.total_stats()
         self.rows_before = saved.input_rows
         self.failed_rows = saved.failed_rows
@@ -199,6 +219,7 @@ class JobExecution:
             input_rows = read_window(rows, self.planning.group_window)
             if not input_rows:
                 return None
+            self.field_warnings.see(input_rows)
             return prepare_window(
                 number,
                 number * self.planning.group_window,
@@ -210,9 +231,17 @@ class JobExecution:
                 grouping=self.planning.grouping,
                 adapters=tuple(name for name, _ in self.config.lora),
                 embed=self.embed,
+                served=served_names(
+                    self.config.model, self.loaded.name, self.config.served_model_name
+                ),
+                tool_parser=self.config.tool_call_parser,
+                line_embed=self.line_embed,
             )
 
-        return await anyio.to_thread.run_sync(work)
+        window = await anyio.to_thread.run_sync(work)
+        for warning in self.field_warnings.new_warnings():
+            self.progress.message(warning)
+        return window
 
     # -- bookkeeping (all on the event loop, between engine steps) -----------------------------
 
@@ -244,7 +273,7 @@ class JobExecution:
         row = window.row(int(result.request_id))  # type: ignore[call-overload]
         samples = self.collector.add(result, row.num_samples)
         if samples is not None:
-            self._complete_row(row, row_records(row, samples))
+            self._complete_row(row, row_records(row, samples, self.parsing))
             self._after_rows()
         # Here, between two engine steps, the engine's counters hold still.
         if self._timeline is not None and self._engine is not None:

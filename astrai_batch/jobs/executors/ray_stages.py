@@ -23,6 +23,8 @@ from astrai_batch.engine.tasks.embedding_types import EmbedRequest
 from astrai_batch.errors import AstraiBatchError
 from astrai_batch.io import InputSource
 from astrai_batch.jobs.options.config import JobConfig
+from astrai_batch.jobs.options.openai_options import served_names
+from astrai_batch.jobs.planning.embed_rows import job_embed_request
 from astrai_batch.jobs.planning.sharding import (
     GroupSummary,
     KeyedRow,
@@ -103,6 +105,11 @@ class ChunkReader:
                 grouping=config.grouping,
                 adapters=tuple(name for name, _ in config.lora),
                 embed=self.embed,
+                served=served_names(config.model, self.model_name, config.served_model_name),
+                tool_parser=config.tool_call_parser,
+                line_embed=job_embed_request(config.pooling, config.normalize, None, config.model)
+                if config.task == "generate"
+                else None,
             )
             out.extend(keyed_record(row, config.page_size) for row in window.rows)
         return pa.Table.from_pylist(out, schema=KEYED_SCHEMA)

@@ -22,6 +22,7 @@ from astrai_batch.errors import AstraiBatchError
 from astrai_batch.jobs.executors.ordering import SampleCollector
 from astrai_batch.jobs.options.config import JobConfig
 from astrai_batch.jobs.output.records import error_record, row_records
+from astrai_batch.jobs.output.response_parsing import ResponseParsing
 from astrai_batch.jobs.output.stats import WorkStats, engine_stats, records_stats
 from astrai_batch.jobs.planning.prefix_order import plan_window
 from astrai_batch.jobs.planning.window import PreparedRow, row_request
@@ -66,6 +67,7 @@ async def _run_shard(
     # and shard run it.
     requests = [row_request(rows[p]) for p in order]
     collector = SampleCollector()
+    parsing = ResponseParsing(config.tool_call_parser, config.reasoning_parser, loaded.tokenizer)
     async with Engine(loaded, EngineConfig(**config.engine_options())) as engine:
         before = engine.stats()
         results = engine.generate(requests)
@@ -74,7 +76,7 @@ async def _run_shard(
                 row = by_index[int(result.request_id)]  # type: ignore[call-overload]
                 samples = collector.add(result, row.num_samples)
                 if samples is not None:
-                    records[row.index] = row_records(row, samples)
+                    records[row.index] = row_records(row, samples, parsing)
         after = engine.stats()
     if len(records) != len(rows):
         raise AstraiBatchError(f"the shard finished {len(records)} of {len(rows)} rows")

@@ -29,6 +29,11 @@ from astrai_batch.jobs.options.lora_options import (
     check_lora_options,
     parse_lora,
 )
+from astrai_batch.jobs.options.openai_options import (
+    check_parsers,
+    check_served_names,
+    parse_served_names,
+)
 from astrai_batch.jobs.options.option_groups import (
     OBJECT_OPTIONS,
     PLANNING_OPTIONS,
@@ -86,6 +91,11 @@ class JobConfig:
     keep_columns: tuple[str, ...] = ()
     # Variables for the chat template (e.g. enable_thinking); rows may add to them.
     chat_template_kwargs: dict[str, Any] | None = None
+    # The names OpenAI lines' body.model may give the base model (empty: --model as given)
+    served_model_name: tuple[str, ...] = ()
+    # Read tool calls (tool_choice auto) and reasoning out of the model's text
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
     sampling: SamplingParams = field(
         default_factory=lambda: SamplingParams(max_tokens=DEFAULT_MAX_TOKENS)
     )
@@ -145,6 +155,8 @@ class JobConfig:
         ):
             require_positive_int(name, getattr(self, name))
         check_lora_options(self.lora, self.max_loras)
+        check_served_names(self.served_model_name)
+        check_parsers(self.tool_call_parser, self.reasoning_parser)
         require_positive_int("checkpoint_rows", self.checkpoint_rows)
         for name in ("kv_cache_memory", "threads", "max_model_len"):
             if getattr(self, name) is not None:
@@ -217,6 +229,8 @@ class JobConfig:
             values["keep_columns"] = parse_columns(values["keep_columns"])
         if "lora" in values:
             values["lora"] = parse_lora(values["lora"])
+        if "served_model_name" in values:
+            values["served_model_name"] = parse_served_names(values["served_model_name"])
         for name in OBJECT_OPTIONS:
             if values.get(name) is not None:
                 values[name] = parse_json_object(values[name], name)

@@ -54,6 +54,11 @@ RESULT_OPTIONS = (
     "id_column",
     "keep_columns",
     "chat_template_kwargs",
+    # which names body.model may give (other rows fail) and the name responses carry
+    "served_model_name",
+    # how a sample's text becomes content, tool calls and reasoning
+    "tool_call_parser",
+    "reasoning_parser",
     "task",
     "pooling",
     "normalize",

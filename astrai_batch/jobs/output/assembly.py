@@ -23,7 +23,13 @@ from astrai_batch.io.filesystems import Location, write_table_at
 from astrai_batch.io.openai_embeddings import embeddings_response_body
 from astrai_batch.jobs.output.checkpoint import Checkpoint
 from astrai_batch.jobs.output.lora_stats import SOURCE_COLUMNS, adapter_counts, with_adapter_rows
-from astrai_batch.jobs.output.records import CUSTOM_ID_COLUMN, INDEX_COLUMN, KIND_COLUMN
+from astrai_batch.jobs.output.records import (
+    CUSTOM_ID_COLUMN,
+    ECHO_COLUMN,
+    EMBEDDING_FORMAT_COLUMN,
+    INDEX_COLUMN,
+    KIND_COLUMN,
+)
 from astrai_batch.jobs.output.run_lock import process_alive
 from astrai_batch.jobs.output.stats import stats_table
 from astrai_batch.jobs.output.timeline import TIMELINE_KEY
@@ -96,10 +102,14 @@ OPENAI_COLUMNS = [
     "logprobs",
     "top_logprobs",
     "prompt_logprobs",
+    "tool_calls",
+    "reasoning",
     "embedding",
     INDEX_COLUMN,
     KIND_COLUMN,
     CUSTOM_ID_COLUMN,
+    ECHO_COLUMN,
+    EMBEDDING_FORMAT_COLUMN,
 ]
 
 
@@ -146,7 +156,12 @@ def _write_openai_row(
         writer.write_error(custom_id, code="invalid_request", message=first["error"], index=index)
         return
     if first.get("embedding") is not None:
-        body = embeddings_response_body(model_name, first["embedding"], first["prompt_tokens"])
+        body = embeddings_response_body(
+            model_name,
+            first["embedding"],
+            first["prompt_tokens"],
+            first.get(EMBEDDING_FORMAT_COLUMN) or "float",
+        )
         writer.write_response(custom_id, body, index=index)
         return
     samples = []
@@ -161,6 +176,11 @@ def _write_openai_row(
             sample["tokens"] = [tokenizer.decode([t]) for t in record["completion_token_ids"]]
         if record.get("top_logprobs") is not None:
             sample["top_logprobs"] = record["top_logprobs"]
+        for name in ("tool_calls", "reasoning"):
+            if record.get(name) is not None:
+                sample[name] = record[name]
+        if record.get(ECHO_COLUMN) is not None:
+            sample["echo"] = echoed_prompt(record, tokenizer)
         samples.append(sample)
     body = openai_response_body(
         first[KIND_COLUMN],
@@ -169,9 +189,21 @@ def _write_openai_row(
         first["prompt_tokens"],
         created,
         cached_tokens=first["cached_tokens"],
-        prompt_logprobs=first.get("prompt_logprobs"),
+        # an echo row's prompt logprobs are in its choices' logprobs
+        prompt_logprobs=None if first.get(ECHO_COLUMN) is not None else first["prompt_logprobs"],
     )
     writer.write_response(custom_id, body, index=index)
+
+
+def echoed_prompt(record: Mapping[str, Any], tokenizer: Any) -> dict[str, Any]:
+    """An echo row's prompt for `openai_response_body`: its text, each token's text and, with
+    logprobs, its tokens' logprob rows (the first null)."""
+    ids = record[ECHO_COLUMN]
+    return {
+        "text": tokenizer.decode(ids),
+        "tokens": [tokenizer.decode([token]) for token in ids],
+        "logprobs": record.get("prompt_logprobs"),
+    }
 
 
 def write_stats(

@@ -9,6 +9,8 @@ inputs that are not OpenAI batch lines).
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,16 +19,24 @@ import pyarrow as pa
 from astrai_batch.engine.types import GenerationResult
 from astrai_batch.errors import AstraiBatchError
 from astrai_batch.io import result_schema
+from astrai_batch.io.rows import BestOf
+from astrai_batch.jobs.output.response_parsing import ResponseParsing
 from astrai_batch.jobs.output.task_records import embed_record, logprob_rows, score_record
 from astrai_batch.jobs.planning.window import PreparedRow
 
 INDEX_COLUMN = "__astrai_row_index"
 KIND_COLUMN = "__astrai_kind"
 CUSTOM_ID_COLUMN = "__astrai_custom_id"
+# an OpenAI completions line with echo: its prompt's token ids (null otherwise)
+ECHO_COLUMN = "__astrai_echo_prompt"
+# an OpenAI embeddings line: its encoding_format, float or base64 (null otherwise)
+EMBEDDING_FORMAT_COLUMN = "__astrai_embedding_format"
 INTERNAL_FIELDS = (
     pa.field(INDEX_COLUMN, pa.int64(), nullable=False),
     pa.field(KIND_COLUMN, pa.string(), nullable=False),
     pa.field(CUSTOM_ID_COLUMN, pa.string()),
+    pa.field(ECHO_COLUMN, pa.list_(pa.int32())),
+    pa.field(EMBEDDING_FORMAT_COLUMN, pa.string()),
 )
 
 
@@ -34,7 +44,16 @@ def part_schema(kept: pa.Schema, task: str = "generate") -> pa.Schema:
     """The schema of checkpoint parts for an input whose keep columns have `kept`'s types
     (every task's columns: the OpenAI writer reads one column list whatever the task)."""
     del task
-    fields = result_schema(True, True, kept, "all", top_logprobs=True, prompt_logprobs=True)
+    fields = result_schema(
+        True,
+        True,
+        kept,
+        "all",
+        top_logprobs=True,
+        prompt_logprobs=True,
+        tool_calls=True,
+        reasoning=True,
+    )
     return pa.schema([*fields, *INTERNAL_FIELDS])
 
 
@@ -46,8 +65,12 @@ def output_schema(
     task: str = "generate",
     top_logprobs: bool = False,
     prompt_logprobs: bool = False,
+    tool_calls: bool = False,
+    reasoning: bool = False,
+    embeddings: bool = False,
 ) -> pa.Schema:
-    """The schema of the final Parquet output (a subset of the part schema's columns)."""
+    """The schema of the final Parquet output (a subset of the part schema's columns);
+    `embeddings`: a generate job's embeddings lines keep their vectors (any size)."""
     return result_schema(
         save_tokens,
         logprobs,
@@ -55,6 +78,9 @@ def output_schema(
         task,
         top_logprobs=top_logprobs,
         prompt_logprobs=prompt_logprobs,
+        tool_calls=tool_calls,
+        reasoning=reasoning,
+        embeddings=embeddings,
     )
 
 
@@ -76,14 +102,21 @@ def error_record(row: PreparedRow, message: str) -> dict[str, Any]:
         INDEX_COLUMN: row.index,
         KIND_COLUMN: row.kind,
         CUSTOM_ID_COLUMN: row.custom_id,
+        EMBEDDING_FORMAT_COLUMN: row.embedding,
     }
 
 
-def row_records(row: PreparedRow, samples: Sequence[GenerationResult]) -> list[dict[str, Any]]:
+def row_records(
+    row: PreparedRow,
+    samples: Sequence[GenerationResult],
+    parsing: ResponseParsing | None = None,
+) -> list[dict[str, Any]]:
     """The records of a finished row: one per sample, or one error record if any failed.
 
     The engine fails all samples of a request together (a prompt that can never fit), so a
-    row is either wholly generated or wholly failed.
+    row is either wholly generated or wholly failed. A row with tools, or a job with a
+    reasoning parser, has its text read by `parsing` (`response_parsing`): ``completion``
+    holds the content, beside ``tool_calls`` and ``reasoning``.
     """
     if len(samples) != row.num_samples:
         raise AstraiBatchError(
@@ -96,11 +129,14 @@ def row_records(row: PreparedRow, samples: Sequence[GenerationResult]) -> list[d
         return [score_record(row, samples[0], error_record(row, ""))]
     if samples[0].embedding is not None:
         return [embed_record(samples[0], error_record(row, ""))]
+    if row.best_of is not None:
+        samples = best_samples(samples, row.best_of)
     return [
         {
             "id": row.id,
             "sample_index": sample.sample_index,
             "completion": sample.text,
+            **_parsed(row, sample, parsing),
             "finish_reason": sample.finish_reason,
             "prompt_tokens": sample.prompt_tokens,
             "cached_tokens": sample.cached_tokens,
@@ -115,9 +151,56 @@ def row_records(row: PreparedRow, samples: Sequence[GenerationResult]) -> list[d
             INDEX_COLUMN: row.index,
             KIND_COLUMN: row.kind,
             CUSTOM_ID_COLUMN: row.custom_id,
+            **_echo(row, sample),
         }
         for sample in sorted(samples, key=lambda s: s.sample_index)
     ]
+
+
+def best_samples(samples: Sequence[GenerationResult], best: BestOf) -> list[GenerationResult]:
+    """Completions' ``best_of``: the `best.keep` likeliest samples (the sum of their tokens'
+    logprobs; the lower sample index first on a tie), numbered 0.. in that order, their
+    logprobs kept only when the line asked for them."""
+    ranked = sorted(samples, key=lambda s: (-math.fsum(s.logprobs or ()), s.sample_index))
+    return [
+        dataclasses.replace(
+            sample,
+            sample_index=place,
+            logprobs=sample.logprobs if best.logprobs else None,
+        )
+        for place, sample in enumerate(ranked[: best.keep])
+    ]
+
+
+def _echo(row: PreparedRow, sample: GenerationResult) -> dict[str, Any]:
+    """An echo row's prompt ids; with max_tokens 0 (echo "prompt") the one token generated
+    to get there is left out, so the row answers the prompt alone."""
+    if row.echo is None:
+        return {}
+    out: dict[str, Any] = {ECHO_COLUMN: list(row.token_ids or ())}
+    if row.echo == "prompt":
+        out |= {"completion": "", "completion_tokens": 0, "completion_token_ids": []}
+        out |= {"finish_reason": "length"}
+        if sample.logprobs is not None:
+            out["logprobs"] = []
+        if sample.top_logprobs is not None:
+            out["top_logprobs"] = []
+    return out
+
+
+def _parsed(
+    row: PreparedRow, sample: GenerationResult, parsing: ResponseParsing | None
+) -> dict[str, Any]:
+    parsing = parsing or ResponseParsing()
+    if row.tool_choice is None and parsing.reasoning_parser is None:
+        return {}
+    key = f"{row.id}\0{sample.sample_index}"
+    parsed = parsing.parse(sample.text, sample.token_ids, row.tool_choice, key)
+    return {
+        "completion": parsed.content,
+        "reasoning": parsed.reasoning,
+        "tool_calls": parsed.tool_calls,
+    }
 
 
 def records_table(records: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:

@@ -8,7 +8,8 @@
   template also sees the job's ``--chat-template-kwargs`` with the row's own
   ``chat_template_kwargs`` merged over them (e.g. ``enable_thinking``); a name that is an
   argument of ``apply_chat_template`` itself (``tokenize``, ``add_generation_prompt``, ...)
-  is refused, since it would change the call rather than reach the template;
+  is refused, since it would change the call rather than reach the template; an OpenAI
+  line's tools go to the template's ``tools`` argument;
 - ``prompt_token_ids`` rows are used unchanged; the engine checks them against the vocab.
 
 `run` and `plan` share this code, so `plan` predicts exactly the prompts `run` sends.
@@ -133,10 +134,12 @@ class PromptEncoder:
         if problem is not None:
             return Encoding(error=problem)
         try:
+            tools = {"tools": [dict(tool) for tool in row.tools]} if row.tools else {}
             text = self.tokenizer.apply_chat_template(
                 [dict(message) for message in row.messages or ()],
                 add_generation_prompt=True,
                 tokenize=False,
+                **tools,
                 **{**self.chat_template_kwargs, **own},
             )
         except Exception as exc:  # a template may raise anything (jinja errors, its own checks)

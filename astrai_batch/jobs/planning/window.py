@@ -7,6 +7,7 @@ every row the prefix group an uninterrupted run would have given it.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -19,12 +20,17 @@ from astrai_batch.engine.tasks.scoring_types import ScoreRequest
 from astrai_batch.engine.types import GenerationRequest
 from astrai_batch.errors import AstraiBatchError, ConfigError
 from astrai_batch.io import InputRow
+from astrai_batch.io.rows import BestOf
 from astrai_batch.jobs.planning.embed_rows import embed_row_problem
 from astrai_batch.jobs.planning.prefix_order import plan_window
 from astrai_batch.jobs.planning.score_pairs import score_encodings
 from astrai_batch.jobs.planning.tokenize import PromptEncoder
 
 LORA_COLUMN = "lora"  # the output column of a job with adapters
+AUTO_TOOLS_MESSAGE = (
+    "tool_choice auto (the default with tools) needs --tool-call-parser to read calls from "
+    "the model's text; give one, or a tool_choice of required or a named function"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +50,10 @@ class PreparedRow:
     # --task score: each continuation's tokens (`token_ids` holds the context's)
     continuations: tuple[tuple[int, ...], ...] | None = None
     embed: EmbedRequest | None = None  # --task embed
+    tool_choice: str | None = None  # an OpenAI chat line's (`io.openai_tools`)
+    echo: str | None = None  # an OpenAI completions line's (`io.openai_request`)
+    embedding: str | None = None  # an OpenAI embeddings line's encoding_format
+    best_of: BestOf | None = None  # an OpenAI completions line's (`io.rows.BestOf`)
 
     def __post_init__(self) -> None:
         runnable = self.token_ids is not None and self.params is not None
@@ -127,6 +137,32 @@ def row_adapter(row: InputRow, adapters: Sequence[str]) -> str | None:
     return None
 
 
+def unserved_model_message(
+    row: InputRow, served: Sequence[str] | None, adapters: Sequence[str]
+) -> str | None:
+    """The row error of an OpenAI line whose body.model names neither the base model (one
+    of `served`; None: no check) nor one of the job's adapters."""
+    if served is None or row.model is None or row.model in served or row.model in adapters:
+        return None
+    listed = ", ".join(repr(name) for name in (*served, *adapters))
+    return f"body.model {row.model!r} is not served by this job; it serves {listed}"
+
+
+# An embeddings line in a generate job is one request of one sample, whatever --n says.
+EMBED_LINE_PARAMS = SamplingParams(max_tokens=1)
+
+
+def line_embedding(row: InputRow, line_embed: EmbedRequest | None) -> EmbedRequest | str:
+    """The embedding request of a generate job's embeddings line, or its row error."""
+    if line_embed is None:
+        return "/v1/embeddings lines run with --task embed here"
+    dims = row.overrides.get("dimensions")
+    try:
+        return dataclasses.replace(line_embed, dimensions=dims)
+    except ValueError:
+        return f"body.dimensions must be a positive integer, got {dims!r}"
+
+
 def read_window(rows: Iterator[InputRow], size: int) -> list[InputRow]:
     """Up to `size` rows from the stream (fewer only at its end)."""
     return list(itertools.islice(rows, size))
@@ -154,12 +190,19 @@ def prepare_window(
     grouping: bool,
     adapters: Sequence[str] = (),
     embed: EmbedRequest | None = None,
+    served: Sequence[str] | None = None,
+    tool_parser: str | None = None,
+    line_embed: EmbedRequest | None = None,
 ) -> PreparedWindow:
     """Tokenize, resolve per-row sampling parameters and plan one window (CPU work: run it
     in a worker thread). Rows without a ``custom_id`` of their own use their row id as one
     in OpenAI output; the input guarantees both are unique (`io.row_ids`). `adapters`: the
     job's LoRA adapter names (a row names one by `lora`, or an OpenAI line by body.model);
-    with any, each row's adapter is kept in a `lora` column."""
+    with any, each row's adapter is kept in a `lora` column. `served`: the base model's names
+    an OpenAI line's body.model may give (None: any name runs on the base model);
+    `tool_parser`: the job's --tool-call-parser (without one, a tool_choice auto row fails);
+    `line_embed`: how a generate job embeds its /v1/embeddings lines (body.dimensions each)."""
+    embeds: dict[int, EmbedRequest] = {}  # a generate job's embeddings lines
     encodings = encoder.encode(input_rows)
     scored = score_encodings(encoder, input_rows, encodings)
     staged: list[tuple[InputRow, tuple[int, ...] | None, SamplingParams | None, str | None]] = []
@@ -171,7 +214,22 @@ def prepare_window(
         if encoding.error is not None:
             staged.append((row, None, None, encoding.error))
             continue
-        params = row_params(base_params, row.overrides) if embed is None else base_params
+        problem = unserved_model_message(row, served, adapters)
+        if problem is None and row.tool_choice == "auto" and tool_parser is None:
+            problem = AUTO_TOOLS_MESSAGE
+        if problem is not None:
+            staged.append((row, None, None, problem))
+            continue
+        row_embed = embed
+        if embed is None and row.embedding is not None:
+            row_embed = line_embedding(row, line_embed)
+            if isinstance(row_embed, str):
+                staged.append((row, None, None, row_embed))
+                continue
+            embeds[row.index] = row_embed
+        params = row_params(base_params, row.overrides) if row_embed is None else base_params
+        if row_embed is not None and embed is None:
+            params = EMBED_LINE_PARAMS
         adapter = row_adapter(row, adapters)
         if adapter is not None and adapter not in adapters:
             staged.append((row, None, None, unknown_adapter_message(adapter, adapters)))
@@ -207,7 +265,11 @@ def prepare_window(
             prefix_group=group_of.get(position),
             adapter=None if error is not None else row_adapter(row, adapters),
             continuations=scored.get(position) if error is None else None,
-            embed=embed if error is None else None,
+            embed=(embed or embeds.get(row.index)) if error is None else None,
+            tool_choice=row.tool_choice if error is None else None,
+            echo=row.echo if error is None else None,
+            embedding=row.embedding if error is None else None,
+            best_of=row.best_of if error is None else None,
         )
         for position, (row, token_ids, params, error) in enumerate(staged)
     )

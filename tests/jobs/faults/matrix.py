@@ -208,10 +208,11 @@ def write_input(matrix: Matrix, directory: Path) -> Path:
     lines = []
     for i, row in enumerate(rows):
         if fmt == "openai":
-            body: dict[str, Any] = {
-                "model": (adapter_of(i) if kind.adapters else None) or "tiny",
-                "messages": [{"role": "user", "content": row["prompt"]}],
-            }
+            body: dict[str, Any] = {"messages": [{"role": "user", "content": row["prompt"]}]}
+            # body.model names an adapter, or is left out (the base model); any other name
+            # is a row error (the job serves --model or --served-model-name)
+            if kind.adapters and adapter_of(i) is not None:
+                body["model"] = adapter_of(i)
             if i in bad:
                 body["messages"] = 17
             lines.append(
