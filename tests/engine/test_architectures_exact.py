@@ -148,9 +148,8 @@ def test_packed_greedy_output_equals_transformers(name, tmp_path):
         assert loaded.max_model_len == max_model_len
     prompts = mixed_prompts(loaded.model.config.vocab_size, seed=5, shared=True, count=6)
     prompts.append(prompts[0][:9])  # a short one packed beside the long ones
-    # mixture-of-experts layers have no batch-invariant form (`linear_check`): fast numerics
-    numerics = "fast" if name in MOE else "invariant"
-    config = EngineConfig(page_size=8, num_pages=128, max_num_batched_tokens=96, numerics=numerics)
+    # the default numerics (invariant), mixture-of-experts models included
+    config = EngineConfig(page_size=8, num_pages=128, max_num_batched_tokens=96)
     params = SamplingParams(max_tokens=MAX_NEW)
     requests = [GenerationRequest(i, p, params) for i, p in enumerate(prompts)]
     results, stats = generate_sync(loaded, requests, config)
