@@ -8,9 +8,10 @@ stacked 3-D `gate_up_proj`/`up_proj` and `down_proj`):
 
 - the router (a module beside the experts owning a 2-D weight: `gate` or `router`) for a
   `RowPaddedRouter`: its rows run in blocks of the probed `RowScheme`, zero-padded to whole
-  vector loops, so its GEMM and its elementwise kernels are invariant; everything else a router does (softmax or
-  sigmoid scores, top-k with its ties, DeepSeek V3's bias-corrected group choice, the
-  normalization and routed scaling) is a function of the row alone and runs as written;
+  vector loops, so its GEMM and its elementwise kernels are invariant; everything else a
+  router does (softmax or sigmoid scores, top-k with its ties, DeepSeek V3's bias-corrected
+  group choice, the normalization and routed scaling) is a function of the row alone and
+  runs as written;
 - the experts for `InvariantExperts`: each expert's rows are gathered in token order and run
   through `scheme_linear` (the same scheme as every linear layer: an expert's GEMM of m rows is
   padded or split exactly as a dense layer's would be), then each token's k weighted expert
@@ -65,6 +66,10 @@ def is_experts(module: nn.Module) -> bool:
         and down.dim() == 3
         and getattr(module, "is_concatenated", True) in (True, False)
     )
+
+
+def has_experts(model: nn.Module) -> bool:
+    return any(_experts_child(module) for module in model.modules())
 
 
 def router_of(block: nn.Module) -> tuple[str, nn.Module] | None:
@@ -213,7 +218,7 @@ def expert_gemm_shapes(model: nn.Module) -> list[tuple[int, int, bool]]:
                 continue
             names = ("gate_up_proj" if experts.has_gate else "up_proj", "down_proj")
             for name in names:
-                e, a, b = getattr(experts, name).shape
+                _, a, b = getattr(experts, name).shape
                 k, n = (a, b) if experts.is_transposed else (b, a)
                 shapes.add((k, n, bool(experts.has_bias)))
             found = router_of(block)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from astrai_batch.engine.runner.invariant_experts import expert_gemm_shapes
 from astrai_batch.engine.numerics.blas_rows import (
     DEFAULT_MAX_ROWS,
     Gemm,
@@ -23,6 +22,7 @@ from astrai_batch.engine.numerics.blas_rows import (
     plain_gemm,
     probe_row_scheme,
 )
+from astrai_batch.engine.runner.invariant_experts import expert_gemm_shapes
 
 DEFAULT_TILE_ROWS = 128  # the scheme off the CPU, where no probe runs
 
