@@ -180,8 +180,11 @@ class InvariantExperts(_Owning):
         # (token, slot) pairs by expert, each expert's in token order
         order = torch.argsort(flat, stable=True)
         counts = torch.bincount(flat, minlength=self.num_experts).tolist()
-        slots = hidden_states.new_zeros(n * k, hidden_states.shape[-1])
         weights = top_k_weights.reshape(-1)
+        # weighted outputs in the promoted type, summed there, then cast: as transformers'
+        # default (grouped_mm) path does (DeepSeek's routers weigh in float32)
+        kind = torch.promote_types(hidden_states.dtype, weights.dtype)
+        slots = hidden_states.new_zeros(n * k, hidden_states.shape[-1], dtype=kind)
         start = 0
         for expert, count in enumerate(counts[: self.num_experts]):
             if not count:
@@ -196,13 +199,13 @@ class InvariantExperts(_Owning):
             out = self._project(h, "down_proj", expert)
             if self.has_post_expert_norm:
                 out = experts.post_expert_norm(out)
-            out = out * weights.index_select(0, pairs).unsqueeze(-1).to(out.dtype)
-            slots.index_copy_(0, pairs, out.to(slots.dtype))
+            out = out * weights.index_select(0, pairs).unsqueeze(-1)
+            slots.index_copy_(0, pairs, out.to(kind))
         slots = slots.view(n, k, -1)
         total = slots[:, 0].clone()
         for slot in range(1, k):  # one slot after the other: a fixed order per row
             total += slots[:, slot]
-        return total
+        return total.to(hidden_states.dtype)
 
     def extra_repr(self) -> str:
         return f"{type(self.wrapped).__name__}, {self.scheme.describe()}"
