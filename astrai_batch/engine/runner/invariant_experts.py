@@ -64,7 +64,6 @@ def is_experts(module: nn.Module) -> bool:
         and isinstance(down, torch.Tensor)
         and up.dim() == 3
         and down.dim() == 3
-        and getattr(module, "is_concatenated", True) in (True, False)
     )
 
 
@@ -95,7 +94,8 @@ class _Owning(nn.Module):
         for name, param in wrapped.named_parameters(recurse=False):
             self.register_parameter(name, param)
         for name, buffer in wrapped.named_buffers(recurse=False):
-            self.register_buffer(name, buffer)
+            persistent = name not in wrapped._non_persistent_buffers_set
+            self.register_buffer(name, buffer, persistent=persistent)
         for name, child in wrapped.named_children():
             self.add_module(name, child)
 
