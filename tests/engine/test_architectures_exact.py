@@ -1,4 +1,5 @@
-"""Every architecture on the allow-list runs token-exact against transformers `generate`.
+"""Every architecture on the allow-list runs token-exact against transformers `generate`
+under the default (invariant) numerics, mixture-of-experts and latent-attention models too.
 
 Each case is a tiny random model (2 layers, hidden size 64) saved as an ordinary model
 directory and loaded by the real loader; its prompts share prefixes and run packed in one
