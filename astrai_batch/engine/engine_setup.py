@@ -19,12 +19,14 @@ from astrai_batch.engine.config import EngineConfig
 from astrai_batch.engine.lora.bank import find_bank
 from astrai_batch.engine.model.loaded import LoadedModel
 from astrai_batch.engine.runner.decode_graphs import GraphSpec, resolve_cuda_graphs
+from astrai_batch.engine.runner.invariant_experts import has_experts
 from astrai_batch.engine.runner.memory_budget import (
     capped,
     default_kv_budget,
     profile_activation_peak,
 )
 from astrai_batch.engine.runner.model_runner import ModelRunner
+from astrai_batch.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,15 @@ def assemble_engine(
     if find_bank(loaded.model) is not None:
         # a graph replays fixed kernels: per-row adapter deltas run eagerly
         capture = static_decode = False
+    if config.numerics == "invariant" and has_experts(loaded.model):
+        # invariant experts size each expert's GEMMs on the host every step (`invariant_experts`)
+        if config.cuda_graphs:
+            raise ConfigError(
+                "cuda_graphs cannot capture this model's mixture-of-experts layers under "
+                "invariant numerics (each expert's rows are counted on the host every step); "
+                "use --no-cuda-graphs"
+            )
+        capture = False
     pool_args = dict(
         num_layers=loaded.num_layers,
         num_kv_heads=loaded.num_kv_heads,

@@ -1,4 +1,5 @@
-"""Every architecture on the allow-list runs token-exact against transformers `generate`.
+"""Every architecture on the allow-list runs token-exact against transformers `generate`
+under the default (invariant) numerics, mixture-of-experts and latent-attention models too.
 
 Each case is a tiny random model (2 layers, hidden size 64) saved as an ordinary model
 directory and loaded by the real loader; its prompts share prefixes and run packed in one
@@ -24,6 +25,16 @@ from astrai_batch.errors import ConfigError
 MAX_NEW = 10
 HEAD_DIM = 16
 ROTARY_HALF = HEAD_DIM // 2  # longrope wants one factor per rotary frequency
+
+# DeepSeek's multi-head latent attention at a tiny size: every head its own expanded keys
+MLA = {
+    "num_key_value_heads": 4,
+    "kv_lora_rank": 32,
+    "q_lora_rank": 48,
+    "qk_rope_head_dim": 8,
+    "qk_nope_head_dim": 16,
+    "v_head_dim": 16,
+}
 
 # name -> (model_type, config overrides, max_model_len given to the loader)
 CASES: dict[str, tuple[str, dict, int | None]] = {
@@ -108,6 +119,69 @@ CASES: dict[str, tuple[str, dict, int | None]] = {
     ),
     "olmoe": ("olmoe", {"num_experts": 4, "num_experts_per_tok": 2}, None),
     "granitemoe": ("granitemoe", {"num_local_experts": 4, "num_experts_per_tok": 2}, None),
+    # multi-head latent attention (q through a low-rank q_a/q_b pair, keys and values from a
+    # 32-wide latent), its first layer dense, then routed experts with a shared expert: V2's
+    # softmax greedy routing with routed scaling, V3's sigmoid scores with a bias-corrected
+    # group choice (2 of 4 groups) and normalized, scaled weights
+    "deepseek-v2": (
+        "deepseek_v2",
+        {
+            **MLA,
+            "n_routed_experts": 8,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+            "n_shared_experts": 1,
+            "first_k_dense_replace": 1,
+            "routed_scaling_factor": 1.5,
+        },
+        None,
+    ),
+    "deepseek-v2-group-limited": (
+        "deepseek_v2",
+        {
+            **MLA,
+            "q_lora_rank": None,
+            "n_routed_experts": 8,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+            "n_shared_experts": 2,
+            "topk_method": "group_limited_greedy",
+            "n_group": 4,
+            "topk_group": 2,
+        },
+        None,
+    ),
+    "deepseek-v3": (
+        "deepseek_v3",
+        {
+            **MLA,
+            "n_routed_experts": 16,
+            "num_experts_per_tok": 4,
+            "moe_intermediate_size": 32,
+            "n_shared_experts": 1,
+            "first_k_dense_replace": 1,
+            "n_group": 4,
+            "topk_group": 2,
+            "norm_topk_prob": True,
+            "routed_scaling_factor": 2.5,
+        },
+        None,
+    ),
+    "glm4-moe": (
+        "glm4_moe",
+        {
+            "head_dim": HEAD_DIM,
+            "n_routed_experts": 8,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+            "n_shared_experts": 1,
+            "first_k_dense_replace": 1,
+            "n_group": 2,
+            "topk_group": 1,
+            "use_qk_norm": True,
+        },
+        None,
+    ),
     "olmo3-sliding-layers": ("olmo3", {"sliding_window": 4096}, None),
     "starcoder2": ("starcoder2", {"sliding_window": None}, None),
     "phi": ("phi", {"partial_rotary_factor": 0.5, "qk_layernorm": True}, None),
@@ -122,15 +196,17 @@ CASES: dict[str, tuple[str, dict, int | None]] = {
 }
 
 
-MOE = {"mixtral", "qwen2-moe", "qwen3-moe", "olmoe", "granitemoe"}
-
-
 def save_tiny(path: Path, model_type: str, overrides: dict) -> Path:
     tokenizer = build_tiny_tokenizer()
     config = AutoConfig.for_model(model_type, **{**tiny_config_kwargs(tokenizer), **overrides})
     config.architectures = [AutoModelForCausalLM._model_mapping[type(config)].__name__]
     torch.manual_seed(99)
-    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(path)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    for module in model.modules():
+        bias = getattr(module, "e_score_correction_bias", None)
+        if bias is not None:  # DeepSeek V3 / GLM-4.5 start at zero: make the correction count
+            bias.copy_(torch.rand(bias.shape, generator=torch.Generator().manual_seed(3)) * 0.4)
+    model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
 
@@ -148,9 +224,8 @@ def test_packed_greedy_output_equals_transformers(name, tmp_path):
         assert loaded.max_model_len == max_model_len
     prompts = mixed_prompts(loaded.model.config.vocab_size, seed=5, shared=True, count=6)
     prompts.append(prompts[0][:9])  # a short one packed beside the long ones
-    # mixture-of-experts layers have no batch-invariant form (`linear_check`): fast numerics
-    numerics = "fast" if name in MOE else "invariant"
-    config = EngineConfig(page_size=8, num_pages=128, max_num_batched_tokens=96, numerics=numerics)
+    # the default numerics (invariant), mixture-of-experts models included
+    config = EngineConfig(page_size=8, num_pages=128, max_num_batched_tokens=96)
     params = SamplingParams(max_tokens=MAX_NEW)
     requests = [GenerationRequest(i, p, params) for i, p in enumerate(prompts)]
     results, stats = generate_sync(loaded, requests, config)
@@ -160,14 +235,18 @@ def test_packed_greedy_output_equals_transformers(name, tmp_path):
     assert stats.cache.hit_tokens > 0  # shared prefixes were read from the pool
 
 
-def test_invariant_numerics_refuse_a_mixture_of_experts_model(tmp_path):
-    """Refused in one line naming the layer and --fast-numerics, before the start-up probe."""
+def test_invariant_numerics_refuse_stacked_weights_they_cannot_run(tmp_path):
+    """3-D weights outside a transformers experts module (here beside a Mixtral block) have no
+    invariant form: refused in one line naming the layer and --fast-numerics."""
     model_type, overrides, _ = CASES["mixtral"]
     loaded = load_model(save_tiny(tmp_path / "mixtral", model_type, overrides))
+    foreign = torch.nn.Module()
+    foreign.weight = torch.nn.Parameter(torch.zeros(2, 64, 64))
+    loaded.model.model.layers[1].mlp.add_module("foreign", foreign)
     with pytest.raises(ConfigError) as caught:
         generate_sync(loaded, [], EngineConfig(page_size=8, num_pages=64))
     assert str(caught.value) == (
-        "mixture-of-experts layer model.layers.0.mlp.experts (MixtralExperts) multiplies each "
-        "expert by the rows routed to it, so invariant numerics cannot hold; run with "
+        "layer model.layers.1.mlp.foreign (Module) multiplies stacked 3-D weights in a way the "
+        "engine has no batch-invariant form for, so invariant numerics cannot hold; run with "
         "--fast-numerics (a row's output may then depend on its batch)"
     )

@@ -107,6 +107,8 @@ def paged_attention(
         )
     if kwargs.get("softcap") is not None:
         raise RuntimeError("the paged attention does not apply attention logit softcapping")
+    if value.shape[-1] < key.shape[-1]:
+        return _narrow_values(module, query, key, value, attention_mask, scaling, **kwargs)
     layer = module.layer_idx
     # query [1, Hq, T, D]; key/value [1, Hkv, T, D] -> token-major [T, H, D]
     q = query[0].transpose(0, 1)
@@ -199,6 +201,17 @@ def paged_attention(
         out[span.token_start : span.token_end] = os_.view(q_heads, n, -1).transpose(0, 1)
 
     return out.unsqueeze(0), None
+
+
+def _narrow_values(module, query, key, value, attention_mask, scaling, **kwargs):
+    """Multi-head latent attention's values are narrower than its keys (DeepSeek V3: 128 vs
+    192): the pool holds one width, so values are stored zero-padded to the keys' and the
+    padded output columns (each a sum of zeros) dropped; the kept columns are computed exactly
+    as unpadded ones (a column of P x V depends on its own value column alone)."""
+    width = value.shape[-1]
+    padded = F.pad(value, (0, key.shape[-1] - width))
+    out, _ = paged_attention(module, query, key, padded, attention_mask, scaling, **kwargs)
+    return out[..., :width], None
 
 
 def _causal_mask(q_len: int, kv_len: int, group: int, device: torch.device) -> torch.Tensor:

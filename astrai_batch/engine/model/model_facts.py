@@ -21,8 +21,14 @@ def loaded_model(
     config = model.config
     architectures = getattr(config, "architectures", None)
     num_heads = int(config.num_attention_heads)
+    num_kv_heads = int(getattr(config, "num_key_value_heads", None) or num_heads)
     head_dim = getattr(config, "head_dim", None)
-    if head_dim is None:
+    latent = latent_attention_dims(config)
+    if latent is not None:
+        # multi-head latent attention: the pages hold each head's expanded key (no-rope +
+        # rope dims) and its value, zero-padded to the key's width (`paged_attention`)
+        head_dim, num_kv_heads = latent[0], num_heads
+    elif head_dim is None:
         if config.hidden_size % num_heads:
             raise ModelLoadError(
                 f"Model {model_spec.name!r}: hidden_size {config.hidden_size} is not divisible "
@@ -38,10 +44,19 @@ def loaded_model(
         max_model_len=max_model_len,
         eos_token_ids=_eos_token_ids(model, tokenizer),
         num_layers=int(config.num_hidden_layers),
-        num_kv_heads=int(getattr(config, "num_key_value_heads", None) or num_heads),
+        num_kv_heads=num_kv_heads,
         head_dim=int(head_dim),
         has_chat_template=has_chat_template(tokenizer),
     )
+
+
+def latent_attention_dims(config) -> tuple[int, int] | None:
+    """(key head dim, value head dim) of a multi-head latent attention model (DeepSeek V2/V3,
+    Kimi K2: a `kv_lora_rank`), else None."""
+    if getattr(config, "kv_lora_rank", None) is None:
+        return None
+    key = int(config.qk_nope_head_dim) + int(config.qk_rope_head_dim)
+    return key, int(config.v_head_dim)
 
 
 def _eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:

@@ -34,9 +34,12 @@ SUPPORTED_MODEL_TYPES: frozenset[str] = frozenset(
         "apertus",
         "arcee",
         "cohere",
+        "deepseek_v2",
+        "deepseek_v3",
         "ernie4_5",
         "gemma",
         "glm",
+        "glm4_moe",
         "granite",
         "granitemoe",
         "helium",
@@ -60,29 +63,32 @@ SUPPORTED_MODEL_TYPES: frozenset[str] = frozenset(
     }
 )
 
-# Model types that keep recurrent or state-space state instead of (or next to) a KV cache.
-RECURRENT_MODEL_TYPES: frozenset[str] = frozenset(
-    {
-        "bamba",
-        "falcon_h1",
-        "falcon_mamba",
-        "granitemoehybrid",
-        "jamba",
-        "lfm2",
-        "lfm2_moe",
-        "mamba",
-        "mamba2",
-        "minimax",
-        "nemotron_h",
-        "plamo2",
-        "qwen3_next",
-        "recurrent_gemma",
-        "rwkv",
-        "xlstm",
-        "zamba",
-        "zamba2",
-    }
-)
+# Model types that keep recurrent or state-space state instead of (or next to) a KV cache, and
+# the layers that keep it (named in the refusal). What running them would take: docs/models.md.
+_MAMBA = "Mamba state-space layers"
+_MAMBA2 = "Mamba2 state-space layers"
+RECURRENT_LAYER_KINDS: dict[str, str] = {
+    "bamba": _MAMBA2,
+    "falcon_h1": "Mamba2 state-space heads beside its attention heads",
+    "falcon_mamba": _MAMBA,
+    "granitemoehybrid": _MAMBA2,
+    "jamba": _MAMBA,
+    "kimi_linear": "Kimi Delta Attention (linear attention) layers",
+    "lfm2": "gated short-convolution layers",
+    "lfm2_moe": "gated short-convolution layers",
+    "mamba": _MAMBA,
+    "mamba2": _MAMBA2,
+    "minimax": "lightning (linear) attention layers",
+    "nemotron_h": _MAMBA2,
+    "plamo2": _MAMBA2,
+    "qwen3_next": "Gated DeltaNet (linear attention) layers",
+    "recurrent_gemma": "RG-LRU recurrent layers",
+    "rwkv": "RWKV time-mixing layers",
+    "xlstm": "mLSTM recurrent layers",
+    "zamba": _MAMBA,
+    "zamba2": _MAMBA2,
+}
+RECURRENT_MODEL_TYPES: frozenset[str] = frozenset(RECURRENT_LAYER_KINDS)
 
 _MULTIMODAL_SUBCONFIGS = ("vision_config", "text_config", "audio_config")
 
@@ -117,7 +123,10 @@ def unsupported_reason(config: Any) -> str | None:
     if getattr(config, "is_encoder_decoder", False):
         return "it is an encoder-decoder model"
     if model_type in RECURRENT_MODEL_TYPES:
-        return "it is a hybrid, recurrent or state-space model"
+        return (
+            f"it has {RECURRENT_LAYER_KINDS[model_type]}, which carry a recurrent state per "
+            "sequence where the engine pages keys and values"
+        )
     if getattr(config, "num_attention_heads", None) is None:
         return "it has no standard attention (no num_attention_heads)"
     if getattr(config, "use_bidirectional_attention", False):
@@ -132,6 +141,14 @@ def unsupported_reason(config: Any) -> str | None:
     for rope_type in _rope_types(config):
         if rope_type not in _STATIC_ROPE_TYPES and rope_type not in _LIMITED_ROPE_TYPES:
             return f"it uses rope_type {rope_type!r}, which the engine does not know to be exact"
+    v_dim, qk_dim = getattr(config, "v_head_dim", None), getattr(config, "qk_nope_head_dim", None)
+    if getattr(config, "kv_lora_rank", None) is not None and v_dim is not None and qk_dim:
+        key_dim = qk_dim + int(getattr(config, "qk_rope_head_dim", 0) or 0)
+        if v_dim > key_dim:
+            return (
+                f"its latent attention's values are wider than its keys (v_head_dim={v_dim} > "
+                f"qk_nope_head_dim + qk_rope_head_dim = {key_dim})"
+            )
     if model_type not in SUPPORTED_MODEL_TYPES:
         supported = ", ".join(sorted(SUPPORTED_MODEL_TYPES))
         return f"only these model types are supported: {supported}"

@@ -127,11 +127,12 @@ def _invariant_row_counts(k, n, bias, candidates, max_rows, gemm, generator, dty
     return valid
 
 
-def linear_shapes(model: torch.nn.Module) -> list[tuple[int, int, bool]]:
-    """(in features, out features, has bias) of every plain `nn.Linear` of `model`."""
+def linear_shapes(model: torch.nn.Module, min_columns: int = 1) -> list[tuple[int, int, bool]]:
+    """(in features, out features, has bias) of every plain `nn.Linear` of `model`; outputs
+    narrower than `min_columns` counted at that width (how the invariant layers run them)."""
     return sorted(
         {
-            (m.in_features, m.out_features, m.bias is not None)
+            (m.in_features, max(m.out_features, min_columns), m.bias is not None)
             for m in model.modules()
             if type(m) is torch.nn.Linear
         }

@@ -23,6 +23,7 @@ from astrai_batch.errors import ConfigError
 COLWISE = "colwise"
 ROWWISE = "rowwise"
 VOCAB = "colwise_gather_output"  # the LM head's style in the model classes' `_tp_plan`
+_EXPERT_COUNTS = ("num_experts", "num_local_experts", "n_routed_experts")
 REPLICATED = frozenset({"replicate", "replicated_with_grad_allreduce"})  # whole on each rank
 
 
@@ -74,6 +75,15 @@ def shard_plan(config: Any, world_size: int, *, model_name: str) -> ShardPlan:
         raise ConfigError(
             f"model {model_name!r} is a quantized checkpoint ({method}); tensor parallelism "
             "reads unquantized weights only; run it with --tensor-parallel-size 1"
+        )
+    counted = [name for name in _EXPERT_COUNTS if getattr(config, name, None)]
+    experts = f"{counted[0]}={getattr(config, counted[0])}" if counted else None
+    if experts is not None:
+        # transformers' plans split stacked expert weights as a whole 3-D tensor per rank,
+        # which our sharded loading (2-D linear layers) does not do
+        raise ConfigError(
+            f"model {model_name!r} is a mixture-of-experts model ({experts}); tensor "
+            "parallelism does not split expert layers yet; run it with --tensor-parallel-size 1"
         )
     supported = {COLWISE, ROWWISE, *REPLICATED}
     unsupported = sorted({style for style in plan.values() if style not in supported})

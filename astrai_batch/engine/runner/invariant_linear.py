@@ -22,8 +22,18 @@ from astrai_batch.engine.numerics.blas_rows import (
     plain_gemm,
     probe_row_scheme,
 )
+from astrai_batch.engine.runner.invariant_experts import expert_gemm_shapes
 
 DEFAULT_TILE_ROWS = 128  # the scheme off the CPU, where no probe runs
+
+
+# Outputs narrower than this many columns are computed as this many (zero weight rows) and
+# handed on as a strided view: a contiguous [n, 1] output (Qwen2-MoE's shared-expert gate)
+# would put a row's value at a place in the flattened tensor that depends on n, and an
+# elementwise kernel applied next (sigmoid) computes its last elements with a scalar loop whose
+# bits differ from the vector loop's; a strided view is computed element by element, or row by
+# row, wherever the row sits.
+NARROW_COLUMNS = 64
 
 
 class RowTiledLinear(nn.Module):
@@ -41,6 +51,17 @@ class RowTiledLinear(nn.Module):
         self.in_features = linear.in_features
         self.out_features = linear.out_features
         self.scheme = scheme
+        # narrow outputs: a zero-padded copy of the weight (not a parameter: a derived tensor)
+        self._wide: tuple[torch.Tensor, torch.Tensor | None] | None = None
+        if self.out_features < NARROW_COLUMNS:
+            weight = linear.weight.detach()
+            wide = weight.new_zeros(NARROW_COLUMNS, self.in_features)
+            wide[: self.out_features] = weight
+            bias = None
+            if linear.bias is not None:
+                bias = weight.new_zeros(NARROW_COLUMNS)
+                bias[: self.out_features] = linear.bias.detach()
+            self._wide = (wide, bias)
 
     @property
     def tile_rows(self) -> int:
@@ -54,8 +75,9 @@ class RowTiledLinear(nn.Module):
         n = rows.shape[0]
         scheme = self.scheme
         if scheme.min_rows <= n <= scheme.max_rows:  # the common case: one GEMM, no copy
-            return self._gemm(rows).view(*lead, self.out_features)
-        out = rows.new_empty(n, self.out_features)
+            return self._gemm(rows)[:, : self.out_features].view(*lead, self.out_features)
+        columns = NARROW_COLUMNS if self._wide is not None else self.out_features
+        out = rows.new_empty(n, columns)
         step = scheme.max_rows
         start = 0
         while n - start >= scheme.min_rows:
@@ -66,9 +88,11 @@ class RowTiledLinear(nn.Module):
             staged = rows.new_zeros(scheme.pad_to[n - start], self.in_features)
             staged[: n - start] = rows[start:]
             out[start:] = self._gemm(staged)[: n - start]
-        return out.view(*lead, self.out_features)
+        return out[:, : self.out_features].view(*lead, self.out_features)
 
     def _gemm(self, rows: torch.Tensor) -> torch.Tensor:
+        if self._wide is not None:
+            return plain_gemm(rows, *self._wide)
         bias = None if self.bias is None else self.bias.detach()
         return plain_gemm(rows, self.weight.detach(), bias)
 
@@ -85,7 +109,12 @@ def row_scheme_for(
     param = next(model.parameters(), None)
     if param is None or param.device.type != "cpu":
         return RowScheme.tiles(DEFAULT_TILE_ROWS)
-    return probe_row_scheme(linear_shapes(model), max_rows, gemm, param.dtype)
+    return probe_row_scheme(gemm_shapes(model), max_rows, gemm, param.dtype)
+
+
+def gemm_shapes(model: nn.Module) -> list[tuple[int, int, bool]]:
+    """Every (K, N, bias) GEMM shape the invariant layers run: linear layers, experts, routers."""
+    return sorted({*linear_shapes(model, NARROW_COLUMNS), *expert_gemm_shapes(model)})
 
 
 def set_row_tiling(model: nn.Module, tiled: bool, tile_rows: int | RowScheme | None = None) -> int:

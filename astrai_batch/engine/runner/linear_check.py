@@ -7,11 +7,11 @@ kernels, whose reduction order may follow the step's row count, so under invaria
 it would silently break the promise. Such a model is refused in invariant mode, naming the
 first such layer and `--fast-numerics`; with fast numerics it runs as its library made it.
 
-Mixture-of-experts layers are refused the same way: transformers stores each layer's experts
-as stacked 3-D weights and multiplies each expert by the rows routed to it, so an expert's
-GEMM has as many rows as the step routed there (and the router's own product is a bare
-`F.linear`): a row's result would follow its batch. The start-up probe finds this too
-(`invariance_probe`); this names the cause before anything runs.
+Mixture-of-experts layers that transformers builds with its experts interface (stacked 3-D
+expert weights beside a router) run invariant (`invariant_experts`); any other module with
+3-D weights multiplies them its own way, so it is refused the same way, as is an experts
+module whose router this engine cannot find. The start-up probe (`invariance_probe`) judges
+the whole forward; this names the cause before anything runs.
 """
 
 from __future__ import annotations
@@ -21,6 +21,11 @@ import re
 import torch
 from torch import nn
 
+from astrai_batch.engine.runner.invariant_experts import (
+    InvariantExperts,
+    is_experts,
+    router_of,
+)
 from astrai_batch.errors import ConfigError
 
 # our own layers, already invariant (row-tiled) or made of invariant parts
@@ -46,10 +51,21 @@ def variant_linear(model: nn.Module) -> str | None:
 
 
 def experts_layer(model: nn.Module) -> str | None:
-    """'name (class)' of the first mixture-of-experts layer (stacked 3-D expert weights)."""
+    """'name (class)' of the first module with 3-D weights that `invariant_experts` cannot run
+    (not a transformers experts module, or one without a router it can find)."""
+    parents = {
+        f"{name}.{child_name}" if name else child_name: module
+        for name, module in model.named_modules()
+        for child_name, _ in module.named_children()
+    }
     for name, module in model.named_modules():
-        if any(p.dim() == 3 for p in module.parameters(recurse=False)):
-            return f"{name} ({type(module).__name__})"
+        if isinstance(module, InvariantExperts):
+            continue
+        if not any(p.dim() == 3 for p in module.parameters(recurse=False)):
+            continue
+        if is_experts(module) and router_of(parents[name]) is not None:
+            continue
+        return f"{name} ({type(module).__name__})"
     return None
 
 
@@ -57,9 +73,9 @@ def refuse_variant_linears(model: nn.Module) -> None:
     experts = experts_layer(model)
     if experts is not None:
         raise ConfigError(
-            f"mixture-of-experts layer {experts} multiplies each expert by the rows routed to "
-            "it, so invariant numerics cannot hold; run with --fast-numerics (a row's output "
-            "may then depend on its batch)"
+            f"layer {experts} multiplies stacked 3-D weights in a way the engine has no "
+            "batch-invariant form for, so invariant numerics cannot hold; run with "
+            "--fast-numerics (a row's output may then depend on its batch)"
         )
     found = variant_linear(model)
     if found is not None:

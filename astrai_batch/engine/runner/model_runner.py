@@ -32,11 +32,7 @@ from astrai_batch.engine.attention.paged_attention import (
 )
 from astrai_batch.engine.attention.step_arrays import StepArrays
 from astrai_batch.engine.lora.bank import find_bank
-from astrai_batch.engine.numerics.blas_rows import (
-    ROWS_AT_LEAST_TWO,
-    attention_row_scheme,
-    linear_shapes,
-)
+from astrai_batch.engine.numerics.blas_rows import ROWS_AT_LEAST_TWO, attention_row_scheme
 from astrai_batch.engine.runner.attention_batches import (
     block_batch,
     flash_block_batch,
@@ -47,7 +43,12 @@ from astrai_batch.engine.runner.attention_batches import (
 from astrai_batch.engine.runner.decode_graphs import DecodeGraphs, GraphSpec
 from astrai_batch.engine.runner.forward_timer import ForwardTimer
 from astrai_batch.engine.runner.invariant_cuda import invariant_cuda_ops, runnable
-from astrai_batch.engine.runner.invariant_linear import row_scheme_for, set_row_tiling
+from astrai_batch.engine.runner.invariant_experts import set_expert_tiling
+from astrai_batch.engine.runner.invariant_linear import (
+    gemm_shapes,
+    row_scheme_for,
+    set_row_tiling,
+)
 from astrai_batch.engine.runner.invariant_norms import set_norm_tiling
 from astrai_batch.engine.runner.linear_check import refuse_variant_linears
 from astrai_batch.engine.runner.logit_spans import span_rows
@@ -127,10 +128,11 @@ class ModelRunner:
             memo = {} if probe_results is None else probe_results
             param = next(model.parameters())
             where = (torch.get_num_threads(), param.device.type, param.dtype)
-            shapes = tuple(linear_shapes(model))
+            shapes = tuple(gemm_shapes(model))
             # raises where no scheme exists
             scheme = _probed(memo, ("linear rows", shapes, where), lambda: row_scheme_for(model))
             set_row_tiling(model, True, scheme)
+            set_expert_tiling(model, True, scheme)  # MoE: each expert's GEMM, the router's
             heads = (*_heads_key(model, pool), where)
             # CUDA: attention and norm reductions in a construction-fixed order (Triton)
             ops = invariant_cuda_ops(param.device)
@@ -146,6 +148,7 @@ class ModelRunner:
                 self.gemm_rows = _probed(memo, key, lambda: _attention_rows(model, pool))
         else:
             set_row_tiling(model, False)
+            set_expert_tiling(model, False)
             set_norm_tiling(model, False)
         self.numerics = numerics
         # tensor parallelism, rank 0: each step's arrays go to the other ranks (`parallel`)

@@ -46,6 +46,22 @@ def test_tiled_linear_row_ignores_count_position_and_neighbours(bias, scheme):
     torch.testing.assert_close(results[0], linear(row), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("out_features", [1, 3])
+def test_a_narrow_output_fed_to_a_sigmoid_ignores_the_row_count(out_features):
+    """Qwen2-MoE's shared-expert gate: a 1-column output under a sigmoid. Contiguous, the
+    sigmoid's last elements ran in a scalar loop with other bits; the tiled layer hands on a
+    strided view of a 64-wide GEMM, so the sigmoid of a row is the same at any count."""
+    torch.manual_seed(0)
+    linear = nn.Linear(64, out_features, bias=False)
+    tiled = RowTiledLinear(linear, row_scheme_for(nn.Sequential(linear)))
+    x = torch.randn(300, 64) * 3
+    with torch.inference_mode():
+        whole = torch.sigmoid(tiled(x))
+        for start, stop in ((0, 1), (3, 10), (17, 50), (100, 297), (299, 300)):
+            assert torch.equal(torch.sigmoid(tiled(x[start:stop])), whole[start:stop])
+        torch.testing.assert_close(whole, torch.sigmoid(linear(x)), rtol=1e-5, atol=1e-6)
+
+
 def test_row_tiling_swaps_plain_linears_and_back():
     model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Sequential(nn.Linear(4, 2)))
     weight = model[0].weight

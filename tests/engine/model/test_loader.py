@@ -32,14 +32,18 @@ from astrai_batch.engine.model.gguf import (
     locate_packaged_gguf,
 )
 from astrai_batch.engine.model.loader import LoadedModel, load_model, load_tokenizer, resolve_dtype
-from astrai_batch.engine.model.support import check_supported, require_chat_template
+from astrai_batch.engine.model.support import (
+    check_supported,
+    describe_model,
+    require_chat_template,
+)
 from astrai_batch.errors import ConfigError, ModelLoadError, UnsupportedModelError
 
 PROMPT = "The quick brown fox jumps over the lazy dog."
 SUPPORTED_LIST = (
-    "apertus, arcee, cohere, ernie4_5, gemma, glm, granite, granitemoe, helium, "
-    "hunyuan_v1_dense, llama, mistral, mixtral, olmo, olmo2, olmo3, olmoe, phi, phi3, qwen2, "
-    "qwen2_moe, qwen3, qwen3_moe, seed_oss, smollm3, starcoder2"
+    "apertus, arcee, cohere, deepseek_v2, deepseek_v3, ernie4_5, gemma, glm, glm4_moe, granite, "
+    "granitemoe, helium, hunyuan_v1_dense, llama, mistral, mixtral, olmo, olmo2, olmo3, olmoe, "
+    "phi, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, seed_oss, smollm3, starcoder2"
 )
 
 
@@ -375,11 +379,13 @@ def test_supported_configs(config):
         ),
         (
             transformers.MambaConfig(),
-            "model type 'mamba' is not supported: it is a hybrid, recurrent or state-space model",
+            "model type 'mamba' is not supported: it has Mamba state-space layers, which carry "
+            "a recurrent state per sequence where the engine pages keys and values",
         ),
         (
             transformers.JambaConfig(),
-            "model type 'jamba' is not supported: it is a hybrid, recurrent or state-space model",
+            "model type 'jamba' is not supported: it has Mamba state-space layers, which carry "
+            "a recurrent state per sequence where the engine pages keys and values",
         ),
         (
             transformers.LlavaConfig(),
@@ -403,6 +409,28 @@ def test_unsupported_configs(config, message):
     with pytest.raises(UnsupportedModelError) as err:
         check_supported(config)
     assert str(err.value) == message
+
+
+@pytest.mark.parametrize(
+    ("model_type", "layers"),
+    [
+        ("qwen3_next", "Gated DeltaNet (linear attention) layers"),
+        ("granitemoehybrid", "Mamba2 state-space layers"),
+        ("falcon_h1", "Mamba2 state-space heads beside its attention heads"),
+        ("lfm2", "gated short-convolution layers"),
+        ("mamba2", "Mamba2 state-space layers"),
+    ],
+)
+def test_hybrid_recurrent_models_are_refused_naming_their_layers(model_type, layers):
+    """Refused in one line by the config alone (mamba2 has no attention heads at all)."""
+    config = transformers.AutoConfig.for_model(model_type)
+    with pytest.raises(UnsupportedModelError) as err:
+        check_supported(config)
+    assert str(err.value) == (
+        f"{describe_model(config)} is not supported: it has {layers}, which carry a recurrent "
+        "state per sequence where the engine pages keys and values"
+    )
+    assert "\n" not in str(err.value)
 
 
 def test_unsupported_model_is_refused_before_weights_are_read(tmp_path):

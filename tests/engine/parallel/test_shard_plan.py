@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from invariance_kit import invariance_prompts, requests_for, run_capturing
-from transformers import Qwen3Config
+from transformers import Qwen3Config, Qwen3MoeConfig
 
 from astrai_batch.engine import EngineConfig, SamplingParams
 from astrai_batch.engine.model.loader import load_model
@@ -79,3 +79,13 @@ def test_two_ranks_of_a_tied_qwen3_match_one(tiny_qwen3_dir):
         for a, b in zip(one[rid][1], two[rid][1], strict=True):
             assert b.shape == (101,)
             assert (b - a).abs().max() <= 1e-5 * a.abs().max(), f"row {rid}: logits differ"
+
+
+def test_a_mixture_of_experts_model_is_refused_in_one_line():
+    config = Qwen3MoeConfig(num_experts=8)
+    with pytest.raises(ConfigError) as caught:
+        shard_plan(config, 2, model_name="m")
+    assert str(caught.value) == (
+        "model 'm' is a mixture-of-experts model (num_experts=8); tensor parallelism does not "
+        "split expert layers yet; run it with --tensor-parallel-size 1"
+    )

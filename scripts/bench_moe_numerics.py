@@ -1,0 +1,114 @@
+"""The cost of batch-invariant numerics on a mixture-of-experts model, invariant and fast
+alternated.
+
+Run: .venv/bin/python scripts/bench_moe_numerics.py [--layers 2] [--repeat 3]
+     [--num-system-prompts 2] [--questions-per-prompt 8] [--max-tokens 16] [--threads 1]
+
+The model: Qwen3-30B-A3B's layer shapes (hidden 2048; 128 experts of intermediate size 768,
+8 routed per token, normalized; 32 query and 4 key/value heads of 128) with `--layers` layers
+instead of 48, random weights, SmolLM2's tokenizer and vocabulary (49,152), float32, built in
+memory (nothing downloaded). Prompts: the bench workloads'. For each workload the two modes
+run alternately after one warm-up each; the script prints each run's wall time and the median
+ratio invariant / fast of the rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from dataclasses import replace
+
+import torch
+
+from astrai_batch.bench.config import BenchConfig
+from astrai_batch.bench.ours import run_ours
+from astrai_batch.bench.prompts import load_prompts
+from astrai_batch.engine import EngineConfig
+from astrai_batch.engine.model.loader import describe_model, load_tokenizer
+from astrai_batch.engine.threads import set_cpu_threads
+
+QWEN3_30B_A3B = dict(
+    hidden_size=2048,
+    intermediate_size=6144,
+    moe_intermediate_size=768,
+    num_experts=128,
+    num_experts_per_tok=8,
+    norm_topk_prob=True,
+    num_attention_heads=32,
+    num_key_value_heads=4,
+    head_dim=128,
+    max_position_embeddings=4096,
+    tie_word_embeddings=False,
+)
+
+
+def build(layers: int):
+    from transformers import AutoModelForCausalLM, Qwen3MoeConfig
+
+    tokenizer, _ = load_tokenizer("smollm2-135m")
+    config = Qwen3MoeConfig(
+        **QWEN3_30B_A3B,
+        num_hidden_layers=layers,
+        vocab_size=len(tokenizer),
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        initializer_range=0.02,
+    )
+    config.architectures = ["Qwen3MoeForCausalLM"]
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.eval()
+    model.requires_grad_(False)
+    name = f"qwen3-30b-a3b-shape-{layers}-layers"
+    return describe_model(model, tokenizer, name=name, source="random weights")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--num-system-prompts", type=int, default=2)
+    parser.add_argument("--questions-per-prompt", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--system-prompt-words", type=int, default=None)
+    parser.add_argument("--workloads", default="shared-prefix,unique")
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args()
+    set_cpu_threads(args.threads)
+    loaded = build(args.layers)
+    for workload in args.workloads.split(","):
+        config = BenchConfig(
+            model="smollm2-135m",
+            workload=workload,
+            max_tokens=args.max_tokens,
+            num_system_prompts=args.num_system_prompts,
+            questions_per_prompt=args.questions_per_prompt,
+            system_prompt_words=args.system_prompt_words,
+        )
+        prompts = load_prompts(config, loaded.tokenizer, loaded.name)
+        modes = {name: replace(EngineConfig(), numerics=name) for name in ("invariant", "fast")}
+        warmup = prompts.head(2, 2)
+        for engine in modes.values():
+            run_ours(loaded, warmup, engine, None)
+        walls: dict[str, list[float]] = {name: [] for name in modes}
+        for repeat in range(args.repeat):
+            for name, engine in modes.items():
+                run = run_ours(loaded, prompts, engine, repeat)
+                walls[name].append(run.wall_seconds)
+                print(
+                    f"{workload} {name} repeat {repeat + 1}: {run.wall_seconds:.2f} s, "
+                    f"{run.generated_tokens_per_second:.1f} generated tokens/s",
+                    flush=True,
+                )
+        ratios = [i / f for i, f in zip(walls["invariant"], walls["fast"], strict=True)]
+        print(
+            f"{workload}: {prompts.num_prompts} prompts, {prompts.prompt_tokens} prompt tokens, "
+            f"median wall invariant {statistics.median(walls['invariant']):.2f} s, "
+            f"fast {statistics.median(walls['fast']):.2f} s, invariant/fast "
+            f"{statistics.median(ratios):.3f} (rounds {', '.join(f'{r:.3f}' for r in ratios)})",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
