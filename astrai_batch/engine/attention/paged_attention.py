@@ -32,6 +32,7 @@ from astrai_batch.engine.attention.flash_blocks import flash_block_attention
 from astrai_batch.engine.attention.kernels.interface import KernelBatch
 from astrai_batch.engine.attention.kernels.invariant_batch import InvariantKernelBatch
 from astrai_batch.engine.attention.page_gather import PageGatherer
+from astrai_batch.engine.attention.score_features import WindowPlans
 from astrai_batch.engine.attention.static_decode import StaticDecodeBatch, static_decode_attention
 
 ATTENTION_NAME = "astrai_paged"
@@ -97,16 +98,22 @@ def paged_attention(
             f"the '{ATTENTION_NAME}' attention needs the engine's step metadata; "
             "this model is owned by an astrai-batch ModelRunner"
         )
-    # The load check admits a sliding window only where it never binds (no sequence longer
-    # than the window) and no softcapping; these guard that promise at run time.
     window = kwargs.get("sliding_window")
-    if window is not None and window < batch.longest_context:
+    softcap = kwargs.get("softcap")
+    sinks = kwargs.get("s_aux")
+    if isinstance(batch, WindowPlans):  # the plan for this layer's window (or full)
+        batch = batch.plan(window)
+    if window is not None and window < batch.longest_context and window != _window(batch):
         raise RuntimeError(
             f"a sliding window of {window} tokens would cut a {batch.longest_context}-token "
-            "sequence; the paged attention does not apply sliding windows"
+            f"sequence, and this step's {type(batch).__name__} was planned without it"
         )
-    if kwargs.get("softcap") is not None:
-        raise RuntimeError("the paged attention does not apply attention logit softcapping")
+    if (softcap is not None or sinks is not None) and not isinstance(
+        batch, (BlockBatch, FlashBlockBatch)
+    ):
+        raise RuntimeError(
+            f"the {type(batch).__name__} attention path applies no sinks or softcapping"
+        )
     layer = module.layer_idx
     # query [1, Hq, T, D]; key/value [1, Hkv, T, D] -> token-major [T, H, D]
     q = query[0].transpose(0, 1)
@@ -120,7 +127,9 @@ def paged_attention(
     num_tokens, q_heads, head_dim = q.shape
     scale = scaling if scaling is not None else head_dim**-0.5
     if isinstance(batch, FlashBlockBatch):  # invariant numerics on the CPU's flash kernel
-        out = flash_block_attention(q, k_cache, v_cache, batch, scale)
+        if softcap is not None:
+            raise RuntimeError("the CPU flash-kernel attention cannot apply softcapping")
+        out = flash_block_attention(q, k_cache, v_cache, batch, scale, sinks)
         return out.to(q.dtype).unsqueeze(0), None
     if isinstance(batch, InvariantKernelBatch):  # invariant numerics on CUDA (Triton)
         out = batch.attend(
@@ -135,7 +144,7 @@ def paged_attention(
         )
         return out.to(q.dtype).unsqueeze(0), None
     if isinstance(batch, BlockBatch):
-        out = block_attention(q, k_cache, v_cache, batch, scale)
+        out = block_attention(q, k_cache, v_cache, batch, scale, softcap, sinks)
         return out.to(q.dtype).unsqueeze(0), None
     if isinstance(batch, KernelBatch):  # a paged CUDA kernel: every query in one call
         out = batch.kernel.attend(q, k_cache, v_cache, scale)
@@ -199,6 +208,11 @@ def paged_attention(
         out[span.token_start : span.token_end] = os_.view(q_heads, n, -1).transpose(0, 1)
 
     return out.unsqueeze(0), None
+
+
+def _window(batch) -> int | None:
+    """The window a step's plan was made for (None: full attention)."""
+    return getattr(batch, "window", None)
 
 
 def _causal_mask(q_len: int, kv_len: int, group: int, device: torch.device) -> torch.Tensor:
