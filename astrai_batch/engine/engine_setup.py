@@ -58,7 +58,7 @@ def assemble_engine(
     if features.any and backend != "sdpa":  # the paged kernels are not given them (yet)
         if config.attention_backend != "auto":
             raise ConfigError(
-                f"--attention-backend {backend} does not apply this model's "
+                f"--attention-backend {backend} cannot run this model: it does not apply "
                 f"{features.names()}; use --attention-backend sdpa"
             )
         backend = "sdpa"
@@ -66,7 +66,8 @@ def assemble_engine(
     if features.any:  # decode graphs replay full-attention units: such models decode eagerly
         if config.cuda_graphs:
             raise ConfigError(
-                f"cuda_graphs cannot capture this model's {features.names()}; use --no-cuda-graphs"
+                "cuda_graphs cannot run this model: the graphed decode does not apply "
+                f"{features.names()}; use --no-cuda-graphs"
             )
         capture = static_decode = False
     capture = capture and parallel is None  # no graphs around the ranks' collectives (yet)

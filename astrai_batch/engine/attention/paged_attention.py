@@ -103,13 +103,15 @@ def paged_attention(
     sinks = kwargs.get("s_aux")
     if isinstance(batch, WindowPlans):  # the plan for this layer's window (or full)
         batch = batch.plan(window)
-    if window is not None and window < batch.longest_context and window != _window(batch):
+    takes_window = isinstance(batch, InvariantKernelBatch)  # the window comes per call
+    binds = window is not None and window < batch.longest_context
+    if binds and not takes_window and window != _window(batch):
         raise RuntimeError(
             f"a sliding window of {window} tokens would cut a {batch.longest_context}-token "
             f"sequence, and this step's {type(batch).__name__} was planned without it"
         )
     if (softcap is not None or sinks is not None) and not isinstance(
-        batch, (BlockBatch, FlashBlockBatch)
+        batch, (BlockBatch, FlashBlockBatch, InvariantKernelBatch)
     ):
         raise RuntimeError(
             f"the {type(batch).__name__} attention path applies no sinks or softcapping"
@@ -141,6 +143,9 @@ def paged_attention(
             batch.token_keys,
             batch.page_size,
             scale,
+            window=window,
+            softcap=softcap,
+            sinks=sinks,
         )
         return out.to(q.dtype).unsqueeze(0), None
     if isinstance(batch, BlockBatch):

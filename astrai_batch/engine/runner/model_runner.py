@@ -116,9 +116,9 @@ class ModelRunner:
             raise ValueError(f"numerics must be one of {NUMERICS}, got {numerics!r}")
         if attention_kernel is not None and numerics != "fast":
             raise ValueError("an attention kernel does not keep invariant numerics: use 'fast'")
-        # sliding windows, sinks, softcapping (`score_features`): the block attention applies
-        # all three, the CPU flash kernel the first two; CUDA's Triton kernel, the decode
-        # graphs and the paged kernels none (the engine leaves them out for such models)
+        # sliding windows, sinks, softcapping (`score_features`): the block attention and
+        # CUDA's Triton kernel apply all three, the CPU flash kernel the first two; the
+        # decode graphs and the paged kernels none (the engine leaves them out for such models)
         self.features = score_features(model.config)
         if self.features.any and (graphs is not None or attention_kernel is not None):
             raise ValueError(
@@ -146,8 +146,6 @@ class ModelRunner:
             if ops[0] is not None:
                 ops = _probed(memo, ("triton", heads), lambda: runnable(ops, model, pool))
             self.invariant_kernel, mean_squares = ops
-            if self.features.any:  # the Triton kernel applies none: the block attention does
-                self.invariant_kernel = None
             if mean_squares is not None or param.device.type != "cpu":
                 set_norm_tiling(model, True, mean_squares)
             flash_fits = self.features.softcap is None  # the flash kernel cannot softcap
@@ -245,7 +243,8 @@ class ModelRunner:
         position_ids = stage(step.positions)
         rows = stage(step.logit_rows)
         batch = self._attention_batch(step)
-        if self.features.window is not None:  # each layer's plan by its window
+        if self.features.window is not None and self.invariant_kernel is None:
+            # each layer's plan by its window (the Triton kernel takes it per call)
             batch = WindowPlans(batch, lambda window: self._attention_batch(step, window))
         return batch, input_ids, position_ids, rows
 
