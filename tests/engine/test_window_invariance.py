@@ -128,9 +128,10 @@ def test_windows_across_key_blocks_alone_equal_in_crowd(tmp_path):
         config = EngineConfig(page_size=8, num_pages=num_pages, max_num_batched_tokens=budget)
         crowd, stats = run_capturing(loaded, requests(prompts, ids), config)
         assert_same_rows(alone, crowd, ids)
-        assert stats.cache.hit_tokens >= 1024
         if num_pages == 200:
-            assert stats.preemptions > 0
+            assert stats.preemptions > 0 and stats.cache.hit_tokens > 0
+        else:
+            assert stats.cache.hit_tokens >= 1024
 
 
 def test_the_cuda_kernel_applies_windows_and_softcapping(tmp_path, monkeypatch):

@@ -17,8 +17,8 @@ self-attention whose every input is a function of the token and its own position
 
 Sliding windows (per layer, `layer_types`), learned attention sinks, attention-logit and
 final-logit softcapping and query pre-attention scalars run at any context: the paged
-attention applies the first three itself (`attention_features`), the model's own forward the
-last two.
+attention applies the first three itself (`attention.score_features`), the model's own
+forward the last two.
 """
 
 from __future__ import annotations
