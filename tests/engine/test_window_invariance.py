@@ -30,7 +30,7 @@ from invariance_kit import (
 )
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from astrai_batch.engine import EngineConfig, generate_sync
+from astrai_batch.engine import EngineConfig, SamplingParams, generate_sync
 from astrai_batch.engine.core import EngineCore
 from astrai_batch.engine.model.loader import load_model
 from astrai_batch.errors import ConfigError
@@ -141,22 +141,28 @@ def test_the_cuda_kernel_applies_windows_and_softcapping(tmp_path, monkeypatch):
     use_cuda_kernels_on_cpu(monkeypatch)
     model_dir = save_tiny(tmp_path / "gemma2", *MODELS["gemma2-softcap-window-24"])
     loaded = load_model(model_dir)
-    core = EngineCore(loaded, EngineConfig(page_size=8, num_pages=64))  # probes at start
+    core = EngineCore(loaded, EngineConfig(page_size=8, num_pages=64), invariance_probe=False)
     assert core.runner.invariant_kernel is not None and core.runner.flash is None
-    prompts = prompts_for(loaded.model.config.vocab_size, seed=4, count=6)
-    greedy = [r for i in range(3) for r in requests_for(prompts, [i], GREEDY)]
+    # few, short prompts (Triton's interpreter is slow), each past the window of 24
+    rng = random.Random(4)
+    shared = [rng.randrange(3, loaded.model.config.vocab_size) for _ in range(24)]
+    prompts = [
+        shared + [rng.randrange(3, loaded.model.config.vocab_size) for _ in range(n)]
+        for n in (14, 3, 20, 9)
+    ]
+    plain = SamplingParams(max_tokens=12)  # ends at EOS, as `generate` does
+    greedy = [r for i in range(2) for r in requests_for(prompts, [i], plain)]
     results, _ = generate_sync(loaded, greedy, EngineConfig(page_size=8, num_pages=64))
-    want = hf_greedy(model_dir, prompts[:3], GREEDY.max_tokens)
-    assert [list(r.token_ids) for r in results] == want
-    watched = (0, 4)
+    assert [list(r.token_ids) for r in results] == hf_greedy(model_dir, prompts[:2], 12)
+    watched = (0, 3)
     alone = {}
     for i in watched:
         config = EngineConfig(page_size=8, num_pages=64, enable_prefix_cache=False)
         engine = EngineCore(loaded, config, invariance_probe=False)
         alone.update(capture_rows(engine, requests(prompts, [i])))
-    config = EngineConfig(page_size=8, num_pages=24, max_num_batched_tokens=48, max_num_seqs=6)
+    config = EngineConfig(page_size=8, num_pages=16, max_num_batched_tokens=32, max_num_seqs=4)
     engine = EngineCore(loaded, config, invariance_probe=False)
-    assert_same_rows(alone, capture_rows(engine, requests(prompts, range(6))), watched)
+    assert_same_rows(alone, capture_rows(engine, requests(prompts, range(4))), watched)
     stats = engine.stats()
     assert stats.preemptions > 0 and stats.cache.hit_tokens > 0
 

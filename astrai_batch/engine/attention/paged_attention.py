@@ -13,7 +13,10 @@ back from the pool:
 
 Grouped-query attention never repeats keys: the query heads sharing a KV head are folded into
 the query-length axis, so each SDPA call sees [kv_heads, group * q_len, head_dim].
-The step's metadata (slots, gathers, masks) is built once per step and shared by all layers.
+The step's metadata (slots, gathers, masks) is built once per step and shared by all layers;
+a model with sliding windows gets it as `WindowPlans`, and each layer takes the plan for the
+window transformers passes it (`score_features`). Sinks (`s_aux`) and softcapping reach the
+paths that apply them; any other path raises rather than compute without them.
 """
 
 from __future__ import annotations
