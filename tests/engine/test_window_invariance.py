@@ -160,7 +160,7 @@ def test_the_cuda_kernel_applies_windows_and_softcapping(tmp_path, monkeypatch):
         config = EngineConfig(page_size=8, num_pages=64, enable_prefix_cache=False)
         engine = EngineCore(loaded, config, invariance_probe=False)
         alone.update(capture_rows(engine, requests(prompts, [i])))
-    config = EngineConfig(page_size=8, num_pages=16, max_num_batched_tokens=32, max_num_seqs=4)
+    config = EngineConfig(page_size=8, num_pages=10, max_num_batched_tokens=32, max_num_seqs=4)
     engine = EngineCore(loaded, config, invariance_probe=False)
     assert_same_rows(alone, capture_rows(engine, requests(prompts, range(4))), watched)
     stats = engine.stats()
