@@ -3,7 +3,8 @@
 Invariant numerics on CUDA run Triton kernels (`invariant_triton`, `norm_triton`) that a GPU
 compiles at their first launch. Triton compiles for any CUDA arch on any machine with its
 bundled ptxas, so this compiles every variant the engine launches (bfloat16 and float32,
-int32 eager and int64 graphed page tables and key counts, head sizes 64 and 128, norm rows
+int32 eager and int64 graphed page tables and key counts, head sizes 64 and 128, with and
+without softcapping and sinks, norm rows
 of 576 and 8,192) for each arch given, and prints one JSON object: per variant whether it
 built, the cubin's size, or the compiler's error. Exit 1 if any failed. Run it without
 `TRITON_INTERPRET`.
@@ -18,10 +19,12 @@ import json
 import sys
 from collections.abc import Sequence
 
-ATTENTION_VARIANTS = {  # name: (dtype, head size, query heads per KV head, table/key ints)
-    "attention-bfloat16-d64-eager": ("bf16", 64, 3, "i32"),
-    "attention-float32-d64-graphed": ("fp32", 64, 3, "i64"),
-    "attention-bfloat16-d128-graphed": ("bf16", 128, 4, "i64"),
+ATTENTION_VARIANTS = {  # name: (dtype, head size, query heads per KV head, table/key ints,
+    # softcapping and sinks: `score_features`)
+    "attention-bfloat16-d64-eager": ("bf16", 64, 3, "i32", False),
+    "attention-float32-d64-graphed": ("fp32", 64, 3, "i64", False),
+    "attention-bfloat16-d128-graphed": ("bf16", 128, 4, "i64", False),
+    "attention-bfloat16-d64-softcap-sinks": ("bf16", 64, 8, "i32", True),
 }
 NORM_WIDTHS = (576, 8192)
 
@@ -32,7 +35,7 @@ def build_all(archs: Sequence[int]) -> dict[str, dict]:
 
     results = {}
     for arch in archs:
-        for name, (dtype, head_dim, group, table) in ATTENTION_VARIANTS.items():
+        for name, (dtype, head_dim, group, table, scored) in ATTENTION_VARIANTS.items():
             pad = max(invariant_triton.MIN_DOT, 1 << (head_dim - 1).bit_length())
             pointers = {
                 **{arg: f"*{dtype}" for arg in ("q_ptr", "k_ptr", "v_ptr")},
@@ -41,6 +44,8 @@ def build_all(archs: Sequence[int]) -> dict[str, dict]:
                 "token_table_ptr": "*i32",
                 "token_keys_ptr": f"*{table}",  # graphs: positions + 1, int64
                 "scale": "fp32",
+                "sinks_ptr": "*fp32",
+                "softcap": "fp32",
             }
             constexprs = dict(
                 PAGE_SIZE=16,
@@ -52,6 +57,8 @@ def build_all(archs: Sequence[int]) -> dict[str, dict]:
                 VALUE_PAD=pad,
                 BLOCK=invariant_triton.KEY_BLOCK,
                 IEEE=dtype == "fp32",
+                SOFTCAP=scored,
+                SINKS=scored,
             )
             kernel = invariant_triton._invariant_attention_kernel
             results[f"sm_{arch}/{name}"] = _build(kernel, pointers, constexprs, arch)

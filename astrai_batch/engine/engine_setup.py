@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from astrai_batch.cache import KVLayout, KVPool, make_layout
 from astrai_batch.engine.attention.backends import resolve_attention_backend
 from astrai_batch.engine.attention.kernels.factory import make_kernel
+from astrai_batch.engine.attention.score_features import score_features
 from astrai_batch.engine.config import EngineConfig
 from astrai_batch.engine.lora.bank import find_bank
 from astrai_batch.engine.model.loaded import LoadedModel
@@ -54,7 +55,22 @@ def assemble_engine(
         page_size=config.page_size,
         dtype=param.dtype,
     )
+    features = score_features(loaded.model.config)
+    if features.any and backend != "sdpa":  # the paged kernels are not given them (yet)
+        if config.attention_backend != "auto":
+            raise ConfigError(
+                f"--attention-backend {backend} cannot run this model: it does not apply "
+                f"{features.names()}; use --attention-backend sdpa"
+            )
+        backend = "sdpa"
     capture = resolve_cuda_graphs(config.cuda_graphs, param.device, backend=backend)
+    if features.any:  # decode graphs replay full-attention units: such models decode eagerly
+        if config.cuda_graphs:
+            raise ConfigError(
+                "cuda_graphs cannot run this model: the graphed decode does not apply "
+                f"{features.names()}; use --no-cuda-graphs"
+            )
+        capture = static_decode = False
     capture = capture and parallel is None  # no graphs around the ranks' collectives (yet)
     if find_bank(loaded.model) is not None:
         # a graph replays fixed kernels: per-row adapter deltas run eagerly

@@ -25,6 +25,7 @@ from astrai_batch.errors import ConfigError
 MAX_NEW = 10
 HEAD_DIM = 16
 ROTARY_HALF = HEAD_DIM // 2  # longrope wants one factor per rotary frequency
+WINDOW = 16  # past every window: prompts of 20-125 tokens hold several
 
 # DeepSeek's multi-head latent attention at a tiny size: every head its own expanded keys
 MLA = {
@@ -59,11 +60,46 @@ CASES: dict[str, tuple[str, dict, int | None]] = {
         None,
     ),
     "mistral-window-at-context": ("mistral", {"sliding_window": 1024}, None),
-    "mistral-window-below-context": ("mistral", {"sliding_window": 300}, 300),
+    # windows far below the prompts (20-125 tokens): every windowed layer cuts, many times
+    "mistral-window-below-context": ("mistral", {"sliding_window": WINDOW}, None),
     "qwen2": ("qwen2", {"use_sliding_window": False}, None),
     "qwen2-sliding-layers": (
         "qwen2",
-        {"use_sliding_window": True, "sliding_window": 1024, "max_window_layers": 1},
+        {"use_sliding_window": True, "sliding_window": WINDOW, "max_window_layers": 1},
+        None,
+    ),
+    # softcapped scores and logits, a query pre-attention scalar, windowed : global layers
+    "gemma2": (
+        "gemma2",
+        {
+            "head_dim": HEAD_DIM,
+            "sliding_window": WINDOW,
+            "query_pre_attn_scalar": 24,
+            "attn_logit_softcapping": 2.0,
+            "final_logit_softcapping": 4.0,
+        },
+        None,
+    ),
+    "gemma3-text": (
+        "gemma3_text",
+        {
+            "head_dim": HEAD_DIM,
+            "num_hidden_layers": 4,
+            "sliding_window": WINDOW,
+            "layer_types": ["sliding_attention"] * 3 + ["full_attention"],
+            "query_pre_attn_scalar": 24,
+        },
+        None,
+    ),
+    # learned sinks, alternating windowed and global layers (and experts: fast numerics)
+    "gpt-oss": (
+        "gpt_oss",
+        {
+            "head_dim": HEAD_DIM,
+            "sliding_window": WINDOW,
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+        },
         None,
     ),
     # An explicit head_dim other than hidden_size / heads (64 / 4 = 16).

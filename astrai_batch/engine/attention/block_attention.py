@@ -13,6 +13,10 @@ its generated tokens as a prefill), wherever its chunk starts. So for every quer
    axis, then the private units block by block, one addition per block and row, so a
    query's sum is the same sequence of float additions however its blocks were computed.
 
+Softcapping (C * tanh(score / C)) is elementwise on each score before its mask; sinks (one
+logit per query head) join the row max and add exp(sink - max) to the row's sum after its
+last block, so both keep every step above.
+
 GEMM rows never interact, and the BLAS's result for a row does not depend on the row count
 for a fixed reduction length of one head dimension or one block, once the count is one the
 BLAS treats like a large one: small GEMMs are padded with zero rows as the step's
@@ -25,15 +29,23 @@ from __future__ import annotations
 import torch
 
 from astrai_batch.engine.attention.block_plan import BlockBatch, BlockRun
+from astrai_batch.engine.attention.score_features import apply_softcap
 from astrai_batch.engine.numerics.blas_rows import pad_gemm_rows
 
 NEG = float("-inf")
 
 
 def block_attention(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: BlockBatch, scale: float
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    batch: BlockBatch,
+    scale: float,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """q [T, Hq, D] (every query of the step) -> [T, Hq, Dv], float32 accumulation."""
+    """q [T, Hq, D] (every query of the step) -> [T, Hq, Dv], float32 accumulation.
+    `sinks`: [Hq] a learned logit per query head (`score_features`)."""
     num_tokens, q_heads, head_dim = q.shape
     kv_heads = k_cache.shape[1]
     group = q_heads // kv_heads
@@ -43,7 +55,7 @@ def block_attention(
     row_max = q.new_full((num_tokens, kv_heads, group), float("-inf"), dtype=torch.float32)
     run_scores = []
     for run in batch.runs:
-        scores = _run_scores(qg, k_cache, run, batch, scale)
+        scores = apply_softcap(_run_scores(qg, k_cache, run, batch, scale), softcap)
         if run.key_masked is not None:
             scores.masked_fill_(run.key_masked, NEG)
         row_max.index_copy_(0, run.rows, scores.amax(dim=(1, 4)))
@@ -52,11 +64,14 @@ def block_attention(
         keys = batch.gatherer.gather("key", k_cache, units.page_tables, batch.page_size)
         a = pad_gemm_rows(qg.index_select(0, units.rows), batch.gemm_rows)  # [U, Hkv, G', D]
         unit_scores = torch.matmul(a, keys.permute(0, 2, 3, 1).to(a.dtype))
-        unit_scores = unit_scores.float()[:, :, :group].mul_(scale)
+        unit_scores = apply_softcap(unit_scores.float()[:, :, :group].mul_(scale), softcap)
         unit_scores.masked_fill_(units.masked_keys(batch.block_tokens), NEG)
         unit_max = unit_scores.amax(dim=-1)
         index = units.rows[:, None, None].expand_as(unit_max)
         row_max.scatter_reduce_(0, index, unit_max, "amax")
+    if sinks is not None:
+        sink = sinks.detach().float().view(1, kv_heads, group)
+        row_max = torch.maximum(row_max, sink)
     # pass 2: per block, probability sums and probabilities x values, added in block order
     values = v_cache.shape[-1]
     total = q.new_zeros(num_tokens, kv_heads, group, values, dtype=torch.float32)
@@ -84,6 +99,8 @@ def block_attention(
             if hi > lo:
                 total.index_add_(0, units.rows[lo:hi], out[lo:hi])
                 norm.index_add_(0, units.rows[lo:hi], sums[lo:hi])
+    if sinks is not None:  # the sink's column, after the last block
+        norm += (sink - row_max).exp_()
     return total.div_(norm.unsqueeze(-1)).view(num_tokens, q_heads, values)
 
 

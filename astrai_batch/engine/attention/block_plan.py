@@ -11,6 +11,13 @@ order, whatever else the step holds. Two forms compute a (query, block) pair:
 
 Both forms put each (query, block) result in the same slot of the step's score and output
 buffers, so the reduction that follows never knows which form computed it.
+
+With a sliding window of W tokens (a windowed layer's plan), keys at positions <= p - W are
+masked too and a query's blocks wholly before its window are not computed at all: such a
+block would add exact zeros (its probabilities are exp(-inf) = 0), so leaving it out gives the
+same bits. A run starts at the block of its first row's window; a decode's units at the block
+of its own. Windowed plans keep no cascade: shared prefix blocks are mostly outside a long
+sequence's window.
 """
 
 from __future__ import annotations
@@ -38,14 +45,16 @@ def block_tokens_for(page_size: int) -> int:
 
 
 class BlockRun(NamedTuple):
-    """Query rows that all read blocks [0, num_blocks) of the same pages."""
+    """Query rows that all read blocks [first_block, first_block + num_blocks) of the same
+    pages (first_block > 0 only in a windowed plan)."""
 
     rows: torch.Tensor  # [n] rows of the packed batch
     page_table: torch.Tensor  # [1, num_blocks * pages_per_block], padded with page 0
     num_blocks: int
-    # [n, num_blocks, 1, 1, block] bool: key position > the row's; None when no key is (the
-    # cascade's shared blocks all end before each member's own token)
+    # [n, num_blocks, 1, 1, block] bool: key position > the row's (or outside its window);
+    # None when no key is (the cascade's shared blocks all end before each member's token)
     key_masked: torch.Tensor | None
+    first_block: int = 0
 
 
 @dataclass(frozen=True)
@@ -59,14 +68,20 @@ class PrivateUnits:
     # a number per unit travels instead of a block of booleans.
     key_limit: torch.Tensor
     block_starts: list[int]  # units of block b are [block_starts[b], block_starts[b + 1])
+    # [U] a windowed plan's first key offset in the unit's block the query sees (keys before
+    # it are outside its window; 0 or less: none is); None in a full-attention plan
+    key_floor: torch.Tensor | None = None
     _masked: list[torch.Tensor] = field(default_factory=list, repr=False, compare=False)
 
     def masked_keys(self, block: int) -> torch.Tensor:
-        """[U, 1, 1, block] bool, True for keys after the query; built once per step, at
-        the first layer that asks."""
+        """[U, 1, 1, block] bool, True for keys after the query (or before its window); built
+        once per step, at the first layer that asks."""
         if not self._masked:
             keys = torch.arange(block, device=self.key_limit.device)
-            self._masked.append((keys > self.key_limit[:, None]).view(-1, 1, 1, block))
+            masked = keys > self.key_limit[:, None]
+            if self.key_floor is not None:
+                masked |= keys < self.key_floor[:, None]
+            self._masked.append(masked.view(-1, 1, 1, block))
         return self._masked[0]
 
 
@@ -84,6 +99,7 @@ class BlockBatch(NamedTuple):
     units: PrivateUnits
     gatherer: PageGatherer  # the runner's reusable gather buffers
     gemm_rows: RowScheme = ROWS_AT_LEAST_TWO  # how small GEMMs are padded (`blas_rows`)
+    window: int | None = None  # the sliding window this plan applies (None: full attention)
 
 
 @dataclass(frozen=True)
@@ -123,8 +139,10 @@ def plan_blocks(
     use_cascade: bool,
     staging: HostStaging,
     decodes: DecodeRows | None = None,
+    window: int | None = None,
 ) -> tuple[list[BlockRun], PrivateUnits]:
-    """Runs and private units covering blocks 0..last of every query row.
+    """Runs and private units covering blocks 0..last of every query row (with a `window`:
+    from the block holding its window's first key).
 
     `spans` give the prefill chunks (and the decodes too when `decodes` is None; otherwise
     their one-token spans are ignored). Every (row, block <= row's last) pair is covered
@@ -137,11 +155,16 @@ def plan_blocks(
         run
         for span in spans
         if span.length > 1
-        for run in _prefill_runs(span, block, per_block, staging)
+        for run in _prefill_runs(span, block, per_block, staging, window)
     ]
     if decodes is None:
         decodes = DecodeRows.from_spans([s for s in spans if s.length == 1])
     first_private = np.zeros(len(decodes.rows), dtype=np.int64)
+    if window is not None:
+        first_private = np.maximum(decodes.positions - window + 1, 0) // block
+        units = _private_units(decodes, first_private, block, per_block, staging)
+        floor = decodes.positions - window + 1
+        return runs, _with_floor(units, decodes, first_private, floor, block, staging)
     if use_cascade and len(decodes.rows) > 1:
         lengths = decodes.positions + 1
         for members, shared_pages in partition_rows(decodes.tables, lengths, page_size).groups:
@@ -157,7 +180,9 @@ def plan_blocks(
     return runs, _private_units(decodes, first_private, block, per_block, staging)
 
 
-def _prefill_runs(span: QuerySpan, block: int, per_block: int, staging: HostStaging):
+def _prefill_runs(
+    span: QuerySpan, block: int, per_block: int, staging: HostStaging, window: int | None
+):
     """A prefill chunk as runs of up to RUN_SEGMENT_BLOCKS blocks of its rows' positions."""
     segment = block * RUN_SEGMENT_BLOCKS
     end = span.start + span.length
@@ -165,21 +190,43 @@ def _prefill_runs(span: QuerySpan, block: int, per_block: int, staging: HostStag
     while first < end:
         last = min(end, (first // segment + 1) * segment)  # exclusive
         blocks = (last - 1) // block + 1
+        start = 0 if window is None else max(first - window + 1, 0) // block
         rows = range(span.row + first - span.start, span.row + last - span.start)
-        table = _table(span.pages, blocks * per_block, staging)
-        yield _run(rows, range(first, last), table, blocks, block, staging)
+        table = _table(span.pages[start * per_block :], (blocks - start) * per_block, staging)
+        yield _run(rows, range(first, last), table, start, blocks - start, block, window, staging)
         first = last
 
 
-def _run(rows, positions, table: torch.Tensor, blocks: int, block: int, staging) -> BlockRun:
-    keys = torch.arange(blocks * block)
+def _run(rows, positions, table, first_block, blocks, block, window, staging) -> BlockRun:
+    keys = first_block * block + torch.arange(blocks * block)
     positions = torch.from_numpy(np.asarray(positions, dtype=np.int64))
     masked = keys.unsqueeze(0) > positions.unsqueeze(1)
+    if window is not None:
+        masked |= keys.unsqueeze(0) <= positions.unsqueeze(1) - window
     return BlockRun(
         rows=staging.array(np.asarray(rows, dtype=np.int64)),
         page_table=table,
         num_blocks=blocks,
         key_masked=staging.tensor(masked.view(-1, blocks, 1, 1, block)),
+        first_block=first_block,
+    )
+
+
+def _with_floor(units: PrivateUnits, decodes, first_private, floor, block, staging):
+    """The units with each one's window floor: the query's first visible key, as an offset
+    into the unit's block (units are sorted by block, decodes in step order within one)."""
+    if not units.rows.numel():
+        return units
+    last = decodes.positions // block
+    num_blocks = int(last.max()) + 1
+    ladder = np.arange(num_blocks)[:, None]
+    blocks, owner = np.nonzero((ladder >= first_private) & (ladder <= last))
+    return PrivateUnits(
+        rows=units.rows,
+        page_tables=units.page_tables,
+        key_limit=units.key_limit,
+        block_starts=units.block_starts,
+        key_floor=staging.array(floor[owner] - blocks * block),
     )
 
 

@@ -30,6 +30,12 @@ which element computed a block. That lets decodes sharing a prefix's full blocks
 once: such a block is one element whose query rows are every sharer's (the cascade's saving).
 Elements with the same key length and query count form one call; query heads sharing a KV
 head are folded into the query rows, (group member, token) order.
+
+A windowed layer's plan (`window` W) masks keys at positions <= p - W as well (-inf, the
+same additive mask: masked keys add exact zeros wherever they sit in a block) and leaves out
+a query's blocks wholly before its window: such a block would have weight exp(-inf) = 0 in
+the fold, so its absence gives the same bits. Every element still holds at least one key its
+rows see (its own position, or the window's first key).
 """
 
 from __future__ import annotations
@@ -63,7 +69,12 @@ class _Element(NamedTuple):
 
 
 def plan_flash_step(
-    step: StepArrays, page_size: int, rules: FlashRules, dtype: torch.dtype, staging: HostStaging
+    step: StepArrays,
+    page_size: int,
+    rules: FlashRules,
+    dtype: torch.dtype,
+    staging: HostStaging,
+    window: int | None = None,
 ) -> tuple[list[FlashCall], FlashMerge | None]:
     def tail(keys: int) -> int:
         return int(key_lengths(np.array([keys]), rules.tails)[0])
@@ -87,14 +98,17 @@ def plan_flash_step(
         merge_rows.append(rows)
         index = np.arange(count, count + len(rows))
         count += len(rows)
-        for b in range(int(positions[-1]) // KEY_BLOCK + 1):
-            has = positions >= b * KEY_BLOCK
+        floor = positions - window + 1 if window is not None else np.zeros_like(positions)
+        for b in range(max(int(floor[0]), 0) // KEY_BLOCK, int(positions[-1]) // KEY_BLOCK + 1):
+            has = (positions >= b * KEY_BLOCK) & (floor < (b + 1) * KEY_BLOCK)
+            if not has.any():
+                continue
             keys = tail(min(int(positions[has].max()) + 1 - b * KEY_BLOCK, KEY_BLOCK))
             slots = index[has] * blocks + b
             elements.append(
                 _Element(rows[has], positions[has], b * KEY_BLOCK, keys, table, slots, True)
             )
-    decodes = DecodeBlocks(rules.tails, blocks, page_size)
+    decodes = DecodeBlocks(rules.tails, blocks, page_size, window)
     d = step.decodes
     if len(d):
         positions = step.context_start[d]
@@ -106,7 +120,7 @@ def plan_flash_step(
         decodes.add(step.token_start[d], positions, step.page_tables[d], index)
     for b, rows, positions, slots, table in decodes.shared:
         elements.append(_Element(rows, positions, b * KEY_BLOCK, KEY_BLOCK, table, slots, True))
-    calls = _calls(elements, page_size, rules.group, dtype, staging)
+    calls = _calls(elements, page_size, rules.group, dtype, staging, window)
     calls += decodes.calls(page_size, rules.group, dtype, staging)
     merge = None
     if count:
@@ -115,7 +129,7 @@ def plan_flash_step(
     return calls, merge
 
 
-def _calls(elements, page_size, group, dtype, staging) -> list[FlashCall]:
+def _calls(elements, page_size, group, dtype, staging, window) -> list[FlashCall]:
     """Elements with the same key length, query count and destination as one call each."""
     classes: dict[tuple[int, int, bool], list[_Element]] = {}
     for e in elements:
@@ -126,7 +140,10 @@ def _calls(elements, page_size, group, dtype, staging) -> list[FlashCall]:
         positions = np.stack([e.positions for e in members])  # [B, t]
         starts = np.array([e.key_start for e in members])
         key_pos = starts[:, None, None] + np.arange(keys)[None, None, :]
-        masked = torch.from_numpy(key_pos > positions[:, :, None])  # [B, t, keys]
+        masked = key_pos > positions[:, :, None]
+        if window is not None:
+            masked |= key_pos <= positions[:, :, None] - window
+        masked = torch.from_numpy(masked)  # [B, t, keys]
         b = len(members)
         if tokens == 1:
             mask = torch.zeros(b, 1, 1, keys, dtype=dtype)

@@ -56,6 +56,7 @@ class FlashBlockBatch(NamedTuple):
     calls: list[FlashCall]
     merge: FlashMerge | None
     gatherer: PageGatherer
+    window: int | None = None  # the sliding window this plan applies (None: full attention)
 
 
 def padded_rows(rows: int) -> int:

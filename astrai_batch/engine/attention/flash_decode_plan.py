@@ -23,8 +23,11 @@ class DecodeBlocks:
     """One-token elements of a step's decodes: the ones that take the kernel's output as it
     is (one block), and every block of the longer ones (merge slots)."""
 
-    def __init__(self, tails: tuple[int, ...], blocks: int, page_size: int) -> None:
+    def __init__(
+        self, tails: tuple[int, ...], blocks: int, page_size: int, window: int | None = None
+    ) -> None:
         self.tails = tails
+        self.window = window  # a windowed layer's: keys <= position - window are masked
         self.per_block = KEY_BLOCK // page_size  # pages per key block
         self.blocks = blocks  # merge slots per longer query
         self.parts: list[tuple] = []  # (rows, positions, key starts, keys, tables, slots, merged)
@@ -50,10 +53,15 @@ class DecodeBlocks:
         starts = last * KEY_BLOCK
         keys = key_lengths(positions + 1 - starts, self.tails)
         self.parts.append((rows, positions, starts, keys, tables, index * self.blocks + last, True))
-        # full blocks 0 .. last - 1, one (decode, block) pair each
-        counts = last
+        # full blocks first .. last - 1 (first: 0, or the window's first block), one
+        # (decode, block) pair each
+        first = np.zeros_like(last)
+        if self.window is not None:
+            first = np.minimum(np.maximum(positions - self.window + 1, 0) // KEY_BLOCK, last)
+        counts = last - first
         owner = np.repeat(np.arange(len(rows)), counts)
         block = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+        block += first[owner]
         if not len(owner):
             return
         per_block = self.per_block
@@ -119,17 +127,20 @@ class DecodeBlocks:
                             group,
                             dtype,
                             staging,
+                            self.window,
                         )
                     )
         return calls
 
 
 def one_token_call(
-    rows, positions, starts, keys, tables, slots, merged, page_size, group, dtype, staging
+    rows, positions, starts, keys, tables, slots, merged, page_size, group, dtype, staging, window
 ) -> FlashCall:
     """Elements of one query token each, reading keys [starts, starts + keys)."""
     b = len(rows)
     masked = np.arange(keys)[None, :] > (positions - starts)[:, None]
+    if window is not None:
+        masked |= np.arange(keys)[None, :] <= (positions - starts - window)[:, None]
     mask = torch.zeros(b, 1, 1, keys, dtype=dtype)
     mask.masked_fill_(torch.from_numpy(masked).view(b, 1, 1, keys), float("-inf"))
     columns = starts[:, None] // page_size + np.arange(-(-keys // page_size))[None, :]

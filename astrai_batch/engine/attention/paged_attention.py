@@ -13,7 +13,10 @@ back from the pool:
 
 Grouped-query attention never repeats keys: the query heads sharing a KV head are folded into
 the query-length axis, so each SDPA call sees [kv_heads, group * q_len, head_dim].
-The step's metadata (slots, gathers, masks) is built once per step and shared by all layers.
+The step's metadata (slots, gathers, masks) is built once per step and shared by all layers;
+a model with sliding windows gets it as `WindowPlans`, and each layer takes the plan for the
+window transformers passes it (`score_features`). Sinks (`s_aux`) and softcapping reach the
+paths that apply them; any other path raises rather than compute without them.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from astrai_batch.engine.attention.flash_blocks import flash_block_attention
 from astrai_batch.engine.attention.kernels.interface import KernelBatch
 from astrai_batch.engine.attention.kernels.invariant_batch import InvariantKernelBatch
 from astrai_batch.engine.attention.page_gather import PageGatherer
+from astrai_batch.engine.attention.score_features import WindowPlans
 from astrai_batch.engine.attention.static_decode import StaticDecodeBatch, static_decode_attention
 
 ATTENTION_NAME = "astrai_paged"
@@ -97,16 +101,24 @@ def paged_attention(
             f"the '{ATTENTION_NAME}' attention needs the engine's step metadata; "
             "this model is owned by an astrai-batch ModelRunner"
         )
-    # The load check admits a sliding window only where it never binds (no sequence longer
-    # than the window) and no softcapping; these guard that promise at run time.
     window = kwargs.get("sliding_window")
-    if window is not None and window < batch.longest_context:
+    softcap = kwargs.get("softcap")
+    sinks = kwargs.get("s_aux")
+    if isinstance(batch, WindowPlans):  # the plan for this layer's window (or full)
+        batch = batch.plan(window)
+    takes_window = isinstance(batch, InvariantKernelBatch)  # the window comes per call
+    binds = window is not None and window < batch.longest_context
+    if binds and not takes_window and window != _window(batch):
         raise RuntimeError(
             f"a sliding window of {window} tokens would cut a {batch.longest_context}-token "
-            "sequence; the paged attention does not apply sliding windows"
+            f"sequence, and this step's {type(batch).__name__} was planned without it"
         )
-    if kwargs.get("softcap") is not None:
-        raise RuntimeError("the paged attention does not apply attention logit softcapping")
+    if (softcap is not None or sinks is not None) and not isinstance(
+        batch, (BlockBatch, FlashBlockBatch, InvariantKernelBatch)
+    ):
+        raise RuntimeError(
+            f"the {type(batch).__name__} attention path applies no sinks or softcapping"
+        )
     if value.shape[-1] < key.shape[-1]:
         return _narrow_values(module, query, key, value, attention_mask, scaling, **kwargs)
     layer = module.layer_idx
@@ -122,7 +134,9 @@ def paged_attention(
     num_tokens, q_heads, head_dim = q.shape
     scale = scaling if scaling is not None else head_dim**-0.5
     if isinstance(batch, FlashBlockBatch):  # invariant numerics on the CPU's flash kernel
-        out = flash_block_attention(q, k_cache, v_cache, batch, scale)
+        if softcap is not None:
+            raise RuntimeError("the CPU flash-kernel attention cannot apply softcapping")
+        out = flash_block_attention(q, k_cache, v_cache, batch, scale, sinks)
         return out.to(q.dtype).unsqueeze(0), None
     if isinstance(batch, InvariantKernelBatch):  # invariant numerics on CUDA (Triton)
         out = batch.attend(
@@ -134,10 +148,13 @@ def paged_attention(
             batch.token_keys,
             batch.page_size,
             scale,
+            window=window,
+            softcap=softcap,
+            sinks=sinks,
         )
         return out.to(q.dtype).unsqueeze(0), None
     if isinstance(batch, BlockBatch):
-        out = block_attention(q, k_cache, v_cache, batch, scale)
+        out = block_attention(q, k_cache, v_cache, batch, scale, softcap, sinks)
         return out.to(q.dtype).unsqueeze(0), None
     if isinstance(batch, KernelBatch):  # a paged CUDA kernel: every query in one call
         out = batch.kernel.attend(q, k_cache, v_cache, scale)
@@ -212,6 +229,11 @@ def _narrow_values(module, query, key, value, attention_mask, scaling, **kwargs)
     padded = F.pad(value, (0, key.shape[-1] - width))
     out, _ = paged_attention(module, query, key, padded, attention_mask, scaling, **kwargs)
     return out[..., :width], None
+
+
+def _window(batch) -> int | None:
+    """The window a step's plan was made for (None: full attention)."""
+    return getattr(batch, "window", None)
 
 
 def _causal_mask(q_len: int, kv_len: int, group: int, device: torch.device) -> torch.Tensor:

@@ -4,17 +4,21 @@ The engine plugs paged attention over a shared KV pool into transformers' attent
 and runs many sequences packed into one forward. That is only exact for plain causal
 self-attention whose every input is a function of the token and its own position, so:
 
-- refused outright: anything that changes which keys a query sees beyond causality
-  (bidirectional attention, recurrent state, cross-attention, attention kinds other than full
-  and sliding-window), how scores are formed (attention logit softcapping, which our
-  attention does not apply), rope scalings we do not know, and architectures off the list;
+- refused outright: anything that changes which keys a query sees beyond causality and a
+  sliding window (bidirectional attention, recurrent state, cross-attention, attention kinds
+  other than full and sliding-window), rope scalings we do not know, and architectures off
+  the list;
 - refused unless the context is short enough: features that are exact only while every
-  sequence stays within a limit. A sliding window of W tokens never binds while sequences
-  hold at most W tokens; longrope picks its short or long factors, and dynamic NTK rescales,
-  from the longest position in the forward (in a packed batch: the longest sequence beside
-  this one), and do neither while every position is below their threshold. Such a model runs
-  when its context (`max_model_len`) is within the limit and is refused otherwise, with the
-  limit in the message.
+  sequence stays within a limit. longrope picks its short or long factors, and dynamic NTK
+  rescales, from the longest position in the forward (in a packed batch: the longest sequence
+  beside this one), and do neither while every position is below their threshold. Such a
+  model runs when its context (`max_model_len`) is within the limit and is refused otherwise,
+  with the limit in the message.
+
+Sliding windows (per layer, `layer_types`), learned attention sinks, attention-logit and
+final-logit softcapping and query pre-attention scalars run at any context: the paged
+attention applies the first three itself (`attention.score_features`), the model's own
+forward the last two.
 """
 
 from __future__ import annotations
@@ -38,8 +42,11 @@ SUPPORTED_MODEL_TYPES: frozenset[str] = frozenset(
         "deepseek_v3",
         "ernie4_5",
         "gemma",
+        "gemma2",
+        "gemma3_text",
         "glm",
         "glm4_moe",
+        "gpt_oss",
         "granite",
         "granitemoe",
         "helium",
@@ -131,9 +138,6 @@ def unsupported_reason(config: Any) -> str | None:
         return "it has no standard attention (no num_attention_heads)"
     if getattr(config, "use_bidirectional_attention", False):
         return "it uses bidirectional attention (use_bidirectional_attention=True)"
-    softcap = getattr(config, "attn_logit_softcapping", None)
-    if softcap is not None:
-        return f"it uses attention logit softcapping (attn_logit_softcapping={softcap})"
     layer_types = getattr(config, "layer_types", None) or ()
     others = sorted({kind for kind in layer_types if kind not in _ATTENTION_KINDS})
     if others:
@@ -163,13 +167,6 @@ def exact_context_limit(config: Any) -> tuple[int, str] | None:
     """The longest context (in tokens) the engine runs this config exactly at, and why; None
     when no feature of the config limits it."""
     limits: list[tuple[int, str]] = []
-    window = getattr(config, "sliding_window", None)
-    if window:  # None, or 0 where a config says "off" that way (Qwen2-MoE)
-        # Keys at positions > q - window are seen (transformers' sliding_window_overlay), so
-        # the window cuts nothing while every sequence holds at most `window` tokens. Some
-        # models apply it only on "sliding_attention" layers, others on every layer whatever
-        # `layer_types` says; counting it whenever it is set is right for both.
-        limits.append((int(window), f"sliding-window attention (sliding_window={window})"))
     for params in _rope_parameter_sets(config):
         rope_type = str(params.get("rope_type", params.get("type", "default")))
         if rope_type == "longrope":

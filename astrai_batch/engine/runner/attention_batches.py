@@ -45,6 +45,7 @@ def block_batch(
     *,
     use_cascade: bool,
     gemm_rows: RowScheme,
+    window: int | None = None,
 ) -> BlockBatch:
     d = step.decodes
     if len(d) == len(step.num_tokens):  # decode-only: every chunk's row, as they are
@@ -61,7 +62,7 @@ def block_batch(
             for i in np.flatnonzero(step.num_tokens > 1).tolist()
         ]
         decodes = DecodeRows(step.token_start[d], step.context_start[d], step.page_tables[d])
-    runs, units = plan_blocks(spans, pool.page_size, use_cascade, staging, decodes)
+    runs, units = plan_blocks(spans, pool.page_size, use_cascade, staging, decodes, window)
     return BlockBatch(
         key_cache=pool.key_cache,
         value_cache=pool.value_cache,
@@ -73,13 +74,20 @@ def block_batch(
         units=units,
         gatherer=gatherer,
         gemm_rows=gemm_rows,
+        window=window,
     )
 
 
 def flash_block_batch(
-    step: StepArrays, pool: KVPool, staging: HostStaging, gatherer: PageGatherer, rules: FlashRules
+    step: StepArrays,
+    pool: KVPool,
+    staging: HostStaging,
+    gatherer: PageGatherer,
+    rules: FlashRules,
+    window: int | None = None,
 ) -> FlashBlockBatch:
-    calls, merge = plan_flash_step(step, pool.page_size, rules, pool.key_cache[0].dtype, staging)
+    dtype = pool.key_cache[0].dtype
+    calls, merge = plan_flash_step(step, pool.page_size, rules, dtype, staging, window)
     return FlashBlockBatch(
         key_cache=pool.key_cache,
         value_cache=pool.value_cache,
@@ -89,6 +97,7 @@ def flash_block_batch(
         calls=calls,
         merge=merge,
         gatherer=gatherer,
+        window=window,
     )
 
 

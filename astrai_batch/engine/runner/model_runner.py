@@ -30,6 +30,7 @@ from astrai_batch.engine.attention.paged_attention import (
     BATCH_KWARG,
     register_paged_attention,
 )
+from astrai_batch.engine.attention.score_features import WindowPlans, score_features
 from astrai_batch.engine.attention.step_arrays import StepArrays
 from astrai_batch.engine.lora.bank import find_bank
 from astrai_batch.engine.numerics.blas_rows import ROWS_AT_LEAST_TWO, attention_row_scheme
@@ -116,6 +117,14 @@ class ModelRunner:
             raise ValueError(f"numerics must be one of {NUMERICS}, got {numerics!r}")
         if attention_kernel is not None and numerics != "fast":
             raise ValueError("an attention kernel does not keep invariant numerics: use 'fast'")
+        # sliding windows, sinks, softcapping (`score_features`): the block attention and
+        # CUDA's Triton kernel apply all three, the CPU flash kernel the first two; the
+        # decode graphs and the paged kernels none (the engine leaves them out for such models)
+        self.features = score_features(model.config)
+        if self.features.any and (graphs is not None or attention_kernel is not None):
+            raise ValueError(
+                f"decode graphs and paged kernels do not apply {self.features.names()}"
+            )
         register_paged_attention()
         model.set_attn_implementation(ATTENTION_NAME)
         # the BLAS's invariant GEMM row counts, probed once (raises where there are none)
@@ -141,7 +150,8 @@ class ModelRunner:
             self.invariant_kernel, mean_squares = ops
             if mean_squares is not None or param.device.type != "cpu":
                 set_norm_tiling(model, True, mean_squares)
-            if graphs is None and self.invariant_kernel is None:
+            flash_fits = self.features.softcap is None  # the flash kernel cannot softcap
+            if graphs is None and self.invariant_kernel is None and flash_fits:
                 self.flash = _probed(memo, ("flash", heads), lambda: _flash_rules(model, pool))
             if self.flash is None and self.invariant_kernel is None:
                 key = ("block attention rows", heads)
@@ -235,26 +245,41 @@ class ModelRunner:
         input_ids = stage(step.token_ids)
         position_ids = stage(step.positions)
         rows = stage(step.logit_rows)
+        batch = self._attention_batch(step)
+        if self.features.window is not None and self.invariant_kernel is None:
+            # each layer's plan by its window (the Triton kernel takes it per call)
+            batch = WindowPlans(batch, lambda window: self._attention_batch(step, window))
+        return batch, input_ids, position_ids, rows
+
+    def _attention_batch(self, step: StepArrays, window: int | None = None):
+        """The step's plan for full attention, or for a sliding window's layers."""
         if self.invariant_kernel is not None:
-            batch = invariant_kernel_batch(step, self.pool, self.staging, self.invariant_kernel)
-        elif self.flash is not None:
-            batch = flash_block_batch(step, self.pool, self.staging, self.gatherer, self.flash)
-        elif self.numerics == "invariant":
-            batch = block_batch(
+            return invariant_kernel_batch(step, self.pool, self.staging, self.invariant_kernel)
+        if self.flash is not None:
+            return flash_block_batch(
+                step, self.pool, self.staging, self.gatherer, self.flash, window
+            )
+        features = self.features
+        if (
+            self.numerics == "invariant"
+            or window is not None
+            or features.sinks
+            or features.softcap is not None
+        ):  # fast numerics too: the step-shaped SDPA applies no window, sink or softcap
+            return block_batch(
                 step,
                 self.pool,
                 self.staging,
                 self.gatherer,
                 use_cascade=self.use_cascade,
                 gemm_rows=self.gemm_rows,
+                window=window,
             )
-        elif self.attention_kernel is not None:
-            batch = kernel_batch(step, self.pool, self.staging, self.attention_kernel)
-        else:
-            batch = step_shaped_batch(
-                step, self.pool, self.staging, self.gatherer, use_cascade=self.use_cascade
-            )
-        return batch, input_ids, position_ids, rows
+        if self.attention_kernel is not None:
+            return kernel_batch(step, self.pool, self.staging, self.attention_kernel)
+        return step_shaped_batch(
+            step, self.pool, self.staging, self.gatherer, use_cascade=self.use_cascade
+        )
 
 
 def _heads_key(model: torch.nn.Module, pool: KVPool) -> tuple:

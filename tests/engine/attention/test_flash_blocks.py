@@ -15,6 +15,18 @@ import random
 import numpy as np
 import pytest
 import torch
+from attention_kit import (
+    DIM,
+    GROUP,
+    KV_HEADS,
+    LENGTHS,
+    PAGE,
+    SCALE,
+    SINKS,
+    Pool,
+    brute_force,
+    random_steps,
+)
 
 from astrai_batch.engine.attention import flash_probe
 from astrai_batch.engine.attention.flash_block_plan import plan_flash_step
@@ -25,44 +37,8 @@ from astrai_batch.engine.attention.host_staging import HostStaging
 from astrai_batch.engine.attention.page_gather import PageGatherer
 from astrai_batch.engine.attention.step_arrays import StepArrays
 
-PAGE = 16
-KV_HEADS, GROUP, DIM = 2, 3, 16
-SCALE = DIM**-0.5
-LENGTHS = (5, 40, 300, 511, 512, 513, 700, 1100, 1500)  # the pool's sequences
-# (sequence, shares the first pages of) : a prefix cache's shared pages, so decodes share
-# whole 512-key blocks (the cascade): 513 and 700 share 512 tokens with 512, 1500 shares
-# 1,024 with 1100
-SHARED = {5: (4, 32), 6: (4, 32), 8: (7, 64)}
 # the tails MKL gives here (`flash_probe`); the crowd test uses what the probe finds
 MEASURED_TAILS = (64, 128, 192, 384, 448, 512)
-
-
-class Pool:
-    """KV for every sequence in LENGTHS, in shuffled pages (some shared, `SHARED`); a fixed
-    query per position."""
-
-    def __init__(self, seed: int) -> None:
-        rng = random.Random(seed)
-        generator = torch.Generator().manual_seed(seed)
-        pages = [-(-n // PAGE) for n in LENGTHS]
-        order = list(range(1, sum(pages) + 1))  # page 0: the padding page
-        rng.shuffle(order)
-        self.tables, used = [], 0
-        for seq, count in enumerate(pages):
-            table = np.array(order[used : used + count], dtype=np.int64)
-            used += count
-            if seq in SHARED:
-                owner, shared = SHARED[seq]
-                table[:shared] = self.tables[owner][:shared]
-            self.tables.append(table)
-        slots = (sum(pages) + 1) * PAGE
-        self.keys = torch.randn(slots, KV_HEADS, DIM, generator=generator)
-        self.values = torch.randn(slots, KV_HEADS, DIM, generator=generator)
-        self.queries = [torch.randn(n, KV_HEADS * GROUP, DIM, generator=generator) for n in LENGTHS]
-
-    def slots(self, seq: int, positions: range) -> np.ndarray:
-        table = self.tables[seq]
-        return np.array([table[p // PAGE] * PAGE + p % PAGE for p in positions], dtype=np.int64)
 
 
 def run_step(
@@ -70,8 +46,11 @@ def run_step(
     chunks: list[tuple[int, int, int]],
     tails: tuple[int, ...] = MEASURED_TAILS,
     seen: list | None = None,
+    window: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> dict[tuple[int, int], torch.Tensor]:
-    """chunks: (sequence, start, length) -> {(sequence, position): output row}."""
+    """chunks: (sequence, start, length) -> {(sequence, position): output row}; with a
+    sliding `window` and per-head `sinks`, as a windowed layer's plan computes them."""
     width = max(len(pool.tables[s]) for s, _, _ in chunks)
     tables = np.zeros((len(chunks), width), dtype=np.int64)
     starts, queries = [], []
@@ -95,8 +74,9 @@ def run_step(
         longest_context=max(s + n for _, s, n in chunks),
     )
     staging = HostStaging("cpu")
-    calls, merge = plan_flash_step(step, PAGE, FlashRules(GROUP, tails), torch.float32, staging)
-    assert_each_block_once(step, calls, merge)
+    rules = FlashRules(GROUP, tails)
+    calls, merge = plan_flash_step(step, PAGE, rules, torch.float32, staging, window)
+    assert_each_block_once(step, calls, merge, window)
     if seen is not None:
         seen.extend(calls)
     batch = FlashBlockBatch(
@@ -108,8 +88,9 @@ def run_step(
         calls,
         merge,
         PageGatherer(),
+        window,
     )
-    out = flash_block_attention(torch.cat(queries), pool.keys, pool.values, batch, SCALE)
+    out = flash_block_attention(torch.cat(queries), pool.keys, pool.values, batch, SCALE, sinks)
     got, row = {}, 0
     for seq, start, n in chunks:
         for p in range(start, start + n):
@@ -118,9 +99,10 @@ def run_step(
     return got
 
 
-def assert_each_block_once(step: StepArrays, calls, merge) -> None:
+def assert_each_block_once(step: StepArrays, calls, merge, window: int | None = None) -> None:
     """Every query within one block gets its output from exactly one call; every longer
-    query's every block (and nothing past its last) from exactly one element."""
+    query's every block (and nothing past its last, nor wholly before its window) from
+    exactly one element."""
     positions = np.concatenate(
         [s + np.arange(n) for s, n in zip(step.context_start, step.num_tokens, strict=True)]
     )
@@ -134,31 +116,10 @@ def assert_each_block_once(step: StepArrays, calls, merge) -> None:
     if merge is not None:
         at = dict(zip(rows.tolist(), positions.tolist(), strict=True))
         for i, row in enumerate(merge.rows.tolist()):
-            want += [i * merge.blocks + b for b in range(at[row] // 512 + 1)]
+            first = 0 if window is None else max(at[row] - window + 1, 0) // 512
+            want += [i * merge.blocks + b for b in range(first, at[row] // 512 + 1)]
         assert sorted(merge.rows.tolist()) == sorted(rows[positions >= 512].tolist())
     assert merged == sorted(want)
-
-
-def random_steps(rng: random.Random) -> list[list[tuple[int, int, int]]]:
-    """Every position of every sequence, cut into chunks and decodes, mixed into steps."""
-    pieces = []
-    for seq, n in enumerate(LENGTHS):
-        start = 0
-        while start < n:
-            length = 1 if rng.random() < 0.3 else rng.randint(1, n - start)
-            length = min(length, n - start)
-            pieces.append((seq, start, length))
-            start += length
-    rng.shuffle(pieces)
-    # a step holds at most one chunk per sequence, as the scheduler makes them
-    steps: list[list[tuple[int, int, int]]] = []
-    for piece in pieces:
-        home = [s for s in steps if all(c[0] != piece[0] for c in s) and rng.random() < 0.7]
-        if not home:
-            steps.append([])
-            home = [steps[-1]]
-        home[0].append(piece)
-    return steps
 
 
 @pytest.fixture(scope="module")
@@ -172,18 +133,35 @@ def tails_here() -> tuple[int, ...]:
     return tails
 
 
-def test_outputs_match_a_float64_brute_force() -> None:
+CHUNKS = [(0, 0, 5), (2, 100, 200), (4, 511, 1), (5, 0, 513), (6, 699, 1), (7, 1000, 100)]
+
+
+@pytest.mark.parametrize(
+    ("window", "sinks"),
+    [(None, None), (None, SINKS), (40, None), (300, SINKS), (600, SINKS)],
+    ids=["full", "sinks", "window-40", "window-300-sinks", "window-600-sinks"],
+)
+def test_outputs_match_a_float64_brute_force(window, sinks) -> None:
     pool = Pool(seed=1)
-    chunks = [(0, 0, 5), (2, 100, 200), (4, 511, 1), (5, 0, 513), (6, 699, 1), (7, 1000, 100)]
-    got = run_step(pool, chunks)
+    got = run_step(pool, CHUNKS, window=window, sinks=sinks)
     for (seq, p), row in got.items():
-        q = pool.queries[seq][p].double().view(KV_HEADS, GROUP, DIM)
-        slots = pool.slots(seq, range(p + 1))
-        k = pool.keys[slots].double().transpose(0, 1)  # [Hkv, p + 1, D]
-        v = pool.values[slots].double().transpose(0, 1)
-        weights = torch.softmax(q @ k.transpose(1, 2) * SCALE, dim=-1)
-        want = (weights @ v).reshape(KV_HEADS * GROUP, DIM)
+        want = brute_force(pool, seq, p, window, sinks)
         torch.testing.assert_close(row.double(), want, atol=2e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_windowed_queries_with_sinks_have_the_same_bits_alone_and_in_crowds(tails_here, seed):
+    """Windows of 100 (inside a block) and 700 (across two): alone vs random crowds."""
+    window = (100, 700, 300)[seed]
+    pool = Pool(seed=seed)
+    alone = {}
+    for seq, n in enumerate(LENGTHS):
+        alone.update(run_step(pool, [(seq, 0, n)], tails_here, window=window, sinks=SINKS))
+    rng = random.Random(seed)
+    for step in random_steps(rng):
+        got = run_step(pool, step, tails_here, window=window, sinks=SINKS)
+        for key, row in got.items():
+            assert torch.equal(row, alone[key]), f"seed {seed}: {key} differs in step {step}"
 
 
 @pytest.mark.parametrize("seed", range(6))

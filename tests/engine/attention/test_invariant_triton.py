@@ -38,17 +38,38 @@ def random_pool(seed, kv_heads, head_dim, value_dim, page_size, pages=80):
     return g, keys, values
 
 
-def brute_force(q, keys, values, tables, token_table, token_keys, page_size, scale):
+def brute_force(
+    q,
+    keys,
+    values,
+    tables,
+    token_table,
+    token_keys,
+    page_size,
+    scale,
+    window=None,
+    softcap=None,
+    sinks=None,
+):
     kv_heads = keys.shape[1]
     out = []
     for t in range(q.shape[0]):
         n = int(token_keys[t])
         row = tables[int(token_table[t])].long()
         slots = (row[:, None] * page_size + torch.arange(page_size)).reshape(-1)[:n]
+        if window is not None:
+            slots = slots[max(n - window, 0) :]
         k, v = keys[slots].double(), values[slots].double()
         qq = q[t].double().view(kv_heads, -1, q.shape[-1])
         scores = torch.einsum("hgd,khd->hgk", qq, k) * scale
-        out.append(torch.einsum("hgk,khd->hgd", scores.softmax(-1), v).reshape(q.shape[1], -1))
+        if softcap is not None:
+            scores = torch.tanh(scores / softcap) * softcap
+        if sinks is not None:
+            column = sinks.double().view(kv_heads, -1, 1)
+            weights = torch.cat([scores, column], dim=-1).softmax(-1)[..., :-1]
+        else:
+            weights = scores.softmax(-1)
+        out.append(torch.einsum("hgk,khd->hgd", weights, v).reshape(q.shape[1], -1))
     return torch.stack(out)
 
 
@@ -67,6 +88,26 @@ def test_matches_a_float64_brute_force(kv_heads, group, head_dim, value_dim, pag
     assert got.shape == (len(token_keys), kv_heads * group, value_dim)
     assert got.dtype == torch.float32
     expected = brute_force(q, keys, values, *args)
+    torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("window", "softcap", "with_sinks"),
+    [(40, None, False), (KEY_BLOCK, 1.5, True), (130, None, True), (None, 1.5, False)],
+)
+def test_windows_sinks_and_softcap_match_a_float64_brute_force(window, softcap, with_sinks):
+    kv_heads, group, head_dim, page_size = 2, 3, 16, 8
+    g, keys, values = random_pool(2, kv_heads, head_dim, head_dim, page_size)
+    pages = keys.shape[0] // page_size
+    tables = torch.stack([torch.randperm(pages, generator=g)[:26] for _ in range(3)])
+    token_keys = torch.tensor([1, 39, 40, 41, KEY_BLOCK + 1, 130, 131, 200])
+    token_table = torch.tensor([0, 1, 2, 0, 1, 2, 0, 1])
+    q = torch.randn(len(token_keys), kv_heads * group, head_dim, generator=g)
+    sinks = torch.tensor([0.5, -1.0, 2.0, 8.0, -30.0, 1.5]) if with_sinks else None
+    args = (tables.int(), token_table.int(), token_keys.int(), page_size, head_dim**-0.5)
+    extra = dict(window=window, softcap=softcap, sinks=sinks)
+    got = invariant_attention(q, keys, values, *args, **extra)
+    expected = brute_force(q, keys, values, *args, **extra)
     torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5)
 
 
@@ -130,7 +171,9 @@ def builds():
 
 
 def test_every_kernel_variant_compiles_for_a100_and_h100(builds):
-    assert len(builds) == 2 * 5  # two GPUs x (three attention variants + two norm widths)
+    # two GPUs x (three attention variants, one with a window, sinks and softcapping, and two
+    # norm widths)
+    assert len(builds) == 2 * 6
     failed = {name: result["error"] for name, result in builds.items() if not result["built"]}
     assert failed == {}
     assert all(result["cubin_bytes"] > 0 for result in builds.values())

@@ -41,9 +41,10 @@ from astrai_batch.errors import ConfigError, ModelLoadError, UnsupportedModelErr
 
 PROMPT = "The quick brown fox jumps over the lazy dog."
 SUPPORTED_LIST = (
-    "apertus, arcee, cohere, deepseek_v2, deepseek_v3, ernie4_5, gemma, glm, glm4_moe, granite, "
-    "granitemoe, helium, hunyuan_v1_dense, llama, mistral, mixtral, olmo, olmo2, olmo3, olmoe, "
-    "phi, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, seed_oss, smollm3, starcoder2"
+    "apertus, arcee, cohere, deepseek_v2, deepseek_v3, ernie4_5, gemma, gemma2, gemma3_text, "
+    "glm, glm4_moe, gpt_oss, granite, granitemoe, helium, hunyuan_v1_dense, llama, mistral, "
+    "mixtral, olmo, olmo2, olmo3, olmoe, phi, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, "
+    "seed_oss, smollm3, starcoder2"
 )
 
 
@@ -343,7 +344,10 @@ def test_packaged_gguf_validation():
     [
         transformers.LlamaConfig(),
         transformers.MistralConfig(sliding_window=None),
-        transformers.MistralConfig(),  # its window is checked against the context at load
+        transformers.MistralConfig(),  # windowed at any context
+        transformers.Gemma2Config(),  # softcapping, windowed and global layers
+        transformers.Gemma3TextConfig(),
+        transformers.GptOssConfig(),  # sinks
         transformers.Qwen2Config(),
         transformers.Qwen3Config(),
         transformers.GemmaConfig(),
@@ -371,11 +375,6 @@ def test_supported_configs(config):
             transformers.GemmaConfig(use_bidirectional_attention=True),
             "model type 'gemma' is not supported: it uses bidirectional attention "
             "(use_bidirectional_attention=True)",
-        ),
-        (
-            transformers.Gemma2Config(),
-            "model type 'gemma2' is not supported: it uses attention logit softcapping "
-            "(attn_logit_softcapping=50.0)",
         ),
         (
             transformers.MambaConfig(),
@@ -435,12 +434,11 @@ def test_hybrid_recurrent_models_are_refused_naming_their_layers(model_type, lay
 
 def test_unsupported_model_is_refused_before_weights_are_read(tmp_path):
     # A directory with only a config: refusing it proves no weight file was needed.
-    transformers.Gemma2Config(architectures=["Gemma2ForCausalLM"]).save_pretrained(tmp_path)
+    transformers.JambaConfig(architectures=["JambaForCausalLM"]).save_pretrained(tmp_path)
     with pytest.raises(UnsupportedModelError) as err:
         load_model(tmp_path)
     assert str(err.value) == (
-        "Gemma2ForCausalLM is not supported: it uses attention logit softcapping "
-        "(attn_logit_softcapping=50.0)"
+        "JambaForCausalLM is not supported: it is a hybrid, recurrent or state-space model"
     )
 
 

@@ -36,32 +36,6 @@ DYNAMIC = transformers.LlamaConfig(
     ("config", "context", "limit", "message"),
     [
         (
-            transformers.MistralConfig(),
-            131072,
-            4096,
-            "model type 'mistral' is not supported with a context of 131072 tokens: it uses "
-            "sliding-window attention (sliding_window=4096), so it runs exactly only up to "
-            "4096 tokens; set --max-model-len 4096 or less to run it",
-        ),
-        (
-            transformers.Phi3Config(sliding_window=2047, max_position_embeddings=4096),
-            4096,
-            2047,
-            "model type 'phi3' is not supported with a context of 4096 tokens: it uses "
-            "sliding-window attention (sliding_window=2047), so it runs exactly only up to "
-            "2047 tokens; set --max-model-len 2047 or less to run it",
-        ),
-        (
-            transformers.Qwen2Config(
-                use_sliding_window=True, num_hidden_layers=4, max_window_layers=2
-            ),
-            32768,
-            4096,
-            "model type 'qwen2' is not supported with a context of 32768 tokens: it uses "
-            "sliding-window attention (sliding_window=4096), so it runs exactly only up to "
-            "4096 tokens; set --max-model-len 4096 or less to run it",
-        ),
-        (
             LONGROPE_128K,
             131072,
             4096,
@@ -80,7 +54,7 @@ DYNAMIC = transformers.LlamaConfig(
             "--max-model-len 2048 or less to run it",
         ),
     ],
-    ids=["mistral-window", "phi3-window", "qwen2-sliding-layers", "phi3-longrope", "dynamic"],
+    ids=["phi3-longrope", "dynamic"],
 )
 def test_context_limited_configs_are_refused_above_the_limit_only(config, context, limit, message):
     assert exact_context_limit(config)[0] == limit
@@ -91,9 +65,16 @@ def test_context_limited_configs_are_refused_above_the_limit_only(config, contex
     check_supported(config)  # without a context only the architecture is checked
 
 
-def test_plain_configs_have_no_context_limit():
-    for config in (transformers.LlamaConfig(), transformers.Qwen2Config()):
-        check_supported(config, max_model_len=2048)
+def test_plain_and_windowed_configs_have_no_context_limit():
+    windowed = (
+        transformers.MistralConfig(),
+        transformers.Phi3Config(sliding_window=2047, max_position_embeddings=4096),
+        transformers.Qwen2Config(use_sliding_window=True, num_hidden_layers=4, max_window_layers=2),
+        transformers.Gemma3TextConfig(),
+    )
+    for config in (transformers.LlamaConfig(), transformers.Qwen2Config(), *windowed):
+        check_supported(config, max_model_len=131072)
+        assert exact_context_limit(config) is None
     assert exact_context_limit(transformers.LlamaConfig()) is None
     assert exact_context_limit(transformers.Qwen3Config()) is None  # use_sliding_window=False
 
@@ -136,19 +117,33 @@ def mistral(window: int) -> transformers.MistralConfig:
 
 
 def test_the_load_checks_the_context_it_will_run_at_before_reading_weights(tmp_path):
-    model_dir = save_config_and_tokenizer(tmp_path / "m", mistral(300))
+    config = transformers.Phi3Config(
+        architectures=["Phi3ForCausalLM"],
+        **{
+            **tiny_config_kwargs(build_tiny_tokenizer()),
+            "original_max_position_embeddings": 300,
+            "rope_parameters": {
+                "rope_type": "longrope",
+                "rope_theta": 10000.0,
+                "short_factor": [1.0] * 8,
+                "long_factor": [2.0] * 8,
+            },
+        },
+    )
+    model_dir = save_config_and_tokenizer(tmp_path / "m", config)
     with pytest.raises(UnsupportedModelError) as err:
         load_model(model_dir)
     assert str(err.value) == (
-        "MistralForCausalLM is not supported with a context of 1024 tokens: it uses "
-        "sliding-window attention (sliding_window=300), so it runs exactly only up to 300 "
-        "tokens; set --max-model-len 300 or less to run it"
+        "Phi3ForCausalLM is not supported with a context of 1024 tokens: it uses longrope "
+        "scaling (original_max_position_embeddings=300; its factors switch with the longest "
+        "sequence in a batch), so it runs exactly only up to 300 tokens; set --max-model-len "
+        "300 or less to run it"
     )
-    # Within the window (a cap, or the tokenizer's own limit) the check passes and the load
+    # Within the limit (a cap, or the tokenizer's own limit) the check passes and the load
     # goes on to the weights, which this directory lacks.
     with pytest.raises(ModelLoadError, match=r"^Could not load the weights of model "):
         load_model(model_dir, max_model_len=300)
-    short = save_config_and_tokenizer(tmp_path / "short", mistral(300), model_max_length=256)
+    short = save_config_and_tokenizer(tmp_path / "short", config, model_max_length=256)
     with pytest.raises(ModelLoadError, match=r"^Could not load the weights of model "):
         load_model(short)
     with pytest.raises(ConfigError) as err:
@@ -156,17 +151,18 @@ def test_the_load_checks_the_context_it_will_run_at_before_reading_weights(tmp_p
     assert str(err.value) == "max_model_len must be >= 1, got 0"
 
 
-def test_the_attention_refuses_a_window_that_would_bind(tmp_path):
-    # The load check keeps sequences within the window; the attention guards it anyway
-    # instead of silently attending past the window.
+def test_a_window_binds_past_its_length_in_one_forward(tmp_path):
+    """A 40-token sequence through a window of 8, as one prefill chunk: every position's
+    logits are transformers' (its own sliding-window mask) to float rounding."""
     model_dir = tmp_path / "m"
+    torch.manual_seed(3)
     model = transformers.AutoModelForCausalLM.from_config(mistral(8), dtype=torch.float32)
     model.save_pretrained(model_dir)
     save_config_and_tokenizer(model_dir, model.config)
-    loaded = load_model(model_dir, max_model_len=8)
-    assert loaded.max_model_len == 8
+    loaded = load_model(model_dir)
+    assert loaded.max_model_len == 1024
     pool = KVPool(
-        num_pages=4,
+        num_pages=12,
         num_layers=loaded.num_layers,
         num_kv_heads=loaded.num_kv_heads,
         head_dim=loaded.head_dim,
@@ -175,10 +171,18 @@ def test_the_attention_refuses_a_window_that_would_bind(tmp_path):
         device=torch.device("cpu"),
     )
     runner = ModelRunner(loaded.model, pool)
-    runner.forward([ScheduledChunk(list(range(3, 11)), 0, [0, 1], wants_logits=True)])
-    with pytest.raises(RuntimeError) as err:
-        runner.forward([ScheduledChunk(list(range(3, 12)), 0, [0, 1, 2], wants_logits=True)])
-    assert str(err.value) == (
-        "a sliding window of 8 tokens would cut a 9-token sequence; the paged attention does "
-        "not apply sliding windows"
+    tokens = [3 + (7 * i) % 50 for i in range(40)]
+    out = runner.forward(
+        [ScheduledChunk(tokens, 0, list(range(10)), wants_logits=True, logit_span=(0, 39))]
     )
+    reference = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    with torch.inference_mode():
+        want = reference(torch.tensor([tokens])).logits[0]
+    # the sampling row (position 39) first, then positions 0..38
+    got = torch.cat([out.logits[1:], out.logits[:1]])
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    with torch.inference_mode():  # and the window does bind: full attention differs
+        full = transformers.AutoModelForCausalLM.from_pretrained(
+            model_dir, dtype=torch.float32, sliding_window=None
+        )(torch.tensor([tokens])).logits[0]
+    assert not torch.allclose(full[8:], want[8:], atol=1e-3)

@@ -12,6 +12,12 @@ token's bits are the same alone, beside 255 decodes, inside a prefill chunk afte
 preemption, or in a captured CUDA graph. Keys and values are read from the paged pool in
 place through the page table (no gather of the context).
 
+A sliding window starts the walk at the block holding the window's first key (keys before it
+masked, -inf), a function of the token's own key count and the layer's window; a softcap
+forms C * tanh(s / C) on each score before the mask (tanh from one exponential, elementwise);
+a sink starts the running max at the head's sink logit and adds exp(sink - max) to the sum
+after the last block. All three keep one program per token and its fixed walk.
+
 The price is parallelism: no split of a long context over programs (split-KV is the very
 reduction order that varies), so few sequences with long contexts run on few programs.
 """
@@ -24,6 +30,7 @@ import triton.language as tl
 
 KEY_BLOCK = 64  # keys per step of a program's walk
 MIN_DOT = 16  # tl.dot's smallest operand dimension on the GPU
+NO_WINDOW = 1 << 30  # the window of a full-attention layer: longer than any context
 
 
 @triton.jit
@@ -45,6 +52,9 @@ def _invariant_attention_kernel(
     stride_oh,
     stride_table,
     scale,
+    sinks_ptr,
+    window,
+    softcap,
     PAGE_SIZE: tl.constexpr,
     GROUP: tl.constexpr,
     GROUP_PAD: tl.constexpr,
@@ -54,6 +64,8 @@ def _invariant_attention_kernel(
     VALUE_PAD: tl.constexpr,
     BLOCK: tl.constexpr,
     IEEE: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    SINKS: tl.constexpr,
 ):
     token = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -69,13 +81,18 @@ def _invariant_attention_kernel(
         mask=q_mask,
         other=0.0,
     )
-    m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+    if SINKS:
+        sink = tl.load(sinks_ptr + heads, mask=g < GROUP, other=float("-inf"))
+        m = sink
+    else:
+        m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     total = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, VALUE_PAD], tl.float32)
     offsets = tl.arange(0, BLOCK)
-    for start in range(0, n_keys, BLOCK):
+    first = tl.maximum(n_keys - window, 0)  # the window's first key (window: 2**30 if none)
+    for start in range((first // BLOCK) * BLOCK, n_keys, BLOCK):
         key = start + offsets
-        exists = key < n_keys
+        exists = (key < n_keys) & (key >= first)
         page = tl.load(tables_ptr + row * stride_table + key // PAGE_SIZE, mask=exists, other=0)
         slot = page.to(tl.int64) * PAGE_SIZE + key % PAGE_SIZE
         k = tl.load(
@@ -87,7 +104,13 @@ def _invariant_attention_kernel(
             s = tl.dot(q, tl.trans(k), input_precision="ieee")
         else:
             s = tl.dot(q, tl.trans(k))
-        s = tl.where(exists[None, :], s * scale, float("-inf"))
+        s = s * scale
+        if SOFTCAP:  # C * tanh(s / C), tanh(x) = sign(x) (1 - e) / (1 + e), e = exp(-2|x|)
+            x = s / softcap
+            e = tl.exp(-2.0 * tl.abs(x))
+            t = (1.0 - e) / (1.0 + e)
+            s = tl.where(x < 0, -t, t) * softcap
+        s = tl.where(exists[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, 1))
         alpha = tl.exp(m - m_new)
         p = tl.exp(s - m_new[:, None])
@@ -103,6 +126,8 @@ def _invariant_attention_kernel(
             pv = tl.dot(p.to(v.dtype), v)
         acc = acc * alpha[:, None] + pv
         m = m_new
+    if SINKS:  # the sink's column, after the last block
+        total = total + tl.exp(sink - m)
     out = acc / total[:, None]
     tl.store(
         out_ptr + token.to(tl.int64) * stride_ot + heads[:, None] * stride_oh + dv[None, :],
@@ -120,9 +145,14 @@ def invariant_attention(
     token_keys: torch.Tensor,
     page_size: int,
     scale: float,
+    window: int | None = None,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q [T, Hq, D] -> [T, Hq, Dv] float32. Token t attends to the first `token_keys[t]` keys
-    of the sequence whose pages are row `token_table[t]` of `tables` [R, P] (page ids)."""
+    of the sequence whose pages are row `token_table[t]` of `tables` [R, P] (page ids), the
+    last `window` of them with a sliding window; `softcap` caps scores, `sinks` [Hq] adds a
+    learned logit per query head to the softmax (`score_features`)."""
     num_tokens, q_heads, head_dim = q.shape
     kv_heads = k_cache.shape[1]
     value_dim = v_cache.shape[-1]
@@ -135,6 +165,7 @@ def invariant_attention(
     out = torch.empty(num_tokens, q_heads, value_dim, device=q.device, dtype=torch.float32)
     if num_tokens == 0:
         return out
+    sink_logits = out if sinks is None else sinks.detach().float().contiguous()
     _invariant_attention_kernel[(num_tokens, kv_heads)](
         q,
         k_cache,
@@ -153,6 +184,9 @@ def invariant_attention(
         out.stride(1),
         tables.stride(0),
         float(scale),
+        sink_logits,
+        NO_WINDOW if window is None else int(window),
+        1.0 if softcap is None else float(softcap),
         PAGE_SIZE=page_size,
         GROUP=group,
         GROUP_PAD=_padded(group),
@@ -162,6 +196,8 @@ def invariant_attention(
         VALUE_PAD=_padded(value_dim),
         BLOCK=KEY_BLOCK,
         IEEE=k_cache.dtype == torch.float32,
+        SOFTCAP=softcap is not None,
+        SINKS=sinks is not None,
         # no multiply-add contraction: every compiled variant (Triton specializes on argument
         # alignment: the eager and graphed steps' tables differ) rounds the same operations
         enable_fp_fusion=False,

@@ -1,0 +1,91 @@
+"""Shared pieces of the paged attention tests: a pool of sequences over shuffled (some
+shared) pages with a fixed query per position, random step mixes of their chunks and
+decodes, and a float64 brute force with windows, sinks and softcapping."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import torch
+
+PAGE = 16
+KV_HEADS, GROUP, DIM = 2, 3, 16
+SCALE = DIM**-0.5
+LENGTHS = (5, 40, 300, 511, 512, 513, 700, 1100, 1500)  # the pool's sequences
+# (sequence, shares the first pages of) : a prefix cache's shared pages, so decodes share
+# whole 512-key blocks (the cascade): 513 and 700 share 512 tokens with 512, 1500 shares
+# 1,024 with 1100
+SHARED = {5: (4, 32), 6: (4, 32), 8: (7, 64)}
+
+
+class Pool:
+    """KV for every sequence in LENGTHS, in shuffled pages (some shared, `SHARED`); a fixed
+    query per position."""
+
+    def __init__(self, seed: int) -> None:
+        rng = random.Random(seed)
+        generator = torch.Generator().manual_seed(seed)
+        pages = [-(-n // PAGE) for n in LENGTHS]
+        order = list(range(1, sum(pages) + 1))  # page 0: the padding page
+        rng.shuffle(order)
+        self.tables, used = [], 0
+        for seq, count in enumerate(pages):
+            table = np.array(order[used : used + count], dtype=np.int64)
+            used += count
+            if seq in SHARED:
+                owner, shared = SHARED[seq]
+                table[:shared] = self.tables[owner][:shared]
+            self.tables.append(table)
+        slots = (sum(pages) + 1) * PAGE
+        self.keys = torch.randn(slots, KV_HEADS, DIM, generator=generator)
+        self.values = torch.randn(slots, KV_HEADS, DIM, generator=generator)
+        self.queries = [torch.randn(n, KV_HEADS * GROUP, DIM, generator=generator) for n in LENGTHS]
+
+    def slots(self, seq: int, positions: range) -> np.ndarray:
+        at = np.arange(positions.start, positions.stop, dtype=np.int64)
+        return self.tables[seq][at // PAGE] * PAGE + at % PAGE
+
+
+def random_steps(rng: random.Random) -> list[list[tuple[int, int, int]]]:
+    """Every position of every sequence, cut into chunks and decodes, mixed into steps."""
+    pieces = []
+    for seq, n in enumerate(LENGTHS):
+        start = 0
+        while start < n:
+            length = 1 if rng.random() < 0.3 else rng.randint(1, n - start)
+            length = min(length, n - start)
+            pieces.append((seq, start, length))
+            start += length
+    rng.shuffle(pieces)
+    # a step holds at most one chunk per sequence, as the scheduler makes them
+    steps: list[list[tuple[int, int, int]]] = []
+    for piece in pieces:
+        home = [s for s in steps if all(c[0] != piece[0] for c in s) and rng.random() < 0.7]
+        if not home:
+            steps.append([])
+            home = [steps[-1]]
+        home[0].append(piece)
+    return steps
+
+
+def brute_force(pool: Pool, seq: int, p: int, window=None, sinks=None, softcap=None):
+    """Position p's attention in float64: softmax over its visible keys (and the sinks'
+    column, dropped), as transformers' eager attention forms it."""
+    q = pool.queries[seq][p].double().view(KV_HEADS, GROUP, DIM)
+    first = 0 if window is None else max(p - window + 1, 0)
+    slots = pool.slots(seq, range(first, p + 1))
+    k = pool.keys[slots].double().transpose(0, 1)  # [Hkv, keys, D]
+    v = pool.values[slots].double().transpose(0, 1)
+    scores = q @ k.transpose(1, 2) * SCALE  # [Hkv, G, keys]
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    if sinks is not None:
+        column = sinks.double().view(KV_HEADS, GROUP, 1)
+        weights = torch.softmax(torch.cat([scores, column], dim=-1), dim=-1)[..., :-1]
+    else:
+        weights = torch.softmax(scores, dim=-1)
+    return (weights @ v).reshape(KV_HEADS * GROUP, DIM)
+
+
+SINKS = torch.tensor([0.5, -1.0, 2.0, 8.0, -30.0, 1.5])  # one above every score, one far below
