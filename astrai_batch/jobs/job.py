@@ -13,6 +13,7 @@ checkpoint live beside the output, on its filesystem.
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import time
@@ -51,6 +52,8 @@ def run_job(
     `--max-errors` abort is a summary with status 'aborted')."""
     started = time.monotonic()
     paths = JobPaths.for_output(input_path, output_path)
+    named_dir = str(output_path).split("?", 1)[0].endswith(("/", os.sep))
+    config = config.for_output(paths.output.name, directory=named_dir or paths.output.is_dir())
     check_output_path(paths, directory=config.output_format == "parquet-dir")
     chosen = executor if executor is not None else executor_for(config)
     # Before anything is touched: a second run on this output must change nothing.
