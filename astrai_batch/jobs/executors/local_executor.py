@@ -17,6 +17,7 @@ from astrai_batch.engine.model.support import require_chat_template
 from astrai_batch.engine.threads import describe_threads
 from astrai_batch.errors import ConfigError
 from astrai_batch.io import InputSource
+from astrai_batch.jobs.crash_points import pause_point
 from astrai_batch.jobs.executors.base import ExecutionResult, ModelFacts
 from astrai_batch.jobs.executors.local_execution import JobExecution
 from astrai_batch.jobs.job_adapters import install_job_adapters
@@ -47,6 +48,7 @@ class LocalExecutor:
         threads = set_cpu_threads(config.threads)
         keep_freed_memory()
         progress.message(f"loading model {config.model} ({describe_threads(threads)})")
+        pause_point("model_load")
         loaded = load_model(config.model, **config.model_options())
         install_job_adapters(loaded, list(adapters), config)
         if config.max_model_len is not None and config.max_model_len > loaded.max_model_len:

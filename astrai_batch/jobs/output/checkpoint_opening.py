@@ -59,6 +59,13 @@ def open_checkpoint(
             _take_over(checkpoint, job, planning, executor)
             return checkpoint
         differences = job_differences(checkpoint.job, job)
+        if differences and not output_written and not checkpoint.has_finished_rows():
+            # Nothing finished in it (a run stopped while it loaded or before its first
+            # save): there is nothing to protect, so it never blocks a changed job.
+            checkpoint = Checkpoint(directory, new_manifest(job, planning, executor))
+            checkpoint.remove_debris()
+            checkpoint.save_manifest()
+            return checkpoint
         if differences:
             raise CheckpointError(
                 f"the checkpoint in {directory.shown} was made by a different job "
