@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
+from astrai_batch.engine.model.spec import resolve_model_spec
 from astrai_batch.errors import AstraiBatchError, JobAbortedError
 from astrai_batch.io import open_input
 from astrai_batch.jobs.crash_points import crash_point
@@ -160,6 +161,8 @@ def _run(
 ) -> JobSummary:
     attention = config.resolved_attention_backend()  # a bad choice fails before anything loads
     known.attention_backend = attention
+    # a mistyped model fails here, in one line, before the input is read
+    resolve_model_spec(config.model, config.revision)
     already_written = check_existing_output_at(paths, config)
     source = open_input(paths.input, **config.input_options())
     kept = with_lora_column(source.kept_schema(), config)

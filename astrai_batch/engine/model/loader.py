@@ -26,7 +26,12 @@ from astrai_batch.engine.model.gguf import converted_dir_for, ensure_converted, 
 from astrai_batch.engine.model.library_progress import library_progress_off
 from astrai_batch.engine.model.loaded import LoadedModel, resolve_dtype
 from astrai_batch.engine.model.model_facts import loaded_model
-from astrai_batch.engine.model.spec import ModelSpec, alias_list, resolve_model_spec
+from astrai_batch.engine.model.spec import (
+    ModelSpec,
+    alias_list,
+    did_you_mean,
+    resolve_model_spec,
+)
 from astrai_batch.engine.model.support import check_supported
 from astrai_batch.errors import ConfigError, ModelLoadError
 
@@ -48,7 +53,7 @@ def _load_error(
         return ModelLoadError(
             f"Could not load model {spec.location!r}: it is not a local path or a known model "
             f"alias ({alias_list()}), and as a Hugging Face hub id its {what} could not be "
-            f"loaded: {error_summary(err)}"
+            f"loaded: {error_summary(err)}" + did_you_mean(spec.name)
         )
     return ModelLoadError(
         f"Could not load the {what} of model {spec.name!r} from {spec.location}: "
@@ -145,7 +150,7 @@ def prepare_load(
         require_positive_int("max_model_len", max_model_len)
     target_device = _resolve_device(device)
     torch_dtype = resolve_dtype(dtype, device=target_device)  # a bad name fails before slow work
-    model_spec = resolve_model_spec(spec)
+    model_spec = resolve_model_spec(spec, revision)
     hub = _hub_options(model_spec, revision, trust_remote_code)
     if model_spec.kind == "gguf":
         converted = ensure_converted(Path(model_spec.location), cache_dir)
@@ -176,7 +181,7 @@ def load_tokenizer(
     For a GGUF file the converted cache is used when present; otherwise only the tokenizer is
     read from the GGUF itself (no conversion is started).
     """
-    model_spec = resolve_model_spec(spec)
+    model_spec = resolve_model_spec(spec, revision)
     hub = _hub_options(model_spec, revision, trust_remote_code)
     if model_spec.kind == "gguf":
         gguf_path = Path(model_spec.location)
@@ -218,6 +223,8 @@ def _hub_options(
             f"{'GGUF file' if model_spec.kind == 'gguf' else 'directory'}"
         )
     options: dict[str, Any] = {"trust_remote_code": trust_remote_code}
+    if model_spec.local_only:  # no retries against a hub that cannot answer
+        options["local_files_only"] = True
     if revision is not None:
         options["revision"] = revision
     return options
