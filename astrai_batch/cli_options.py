@@ -86,7 +86,8 @@ def run_options(function: Any) -> Any:
         option(
             "--threads",
             None,
-            "CPU threads for torch [default: one per core]; fewer when other work shares them.",
+            "CPU threads for torch [default: the CPUs this process may use (affinity, cgroup "
+            "quota)]; fewer when other work shares them.",
             type=int,
         ),
         option("--max-num-seqs", d.max_num_seqs, "Most sequences decoded together.", type=int),

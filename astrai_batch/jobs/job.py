@@ -201,7 +201,15 @@ def _run(
 
     resumed_rows = checkpoint.total_stats().input_rows
     report = JobReport(
-        config, paths, model.name, total_rows, resumed_rows, started, checkpoint, attention
+        config,
+        paths,
+        model.name,
+        total_rows,
+        resumed_rows,
+        started,
+        checkpoint,
+        attention,
+        threads=model.threads,
     )
     known.report = report
     if already_written and checkpoint.run_id == already_written:

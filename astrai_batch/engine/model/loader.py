@@ -8,6 +8,7 @@ looked for, with the library's own error chained underneath.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -61,6 +62,19 @@ def _load_error(
     )
 
 
+def _weights_size(model_spec: ModelSpec) -> str:
+    """The size of a local model's weight files, for the loading message."""
+    location = Path(model_spec.location)
+    if not location.is_dir():
+        return "from the hub"
+    size = sum(
+        path.stat().st_size
+        for pattern in ("*.safetensors", "*.bin")
+        for path in location.glob(pattern)
+    )
+    return f"{size / 2**20:.0f} MiB" if size >= 2**20 else f"{size / 2**10:.0f} KiB"
+
+
 def _resolve_device(device: str) -> torch.device:
     try:
         resolved = torch.device(device)
@@ -83,6 +97,7 @@ def load_model(
     max_model_len: int | None = None,
     tensor_parallel_size: int = 1,
     tp_timeout: float = 120.0,
+    on_stage: Callable[[str], None] | None = None,
 ) -> LoadedModel:
     """Load a causal LM and its fast tokenizer; see `resolve_model_spec` for what `spec` may be.
 
@@ -93,7 +108,8 @@ def load_model(
     `max_model_len` caps the context below the model's own; the model is checked at the
     context it will run at (a sliding window or longrope threshold above it never binds).
     `tensor_parallel_size` > 1 starts that many ranks and loads this process's shard
-    (`engine.parallel.launch`); `tp_timeout` bounds every wait on another rank.
+    (`engine.parallel.launch`); `tp_timeout` bounds every wait on another rank. `on_stage` is
+    told, in a sentence, each slow step as it starts (converting a GGUF, reading weights).
     """
     prepared = prepare_load(
         spec,
@@ -103,6 +119,7 @@ def load_model(
         trust_remote_code=trust_remote_code,
         cache_dir=cache_dir,
         max_model_len=max_model_len,
+        on_stage=on_stage,
     )
     if tensor_parallel_size != 1:
         from astrai_batch.engine.parallel.launch import load_parallel
@@ -115,6 +132,8 @@ def load_model(
         weights["use_safetensors"] = True
     if target_device.type != "cpu":
         weights["device_map"] = {"": target_device}
+    if on_stage is not None:
+        on_stage(f"reading the weights of {model_spec.name} ({_weights_size(model_spec)})")
     try:
         model = AutoModelForCausalLM.from_pretrained(model_spec.location, **hub, **weights)
     except Exception as err:
@@ -145,6 +164,7 @@ def prepare_load(
     trust_remote_code: bool,
     cache_dir: str | os.PathLike[str] | None,
     max_model_len: int | None,
+    on_stage: Callable[[str], None] | None = None,
 ) -> PreparedLoad:
     if max_model_len is not None:
         require_positive_int("max_model_len", max_model_len)
@@ -153,7 +173,14 @@ def prepare_load(
     model_spec = resolve_model_spec(spec, revision)
     hub = _hub_options(model_spec, revision, trust_remote_code)
     if model_spec.kind == "gguf":
-        converted = ensure_converted(Path(model_spec.location), cache_dir)
+        gguf_path = Path(model_spec.location)
+        if on_stage is not None and not is_complete(converted_dir_for(gguf_path, cache_dir)):
+            size = gguf_path.stat().st_size / 2**20
+            on_stage(
+                f"converting {gguf_path.name} ({size:.0f} MiB) into safetensors in the model "
+                "cache; once per file, later runs skip this"
+            )
+        converted = ensure_converted(gguf_path, cache_dir)
         model_spec = ModelSpec("directory", model_spec.name, str(converted))
     try:
         config = AutoConfig.from_pretrained(model_spec.location, **hub)

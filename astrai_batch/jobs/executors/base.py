@@ -45,6 +45,8 @@ class ModelFacts:
     tokenizer: Any
     architecture: str | None
     hidden_size: int | None = None  # None when the executor has not loaded the model
+    # torch CPU threads of this process's engine (None: the engines run elsewhere, Ray)
+    threads: int | None = None
 
 
 class Executor(Protocol):

@@ -49,7 +49,7 @@ class LocalExecutor:
         keep_freed_memory()
         progress.message(f"loading model {config.model} ({describe_threads(threads)})")
         pause_point("model_load")
-        loaded = load_model(config.model, **config.model_options())
+        loaded = load_model(config.model, **config.model_options(), on_stage=progress.message)
         install_job_adapters(loaded, list(adapters), config)
         if config.max_model_len is not None and config.max_model_len > loaded.max_model_len:
             raise ConfigError(
@@ -66,6 +66,7 @@ class LocalExecutor:
             loaded.tokenizer,
             loaded.architecture,
             hidden_size=loaded.model.config.hidden_size,
+            threads=threads,
         )
 
     def execute(
