@@ -121,15 +121,19 @@ def open_jsonl(
         raise InputError(f"{path.shown} is a directory; only Parquet input can be a directory")
     compressed = is_gzip(path)
     scan = _scan(path, compressed, prompt_column, (id_column,) if id_column else ID_FIELDS)
-    if not scan.objects:
-        raise InputError(f"no JSON object line in {path.name}: cannot tell the row shape")
     keys = list(scan.keys)
+    if scan.rows == 0:
+        # No lines (or blank ones only) is a job of no rows, as a Parquet file without rows
+        # is: the columns the options name exist, with no values.
+        keys = [name for name in (prompt_column, id_column, *keep_columns) if name]
+    elif not scan.objects:
+        raise InputError(f"no JSON object line in {path.name}: cannot tell the row shape")
     plan = plan_for_columns(
         keys,
         path.name,
         prompt_column=prompt_column,
         prompt_column_shape=lambda name: None,  # each value's type decides
-        usable=bool(scan.shapes),
+        usable=bool(scan.shapes) or scan.rows == 0,
         id_column=id_column,
         keep_columns=keep_columns,
         task=task,
@@ -141,7 +145,7 @@ def open_jsonl(
         keys,
         compressed,
         rows=scan.rows,
-        shape=source_shape(scan.shapes),
+        shape=source_shape(scan.shapes) if scan.rows else "empty",
         duplicates=scan.ids.duplicates(),
         marks=scan.marks,
     )

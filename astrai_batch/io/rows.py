@@ -16,7 +16,8 @@ from astrai_batch.errors import AstraiBatchError
 
 SHAPES = ("prompt", "messages", "prompt_token_ids", "openai")
 # What an input as a whole holds: one of SHAPES, or "mixed" when its rows differ.
-SOURCE_SHAPES = (*SHAPES, "mixed")
+# "empty": a JSONL input without lines, whose rows (none) have no shape to tell
+SOURCE_SHAPES = (*SHAPES, "mixed", "empty")
 
 # The fields whose value makes a row one of the plain shapes, in the order a row's non-null
 # fields are tried; a row with none of them and a ``body`` is an OpenAI request line.
