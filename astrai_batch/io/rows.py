@@ -116,8 +116,8 @@ class RowPlan:
     `prompt_column_shape` fixes its shape where the input's types do (a Parquet column), else
     each value's type decides. `id_column` (``--id-column``) replaces the default id fields.
     `has_ids` tells whether the input has an id field at all: without one, rows are numbered;
-    with one, a row without an id is an error row. `kept_as_json_text` is set for JSONL,
-    whose keep columns are written as strings (JSON has no column types to carry over).
+    with one, a row without an id is an error row. `json_text_columns` are keep columns
+    written as JSON text: JSONL columns whose values have no one type (`kept_types`).
     """
 
     prompt_column: str | None = None
@@ -125,7 +125,7 @@ class RowPlan:
     id_column: str | None = None
     has_ids: bool = False
     keep_columns: tuple[str, ...] = ()
-    kept_as_json_text: bool = False
+    json_text_columns: tuple[str, ...] = ()
     task: str = "generate"  # "score": rows also hold `continuations` (io/task_fields.py)
 
     def __post_init__(self) -> None:
