@@ -195,6 +195,7 @@ def _run(
         restart=config.restart,
         executor=executor.mark(),
         output_written=already_written is not None,
+        on_restart=progress.message,
     )
     if checkpoint.planning != config.planning_options():
         progress.message(f"planning as the checkpoint's job did: {checkpoint.planning.describe()}")
