@@ -161,9 +161,9 @@ def _run(
 ) -> JobSummary:
     attention = config.resolved_attention_backend()  # a bad choice fails before anything loads
     known.attention_backend = attention
+    already_written = check_existing_output_at(paths, config)
     # a mistyped model fails here, in one line, before the input is read
     resolve_model_spec(config.model, config.revision)
-    already_written = check_existing_output_at(paths, config)
     source = open_input(paths.input, **config.input_options())
     kept = with_lora_column(source.kept_schema(), config)
     schema = part_schema(kept, config.task)
