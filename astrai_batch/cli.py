@@ -37,7 +37,9 @@ def main() -> None:
 @run_options
 @click.pass_context
 def run(ctx: click.Context, input_path: str, output_path: str, **params: Any) -> None:
-    """Generate a completion for every row of INPUT into the Parquet file OUTPUT.
+    """Generate a completion for every row of INPUT into OUTPUT: Parquet for a .parquet
+    name, OpenAI batch output lines for .jsonl, a directory of Parquet parts for a directory
+    (or --output-format).
 
     INPUT is a .parquet file, a directory of them, or a .jsonl / .jsonl.gz file, with
     prompt, messages, prompt_token_ids or OpenAI batch rows. INPUT and OUTPUT may be local

@@ -107,7 +107,8 @@ def run_options(function: Any) -> Any:
         option(
             "--threads",
             None,
-            "CPU threads for torch [default: one per core]; fewer when other work shares them.",
+            "CPU threads for torch [default: the CPUs this process may use (affinity, cgroup "
+            "quota)]; fewer when other work shares them.",
             type=int,
         ),
         option("--max-num-seqs", d.max_num_seqs, "Most sequences decoded together.", type=int),
@@ -207,7 +208,13 @@ def run_options(function: Any) -> Any:
         ),
         option("--dimensions", None, "embed: keep the first N values.", type=int),
         # Output.
-        option("--output-format", d.output_format, type=click.Choice(list(OUTPUT_FORMATS))),
+        option(
+            "--output-format",
+            None,
+            "[default: from OUTPUT's name: .parquet, .jsonl (openai-jsonl), a directory or a "
+            "name ending in / (parquet-dir)]; a name it contradicts is refused.",
+            type=click.Choice(list(OUTPUT_FORMATS)),
+        ),
         option("--save-tokens", help="Add completion_token_ids.", **flag),
         option("--logprobs", help="Add the logprob of each generated token.", **flag),
         option("--top-logprobs", s.top_logprobs, "Per token its N likeliest (0-20).", type=int),

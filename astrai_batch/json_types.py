@@ -50,13 +50,20 @@ def first_non_count(values: Iterable[Any]) -> tuple[int, str] | None:
     return None
 
 
+def json_error_text(exc: json.JSONDecodeError) -> str:
+    """Where JSON text is not valid, in one phrase: ``Expecting value at column 1``; json's
+    messages that end in "at" (``Unterminated string starting at``) get the column alone."""
+    joint = " column" if exc.msg.endswith(" at") else " at column"
+    return f"{exc.msg}{joint} {exc.colno}"
+
+
 def parse_json(text: str) -> Any:
     """The value of JSON `text`; ValueError saying where it is not valid
     (``Expecting value at column 1``)."""
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{exc.msg} at column {exc.colno}") from None
+        raise ValueError(json_error_text(exc)) from None
     except RecursionError:
         raise ValueError("nested too deeply") from None
 

@@ -67,6 +67,11 @@ class Engine:
     def stats(self) -> EngineStats:
         return self.core.stats()
 
+    @property
+    def decode_tokens(self) -> int:
+        """Tokens sampled so far, finished requests or not (a counter read: no timers)."""
+        return self.core.counters.decode_tokens
+
     async def generate(
         self, requests: Iterable[GenerationRequest] | AsyncIterable[GenerationRequest]
     ) -> AsyncIterator[GenerationResult]:

@@ -8,8 +8,8 @@ ids (`row_ids`), so rows can be read from any position with the same ids and err
 that is not valid JSON or not an object becomes a row error
 (``line 7: invalid JSON: Expecting value at column 1``,
 ``line 3: expected a JSON object, got list``), never a failure of the whole input. Keep
-columns are written as strings: string values as they are, anything else as compact JSON,
-since JSON lines carry no column types to reproduce.
+columns keep their JSON types, as pyarrow infers them over every line (`kept_types`); a
+column whose values have no one type is written as JSON text (strings as they are).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import pyarrow as pa
 from astrai_batch.errors import InputError
 from astrai_batch.io.filesystems import Location
 from astrai_batch.io.input_source import InputSource, check_start
+from astrai_batch.io.kept_types import KeptTypes
 from astrai_batch.io.row_ids import DuplicateIds, IdScan, read_ids
 from astrai_batch.io.row_parsing import parse_record, unreadable_row
 from astrai_batch.io.rows import ID_FIELDS, InputRow, RowPlan, RowProblem
@@ -51,17 +52,19 @@ class JsonlSource(InputSource):
         shape: str,
         duplicates: DuplicateIds,
         marks: RowMarks,
+        kept: pa.Schema,
     ) -> None:
         super().__init__(path, "jsonl", plan, columns, [path], shape=shape, duplicates=duplicates)
         self.compressed = compressed
         self._rows = rows
         self.marks = marks
+        self._kept = kept
 
     def count_rows(self) -> int:
         return self._rows
 
     def kept_schema(self) -> pa.Schema:
-        return pa.schema([pa.field(name, pa.string()) for name in self.plan.keep_columns])
+        return self._kept
 
     def iter_rows(self, start: int = 0, stop: int | None = None) -> Iterator[InputRow]:
         check_start(start, stop)
@@ -120,20 +123,25 @@ def open_jsonl(
     if path.is_dir(InputError):
         raise InputError(f"{path.shown} is a directory; only Parquet input can be a directory")
     compressed = is_gzip(path)
-    scan = _scan(path, compressed, prompt_column, (id_column,) if id_column else ID_FIELDS)
-    if not scan.objects:
-        raise InputError(f"no JSON object line in {path.name}: cannot tell the row shape")
+    id_fields = (id_column,) if id_column else ID_FIELDS
+    scan = _scan(path, compressed, prompt_column, id_fields, KeptTypes(keep_columns))
     keys = list(scan.keys)
+    if scan.rows == 0:
+        # No lines (or blank ones only) is a job of no rows, as a Parquet file without rows
+        # is: the columns the options name exist, with no values.
+        keys = [name for name in (prompt_column, id_column, *keep_columns) if name]
+    elif not scan.objects:
+        raise InputError(f"no JSON object line in {path.name}: cannot tell the row shape")
     plan = plan_for_columns(
         keys,
         path.name,
         prompt_column=prompt_column,
         prompt_column_shape=lambda name: None,  # each value's type decides
-        usable=bool(scan.shapes),
+        usable=bool(scan.shapes) or scan.rows == 0,
         id_column=id_column,
         keep_columns=keep_columns,
         task=task,
-        kept_as_json_text=True,
+        json_text_columns=scan.kept.json_text_columns,
     )
     return JsonlSource(
         path,
@@ -141,9 +149,10 @@ def open_jsonl(
         keys,
         compressed,
         rows=scan.rows,
-        shape=source_shape(scan.shapes),
+        shape=source_shape(scan.shapes) if scan.rows else "empty",
         duplicates=scan.ids.duplicates(),
         marks=scan.marks,
+        kept=scan.kept.schema(),
     )
 
 
@@ -157,12 +166,17 @@ class _Scan:
     shapes: dict[str, None] = field(default_factory=dict)
     ids: IdScan = field(default_factory=IdScan)
     marks: RowMarks = field(default_factory=RowMarks)
+    kept: KeptTypes = field(default_factory=lambda: KeptTypes(()))
 
 
 def _scan(
-    path: Location, compressed: bool, prompt_column: str | None, id_fields: Sequence[str]
+    path: Location,
+    compressed: bool,
+    prompt_column: str | None,
+    id_fields: Sequence[str],
+    kept: KeptTypes,
 ) -> _Scan:
-    scan = _Scan()
+    scan = _Scan(kept=kept)
     for index, (line_number, raw, offset) in enumerate(_nonblank_lines(path, compressed)):
         if index % OFFSET_STRIDE == 0:
             scan.marks.add(offset, line_number)
@@ -178,6 +192,7 @@ def _scan(
         if shape is not None:
             scan.shapes[shape] = None
         scan.ids.add(index, *read_ids(value, id_fields))
+        kept.add(value)
     return scan
 
 

@@ -47,7 +47,7 @@ from astrai_batch.io.row_validation import (
     validate_token_ids,
 )
 from astrai_batch.io.rows import OVERRIDE_FIELDS, TEMPLATE_KWARGS_FIELD, BestOf, RowProblem
-from astrai_batch.json_types import json_type
+from astrai_batch.json_types import json_error_text, json_type
 
 CHAT_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"
@@ -216,7 +216,7 @@ def _body_object(body: Any) -> Mapping[str, Any]:
         try:
             body = json.loads(body)
         except json.JSONDecodeError as exc:
-            raise RowProblem(f"body is not valid JSON: {exc.msg} at column {exc.colno}") from None
+            raise RowProblem(f"body is not valid JSON: {json_error_text(exc)}") from None
     if not isinstance(body, Mapping):
         raise RowProblem(f"body must be an object, got {json_type(body)}")
     return body

@@ -165,7 +165,6 @@ def open_parquet(
         id_column=id_column,
         keep_columns=keep_columns,
         task=task,
-        kept_as_json_text=False,
     )
     for part in parts:
         _check_part(part, first, plan)

@@ -34,9 +34,11 @@ TOKEN_IDS_SHAPE_TEXT = "must be a list of non-negative integers"
 
 def kept_values(record: Mapping[str, Any], plan: RowPlan) -> dict[str, Any]:
     """The keep columns' values; missing ones are None so every row has every column."""
-    if plan.kept_as_json_text:
-        return {name: json_text(record.get(name)) for name in plan.keep_columns}
-    return {name: record.get(name) for name in plan.keep_columns}
+    text = plan.json_text_columns
+    return {
+        name: json_text(record.get(name)) if name in text else record.get(name)
+        for name in plan.keep_columns
+    }
 
 
 def collect_overrides(record: Mapping[str, Any], names: Iterable[str]) -> dict[str, Any]:

@@ -16,7 +16,8 @@ from astrai_batch.errors import AstraiBatchError
 
 SHAPES = ("prompt", "messages", "prompt_token_ids", "openai")
 # What an input as a whole holds: one of SHAPES, or "mixed" when its rows differ.
-SOURCE_SHAPES = (*SHAPES, "mixed")
+# "empty": a JSONL input without lines, whose rows (none) have no shape to tell
+SOURCE_SHAPES = (*SHAPES, "mixed", "empty")
 
 # The fields whose value makes a row one of the plain shapes, in the order a row's non-null
 # fields are tried; a row with none of them and a ``body`` is an OpenAI request line.
@@ -135,8 +136,8 @@ class RowPlan:
     `prompt_column_shape` fixes its shape where the input's types do (a Parquet column), else
     each value's type decides. `id_column` (``--id-column``) replaces the default id fields.
     `has_ids` tells whether the input has an id field at all: without one, rows are numbered;
-    with one, a row without an id is an error row. `kept_as_json_text` is set for JSONL,
-    whose keep columns are written as strings (JSON has no column types to carry over).
+    with one, a row without an id is an error row. `json_text_columns` are keep columns
+    written as JSON text: JSONL columns whose values have no one type (`kept_types`).
     """
 
     prompt_column: str | None = None
@@ -144,7 +145,7 @@ class RowPlan:
     id_column: str | None = None
     has_ids: bool = False
     keep_columns: tuple[str, ...] = ()
-    kept_as_json_text: bool = False
+    json_text_columns: tuple[str, ...] = ()
     task: str = "generate"  # "score": rows also hold `continuations` (io/task_fields.py)
 
     def __post_init__(self) -> None:

@@ -69,7 +69,7 @@ def plan_for_columns(
     usable: bool,
     id_column: str | None,
     keep_columns: Sequence[str],
-    kept_as_json_text: bool,
+    json_text_columns: Sequence[str] = (),
     task: str = "generate",
 ) -> RowPlan:
     """The reading plan for an input with these columns; InputError when none is usable.
@@ -100,7 +100,7 @@ def plan_for_columns(
         id_column=id_column,
         has_ids=any(name in columns for name in id_fields),
         keep_columns=keep,
-        kept_as_json_text=kept_as_json_text,
+        json_text_columns=tuple(json_text_columns),
         task=task,
     )
 

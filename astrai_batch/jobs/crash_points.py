@@ -15,14 +15,22 @@ passes them:
 
 The count left is kept in the variable itself, so it survives nothing but this process:
 a rerun (or a Ray worker, which inherits the environment) counts afresh.
+
+``ASTRAI_BATCH_PAUSE_AT=<point>:<seconds>`` makes the process say so on stderr and sleep at
+`point` instead, so a test can send a real signal at a known moment (``model_load``: the job
+is about to load the model, the input is open and no checkpoint exists yet).
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import sys
+import time
 
 CRASH_ENV = "ASTRAI_BATCH_CRASH_AT"
+PAUSE_ENV = "ASTRAI_BATCH_PAUSE_AT"
+PAUSE_POINTS = ("model_load",)
 POINTS = (
     "part_written",
     "manifest_written",
@@ -43,3 +51,13 @@ def crash_point(point: str) -> None:
         os.environ[CRASH_ENV] = f"{point}:{left}"
         return
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def pause_point(point: str) -> None:
+    """Sleep here if ``ASTRAI_BATCH_PAUSE_AT`` names this point (a signal ends the sleep)."""
+    wanted = os.environ.get(PAUSE_ENV)
+    if wanted is None or not wanted.startswith(f"{point}:"):
+        return
+    sys.stderr.write(f"astrai-batch: pausing at {point}\n")
+    sys.stderr.flush()
+    time.sleep(float(wanted.split(":", 1)[1]))

@@ -31,6 +31,7 @@ class JobReport:
     started: float
     checkpoint: Checkpoint
     attention_backend: str
+    threads: int | None = None
 
     def summary(
         self, status: str, exit_code: int, run: ExecutionResult | None, message: str | None = None
@@ -50,6 +51,8 @@ class JobReport:
             run_decode_tokens=run.run_stats.decode_tokens if run else 0,
             run_wall_seconds=time.monotonic() - self.started,
             message=message,
+            run_generation_seconds=run.wall_seconds if run else 0.0,
+            threads=self.threads,
             attention_backend=self.attention_backend,
             device=self.config.device,
             dtype=self.config.dtype,

@@ -37,21 +37,22 @@ class ProgressSnapshot:
 
     @property
     def eta_seconds(self) -> float | None:
-        """Seconds left at this run's row rate; None before any row finished."""
-        if self.rows_this_run == 0 or self.elapsed_seconds <= 0:
+        """Seconds left at this run's row rate; None until the engine generated a token and a
+        row of this run finished (rows that fail at once, before any step, measure nothing)."""
+        if self.rows_this_run == 0 or self.generated_tokens == 0 or self.elapsed_seconds <= 0:
             return None
         remaining = max(self.total_rows - self.rows_done, 0)
         return remaining * self.elapsed_seconds / self.rows_this_run
 
     def line(self) -> str:
-        """One plain-text progress line."""
+        """One plain-text progress line; the ETA once there is a rate to base it on."""
         share = self.rows_done / self.total_rows * 100 if self.total_rows else 100.0
         eta = self.eta_seconds
-        eta_text = "?" if eta is None else str(datetime.timedelta(seconds=round(eta)))
+        eta_text = "" if eta is None else f", ETA {datetime.timedelta(seconds=round(eta))}"
         return (
             f"{PREFIX}: {self.rows_done}/{self.total_rows} rows ({share:.1f}%), "
-            f"{self.tokens_per_second:.1f} tok/s, cache hit {self.hit_rate * 100:.1f}%, "
-            f"ETA {eta_text}"
+            f"{self.tokens_per_second:.1f} generated tok/s, cache hit {self.hit_rate * 100:.1f}%"
+            f"{eta_text}"
         )
 
 

@@ -31,6 +31,10 @@ class JobSummary:
     run_decode_tokens: int
     run_wall_seconds: float
     message: str | None = None
+    # seconds this process spent running rows (the executor's run: no loading, no writing)
+    run_generation_seconds: float = 0.0
+    # torch CPU threads of this process's engine; None where the engines run on workers
+    threads: int | None = None
     # the backend this process resolved `--attention-backend` to; None where workers resolve it
     attention_backend: str | None = None
     # the device and dtype the job ran on: `auto` resolved (`engine.device_choice`)
@@ -46,6 +50,8 @@ class JobSummary:
     def to_dict(self) -> dict[str, Any]:
         totals = self.totals
         rate = self.run_decode_tokens / self.run_wall_seconds if self.run_wall_seconds > 0 else 0.0
+        generation = self.run_generation_seconds
+        generation_rate = self.run_decode_tokens / generation if generation > 0 else 0.0
         return {
             "status": self.status,
             "exit_code": self.exit_code,
@@ -58,6 +64,7 @@ class JobSummary:
             "device": self.device,
             "dtype": self.dtype,
             "attention_backend": self.attention_backend,
+            "threads": self.threads,
             "rows": self.total_rows,
             "rows_done": totals.input_rows,
             "resumed_rows": self.resumed_rows,
@@ -71,8 +78,13 @@ class JobSummary:
             "grammars_compiled": totals.grammars_compiled,
             "grammar_compile_seconds": totals.grammar_compile_seconds,
             "mask_fill_seconds": totals.mask_fill_seconds,
+            # two rates of the tokens this process generated: over its whole wall time
+            # (loading and writing included), and over the time it spent running rows (the
+            # rate the progress lines show)
             "wall_seconds": self.run_wall_seconds,
             "tokens_per_second": rate,
+            "generation_seconds": generation,
+            "generation_tokens_per_second": generation_rate,
         } | ({} if self.lora is None else {"lora": self.lora})
 
     def to_json(self) -> str:

@@ -137,6 +137,39 @@ def test_overrides_and_keep_columns_as_json_text(write_jsonl) -> None:
     ]
 
 
+def test_keep_columns_keep_their_json_types(write_jsonl) -> None:
+    """As pyarrow infers them over every line: integers and floats make double, objects
+    structs with their fields merged, lists lists; a column without one type is JSON text."""
+    path = write_jsonl(
+        "in.jsonl",
+        [
+            {"prompt": "a", "n_id": 1, "score": 1, "tags": [], "meta": {"a": 1}, "mix": 1},
+            {"prompt": "b", "n_id": 2, "score": 2.5, "tags": ["x"], "meta": {"b": "y"}},
+            {"prompt": "c", "score": None, "tags": ["y", "z"], "meta": None, "mix": "one"},
+            {"prompt": "d", "n_id": 2**70, "flag": True},
+        ],
+    )
+    names = ["n_id", "score", "tags", "meta", "mix", "flag"]
+    source = open_input(path, keep_columns=names)
+    assert source.kept_schema() == pa.schema(
+        [
+            ("n_id", pa.string()),  # beyond int64: text, never rounded
+            ("score", pa.float64()),
+            ("tags", pa.list_(pa.string())),
+            ("meta", pa.struct([("a", pa.int64()), ("b", pa.string())])),
+            ("mix", pa.string()),
+            ("flag", pa.bool_()),
+        ]
+    )
+    kept = [row.kept for row in source.iter_rows()]
+    assert [row["score"] for row in kept] == [1, 2.5, None, None]
+    assert [row["meta"] for row in kept] == [{"a": 1}, {"b": "y"}, None, None]
+    assert [row["mix"] for row in kept] == ["1", None, "one", None]
+    assert [row["n_id"] for row in kept] == ["1", "2", None, str(2**70)]
+    table = pa.Table.from_pylist(kept, schema=source.kept_schema())
+    assert table.column("meta").to_pylist()[1] == {"a": None, "b": "y"}
+
+
 def test_prompt_column_picks_the_shape_from_the_first_value(write_jsonl) -> None:
     path = write_jsonl(
         "in.jsonl",

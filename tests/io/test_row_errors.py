@@ -17,6 +17,8 @@ PROMPT_CASES = [
     ('{"prompt": {"text": "a"}}', "prompt must be a string, got object"),
     ("nope", "line 2: invalid JSON: Expecting value at column 1"),
     ('{"prompt" "a"}', "line 2: invalid JSON: Expecting ':' delimiter at column 11"),
+    # json's message ends in "at": the column follows it without a second "at"
+    ('{"prompt": "abc', "line 2: invalid JSON: Unterminated string starting at column 12"),
     ("[1, 2]", "line 2: expected a JSON object, got list"),
     ('"text"', "line 2: expected a JSON object, got string"),
     ("3", "line 2: expected a JSON object, got integer"),

@@ -102,6 +102,33 @@ def test_restart_discards_the_checkpoint(tiny_llama_dir: Path, job: dict[str, Pa
     assert max(row["completion_tokens"] for row in read_rows(job["output"])) <= 2
 
 
+def test_restart_removes_only_this_checkpoints_files_and_says_so(
+    tiny_llama_dir: Path, job: dict[str, Path]
+) -> None:
+    args = job_args(tiny_llama_dir, job["source"], job["output"])
+    stop_after_parts(args, job["checkpoint"], 2, signal.SIGKILL)
+    manifest = json.loads((job["checkpoint"] / "manifest.json").read_text())
+    parts, rows = len(manifest["parts"]), saved_rows(job["checkpoint"])
+    # Something this checkpoint did not write: a user's note, another run's shard part.
+    (job["checkpoint"] / "notes.txt").write_text("mine")
+    other = "shard-0-of-2-00000000000000ff.parquet"
+    (job["checkpoint"] / other).write_bytes(b"not ours to judge")
+
+    loud = [arg for arg in args if arg != "--quiet"]
+    result = run_cli(*loud, "--restart", "--max-tokens", "2")
+
+    assert result.exit_code == 0, result.stderr
+    said = [line for line in result.stderr.splitlines() if "--restart" in line]
+    assert said == [
+        f"astrai-batch: --restart: removed the checkpoint in {job['checkpoint']} ({parts} parts "
+        f"holding {rows} finished rows); kept notes.txt, {other}, which this checkpoint did "
+        "not write"
+    ]
+    assert summary_of(result.stdout)["resumed_rows"] == 0
+    assert sorted(p.name for p in job["checkpoint"].iterdir()) == [".lock", "notes.txt", other]
+    assert (job["checkpoint"] / "notes.txt").read_text() == "mine"
+
+
 def test_a_crash_after_the_output_is_written_is_finished_by_the_rerun(
     tiny_llama_dir: Path, job: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -8,6 +8,7 @@ looked for, with the library's own error chained underneath.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -26,7 +27,12 @@ from astrai_batch.engine.model.gguf import converted_dir_for, ensure_converted, 
 from astrai_batch.engine.model.library_progress import library_progress_off
 from astrai_batch.engine.model.loaded import LoadedModel, resolve_dtype
 from astrai_batch.engine.model.model_facts import loaded_model
-from astrai_batch.engine.model.spec import ModelSpec, alias_list, resolve_model_spec
+from astrai_batch.engine.model.spec import (
+    ModelSpec,
+    alias_list,
+    did_you_mean,
+    resolve_model_spec,
+)
 from astrai_batch.engine.model.support import check_supported
 from astrai_batch.errors import ConfigError, ModelLoadError
 
@@ -48,12 +54,25 @@ def _load_error(
         return ModelLoadError(
             f"Could not load model {spec.location!r}: it is not a local path or a known model "
             f"alias ({alias_list()}), and as a Hugging Face hub id its {what} could not be "
-            f"loaded: {error_summary(err)}"
+            f"loaded: {error_summary(err)}" + did_you_mean(spec.name)
         )
     return ModelLoadError(
         f"Could not load the {what} of model {spec.name!r} from {spec.location}: "
         f"{error_summary(err)}"
     )
+
+
+def _weights_size(model_spec: ModelSpec) -> str:
+    """The size of a local model's weight files, for the loading message."""
+    location = Path(model_spec.location)
+    if not location.is_dir():
+        return "from the hub"
+    size = sum(
+        path.stat().st_size
+        for pattern in ("*.safetensors", "*.bin")
+        for path in location.glob(pattern)
+    )
+    return f"{size / 2**20:.0f} MiB" if size >= 2**20 else f"{size / 2**10:.0f} KiB"
 
 
 def _resolve_device(device: str) -> torch.device:
@@ -78,6 +97,7 @@ def load_model(
     max_model_len: int | None = None,
     tensor_parallel_size: int = 1,
     tp_timeout: float = 120.0,
+    on_stage: Callable[[str], None] | None = None,
 ) -> LoadedModel:
     """Load a causal LM and its fast tokenizer; see `resolve_model_spec` for what `spec` may be.
 
@@ -88,7 +108,8 @@ def load_model(
     `max_model_len` caps the context below the model's own; the model is checked at the
     context it will run at (a sliding window or longrope threshold above it never binds).
     `tensor_parallel_size` > 1 starts that many ranks and loads this process's shard
-    (`engine.parallel.launch`); `tp_timeout` bounds every wait on another rank.
+    (`engine.parallel.launch`); `tp_timeout` bounds every wait on another rank. `on_stage` is
+    told, in a sentence, each slow step as it starts (converting a GGUF, reading weights).
     """
     prepared = prepare_load(
         spec,
@@ -98,6 +119,7 @@ def load_model(
         trust_remote_code=trust_remote_code,
         cache_dir=cache_dir,
         max_model_len=max_model_len,
+        on_stage=on_stage,
     )
     if tensor_parallel_size != 1:
         from astrai_batch.engine.parallel.launch import load_parallel
@@ -110,6 +132,8 @@ def load_model(
         weights["use_safetensors"] = True
     if target_device.type != "cpu":
         weights["device_map"] = {"": target_device}
+    if on_stage is not None:
+        on_stage(f"reading the weights of {model_spec.name} ({_weights_size(model_spec)})")
     try:
         model = AutoModelForCausalLM.from_pretrained(model_spec.location, **hub, **weights)
     except Exception as err:
@@ -140,15 +164,23 @@ def prepare_load(
     trust_remote_code: bool,
     cache_dir: str | os.PathLike[str] | None,
     max_model_len: int | None,
+    on_stage: Callable[[str], None] | None = None,
 ) -> PreparedLoad:
     if max_model_len is not None:
         require_positive_int("max_model_len", max_model_len)
     target_device = _resolve_device(device)
     torch_dtype = resolve_dtype(dtype, device=target_device)  # a bad name fails before slow work
-    model_spec = resolve_model_spec(spec)
+    model_spec = resolve_model_spec(spec, revision)
     hub = _hub_options(model_spec, revision, trust_remote_code)
     if model_spec.kind == "gguf":
-        converted = ensure_converted(Path(model_spec.location), cache_dir)
+        gguf_path = Path(model_spec.location)
+        if on_stage is not None and not is_complete(converted_dir_for(gguf_path, cache_dir)):
+            size = gguf_path.stat().st_size / 2**20
+            on_stage(
+                f"converting {gguf_path.name} ({size:.0f} MiB) into safetensors in the model "
+                "cache; once per file, later runs skip this"
+            )
+        converted = ensure_converted(gguf_path, cache_dir)
         model_spec = ModelSpec("directory", model_spec.name, str(converted))
     try:
         config = AutoConfig.from_pretrained(model_spec.location, **hub)
@@ -176,7 +208,7 @@ def load_tokenizer(
     For a GGUF file the converted cache is used when present; otherwise only the tokenizer is
     read from the GGUF itself (no conversion is started).
     """
-    model_spec = resolve_model_spec(spec)
+    model_spec = resolve_model_spec(spec, revision)
     hub = _hub_options(model_spec, revision, trust_remote_code)
     if model_spec.kind == "gguf":
         gguf_path = Path(model_spec.location)
@@ -218,6 +250,8 @@ def _hub_options(
             f"{'GGUF file' if model_spec.kind == 'gguf' else 'directory'}"
         )
     options: dict[str, Any] = {"trust_remote_code": trust_remote_code}
+    if model_spec.local_only:  # no retries against a hub that cannot answer
+        options["local_files_only"] = True
     if revision is not None:
         options["revision"] = revision
     return options

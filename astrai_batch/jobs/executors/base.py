@@ -48,6 +48,8 @@ class ModelFacts:
     # --task embed: the vector's size before --dimensions (a sentence-transformers Dense
     # module's output size, else the hidden size); None otherwise
     embedding_size: int | None = None
+    # torch CPU threads of this process's engine (None: the engines run elsewhere, Ray)
+    threads: int | None = None
 
 
 class Executor(Protocol):

@@ -125,6 +125,7 @@ class JobExecution:
         self._run_prompt_tokens = 0
         self._run_cached_tokens = 0
         self._run_decode_tokens = 0
+        self._engine_tokens_before = 0
         self._run_rows = 0
         self._timeline: TimelineRecorder | None = None
 
@@ -141,10 +142,12 @@ class JobExecution:
                 clock=self.clock,
             )
             self._timeline.begin(engine.stats())
+            self._engine_tokens_before = engine.decode_tokens
             try:
                 async with anyio.create_task_group() as tg:
                     self._scope = tg.cancel_scope
                     await tg.start(watcher.watch, tg.cancel_scope)
+                    tg.start_soon(self._report_progress)
                     await self._generate(engine)
                     tg.cancel_scope.cancel()
                 if self._failure is not None:
@@ -301,17 +304,30 @@ class JobExecution:
                     f"({self.allowed_errors} of {self.total_rows} rows); the last: row "
                     f"{named}: {records[0]['error']}"
                 )
-        self.progress.update(
-            ProgressSnapshot(
-                rows_done=self.rows_before + self._run_rows,
-                total_rows=self.total_rows,
-                rows_this_run=self._run_rows,
-                generated_tokens=self._run_decode_tokens,
-                prompt_tokens=self._run_prompt_tokens,
-                cached_tokens=self._run_cached_tokens,
-                elapsed_seconds=self.clock() - self._started,
-            )
+        self.progress.update(self._snapshot())
+
+    def _snapshot(self) -> ProgressSnapshot:
+        # generated tokens count the rows still running too, so the rate moves before any
+        # row finishes (with max_tokens 256 the first rows may take minutes)
+        generated = self._run_decode_tokens
+        if self._engine is not None:
+            generated = max(generated, self._engine.decode_tokens - self._engine_tokens_before)
+        return ProgressSnapshot(
+            rows_done=self.rows_before + self._run_rows,
+            total_rows=self.total_rows,
+            rows_this_run=self._run_rows,
+            generated_tokens=generated,
+            prompt_tokens=self._run_prompt_tokens,
+            cached_tokens=self._run_cached_tokens,
+            elapsed_seconds=self.clock() - self._started,
         )
+
+    async def _report_progress(self) -> None:
+        """A snapshot every --progress-seconds, rows finished or not: a log (no terminal)
+        gets its line on time even while every row is still generating."""
+        while True:
+            await anyio.sleep(self.config.progress_seconds)
+            self.progress.update(self._snapshot())
 
     def _after_rows(self) -> None:
         if self._remaining == 0:

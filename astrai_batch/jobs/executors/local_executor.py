@@ -18,6 +18,7 @@ from astrai_batch.engine.tasks.embedding_types import EmbedRequest
 from astrai_batch.engine.threads import describe_threads
 from astrai_batch.errors import ConfigError
 from astrai_batch.io import InputSource
+from astrai_batch.jobs.crash_points import pause_point
 from astrai_batch.jobs.executors.base import ExecutionResult, ModelFacts
 from astrai_batch.jobs.executors.local_execution import JobExecution
 from astrai_batch.jobs.job_adapters import install_job_adapters
@@ -50,7 +51,8 @@ class LocalExecutor:
         threads = set_cpu_threads(config.threads)
         keep_freed_memory()
         progress.message(f"loading model {config.model} ({describe_threads(threads)})")
-        loaded = load_model(config.model, **config.model_options())
+        pause_point("model_load")
+        loaded = load_model(config.model, **config.model_options(), on_stage=progress.message)
         install_job_adapters(loaded, list(adapters), config)
         if config.max_model_len is not None and config.max_model_len > loaded.max_model_len:
             raise ConfigError(
@@ -79,6 +81,7 @@ class LocalExecutor:
             loaded.architecture,
             hidden_size=hidden_size,
             embedding_size=embedding_size,
+            threads=threads,
         )
 
     def execute(

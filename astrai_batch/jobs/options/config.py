@@ -22,7 +22,7 @@ from astrai_batch.errors import ConfigError
 from astrai_batch.jobs.options.constraint_options import CONSTRAINT_OPTIONS, job_constraint
 from astrai_batch.jobs.options.engine_options import check_engine_options
 from astrai_batch.jobs.options.executor_options import check_executor_options
-from astrai_batch.jobs.options.io_options import check_io_options
+from astrai_batch.jobs.options.io_options import check_io_options, output_format_for
 from astrai_batch.jobs.options.lora_options import (
     DEFAULT_MAX_LORA_RANK,
     DEFAULT_MAX_LORAS,
@@ -99,7 +99,8 @@ class JobConfig:
     sampling: SamplingParams = field(
         default_factory=lambda: SamplingParams(max_tokens=DEFAULT_MAX_TOKENS)
     )
-    output_format: str = "parquet"
+    # None: from OUTPUT's name (`io_options.output_format_for`), resolved by `for_output`
+    output_format: str | None = None
     save_tokens: bool = False
     overwrite: bool = False
     restart: bool = False
@@ -235,6 +236,16 @@ class JobConfig:
             if values.get(name) is not None:
                 values[name] = parse_json_object(values[name], name)
         return cls(**values)
+
+    def for_output(self, name: str, *, directory: bool) -> JobConfig:
+        """This configuration with the output format resolved for an OUTPUT called `name`
+        (`directory`: it is an existing directory or ends in /); refuses a contradiction."""
+        chosen = output_format_for(name, directory=directory, given=self.output_format)
+        return (
+            self
+            if chosen == self.output_format
+            else dataclasses.replace(self, output_format=chosen)
+        )
 
     def input_options(self) -> dict[str, Any]:
         """Keyword arguments of `io.open_input` for this job's input."""

@@ -17,7 +17,7 @@ __all__ = [
 ]
 
 
-def check_task(task: object, output_format: str) -> None:
+def check_task(task: object, output_format: str | None) -> None:
     if task not in TASKS:
         raise ConfigError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
     if task == "score" and output_format == "openai-jsonl":

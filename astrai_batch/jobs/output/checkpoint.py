@@ -210,12 +210,18 @@ class Checkpoint:
 
     def remove(self) -> None:
         """Delete the checkpoint, its manifest last: until the manifest goes, a rerun after a
-        kill here can tell that the output beside it is this checkpoint's."""
-        for name in self.directory.list_names():
-            if name not in (MANIFEST_NAME, LOCK_NAME):
+        kill here can tell that the output beside it is this checkpoint's. Only files it
+        wrote go (`checkpoint_discard.our_files`); the directory goes when nothing else is
+        in it."""
+        from astrai_batch.jobs.output.checkpoint_discard import our_files
+
+        names = self.directory.list_names()
+        for name in our_files(self.directory, names, self.run_id):
+            if name != MANIFEST_NAME:
                 self.directory.child(name).delete()
         self.directory.child(MANIFEST_NAME).delete()
-        self.directory.delete()
+        if set(self.directory.list_names()) <= {LOCK_NAME}:
+            self.directory.delete()
 
     def check_invariants(self) -> None:
         """Every listed part exists; no window holds more rows than it has."""

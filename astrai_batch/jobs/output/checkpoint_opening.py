@@ -5,13 +5,14 @@ new one. What decides is the manifest beside the output: whose job it records (i
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from astrai_batch.errors import CheckpointError, OutputError
 from astrai_batch.io.filesystems import Location, as_location
 from astrai_batch.jobs.output.checkpoint import Checkpoint
+from astrai_batch.jobs.output.checkpoint_discard import discard_checkpoint
 from astrai_batch.jobs.output.checkpoint_manifest import (
     MANIFEST_NAME,
     RESTART_HINT,
@@ -20,7 +21,6 @@ from astrai_batch.jobs.output.checkpoint_manifest import (
     read_manifest,
 )
 from astrai_batch.jobs.output.identity import job_differences
-from astrai_batch.jobs.output.run_lock import LOCK_NAME
 from astrai_batch.jobs.planning.prefix_order import PlanningOptions
 
 LOCAL = ExecutorMark("local")
@@ -34,6 +34,7 @@ def open_checkpoint(
     restart: bool,
     executor: ExecutorMark = LOCAL,
     output_written: bool = False,
+    on_restart: Callable[[str], None] | None = None,
 ) -> Checkpoint:
     """Resume the checkpoint in `directory` if it belongs to `job` and `executor`, else
     start a new one.
@@ -42,15 +43,15 @@ def open_checkpoint(
     changed; one holding rows another executor finished is refused naming that executor;
     `restart` discards either. A new checkpoint records `planning`; a resumed one keeps
     its own (`checkpoint.planning`), which the job then uses. `output_written`: the output
-    beside it carries its run id, so only its manifest matters. The caller holds the
-    output's run lock.
+    beside it carries its run id, so only its manifest matters. `on_restart` is told what
+    `restart` removed (`checkpoint_discard`). The caller holds the output's run lock.
     """
     job = json.loads(json.dumps(job))  # compare as stored: tuples are lists in JSON
     directory = as_location(directory)
     if restart:
-        for name in directory.list_names():
-            if name != LOCK_NAME:
-                directory.child(name).delete()
+        said = discard_checkpoint(directory)
+        if on_restart is not None:
+            on_restart(said)
     if directory.child(MANIFEST_NAME).exists():
         checkpoint = Checkpoint(directory, read_manifest(directory.child(MANIFEST_NAME)))
         # a refused checkpoint is left exactly as it was, its debris too: debris goes only
@@ -59,6 +60,13 @@ def open_checkpoint(
             _take_over(checkpoint, job, planning, executor)
             return checkpoint
         differences = job_differences(checkpoint.job, job)
+        if differences and not output_written and not checkpoint.has_finished_rows():
+            # Nothing finished in it (a run stopped while it loaded or before its first
+            # save): there is nothing to protect, so it never blocks a changed job.
+            checkpoint = Checkpoint(directory, new_manifest(job, planning, executor))
+            checkpoint.remove_debris()
+            checkpoint.save_manifest()
+            return checkpoint
         if differences:
             raise CheckpointError(
                 f"the checkpoint in {directory.shown} was made by a different job "

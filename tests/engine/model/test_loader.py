@@ -37,6 +37,7 @@ from astrai_batch.engine.model.support import (
     describe_model,
     require_chat_template,
 )
+from astrai_batch.engine.model.spec import suggestions
 from astrai_batch.errors import ConfigError, ModelLoadError, UnsupportedModelError
 
 PROMPT = "The quick brown fox jumps over the lazy dog."
@@ -252,28 +253,42 @@ def test_file_that_is_not_gguf(tmp_path):
     )
 
 
-@pytest.mark.parametrize("spec", ["no-such-org/no-such-model", "smollm9-1b"])
-def test_unreachable_hub_id_or_unknown_alias(offline_hub, spec):
+@pytest.mark.parametrize(
+    ("spec", "hint"),
+    [
+        ("no-such-org/no-such-model", "; known aliases: smollm2-135m"),
+        ("smollm2-136m", "; did you mean smollm2-135m or smollm2-135m-instruct?"),
+    ],
+)
+def test_an_uncached_hub_id_fails_at_once_when_the_hub_is_off(offline_hub, spec, hint):
+    for load in (load_model, load_tokenizer):
+        with pytest.raises(ModelLoadError) as err:
+            load(spec)
+        assert str(err.value) == (
+            f"Model not found: {spec!r} is not a local path, a model alias or a cached hub id, "
+            f"and the hub is off (HF_HUB_OFFLINE){hint}"
+        )
+
+
+def test_close_matches_name_local_directories_and_cached_hub_ids(
+    tmp_path, monkeypatch, tiny_llama_dir
+):
+    import shutil
+
+    shutil.copytree(tiny_llama_dir, tmp_path / "tiny-llama")
+    cache = tmp_path / "hub"
+    (cache / "models--astrai--tiny-qwen").mkdir(parents=True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.chdir(tmp_path)
+    assert suggestions("tiny-lama") == ["tiny-llama"]
+    assert suggestions("astrai/tiny-qwn") == ["astrai/tiny-qwen"]
+    assert suggestions("./tiny_llama") == ["tiny-llama"]
+    assert suggestions("gpt-17") == []
     with pytest.raises(ModelLoadError) as err:
-        load_model(spec)
-    cause = err.value.__cause__
-    assert isinstance(cause, OSError)
+        load_model("./tiny_lama")
     assert str(err.value) == (
-        f"Could not load model {spec!r}: it is not a local path or a known model alias "
-        f"(smollm2-135m), and as a Hugging Face hub id its config could not be loaded: "
-        f"{str(cause).strip().splitlines()[0]}"
+        "Model not found: there is no file or directory at ./tiny_lama; did you mean tiny-llama?"
     )
-
-
-def test_unreachable_hub_id_for_tokenizer_only(offline_hub):
-    with pytest.raises(ModelLoadError) as err:
-        load_tokenizer("no-such-org/no-such-model")
-    assert str(err.value).startswith(
-        "Could not load model 'no-such-org/no-such-model': it is not a local path or a known "
-        "model alias (smollm2-135m), and as a Hugging Face hub id its tokenizer could not be "
-        "loaded: "
-    )
-    assert isinstance(err.value.__cause__, OSError)
 
 
 # --- the packaged default model -------------------------------------------------------------

@@ -76,7 +76,11 @@ def test_ray_refuses_the_input_as_output_and_a_directory_as_output(
     before = snapshot(tmp_path)
 
     same = run_cli("run", source, source, *engine_args(tiny_llama_dir), *ray_args())
-    directory = run_cli("run", source, tmp_path / "dir", *engine_args(tiny_llama_dir), *ray_args())
+    # a directory without --output-format is a parquet-dir output; named parquet, refused
+    parquet = ("--output-format", "parquet")
+    directory = run_cli(
+        "run", source, tmp_path / "dir", *engine_args(tiny_llama_dir), *ray_args(), *parquet
+    )
 
     assert (same.exit_code, same.stderr) == (1, f"Error: output {source} is the input file\n")
     assert (directory.exit_code, directory.stderr) == (

@@ -22,7 +22,7 @@ def test_defaults() -> None:
     assert (config.group_window, config.page_size, config.output_format) == (
         100_000,
         16,
-        "parquet",
+        None,  # from OUTPUT's name
     )
     assert config.max_errors is None and config.kv_cache_memory is None
 

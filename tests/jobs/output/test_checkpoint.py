@@ -75,7 +75,9 @@ def test_parts_are_saved_and_found_again(tmp_path: Path) -> None:
 
 def test_another_jobs_checkpoint_is_refused_with_what_changed(tmp_path: Path) -> None:
     directory = tmp_path / ".out.ckpt"
-    open_checkpoint(directory, JOB, planning=PLANNING, restart=False)
+    saved = open_checkpoint(directory, JOB, planning=PLANNING, restart=False)
+    saved.record_window(WindowRecord(0, 0, 3, 0, 1))
+    saved.write_part(0, failed_rows(0), stats(1))
     changed = {
         **JOB,
         "model": {"name": "other", "source": "/models/other", "digest": "files:2"},
@@ -93,6 +95,19 @@ def test_another_jobs_checkpoint_is_refused_with_what_changed(tmp_path: Path) ->
     fresh = open_checkpoint(directory, changed, planning=PLANNING, restart=True)
     assert fresh.is_empty
     assert json.loads((directory / "manifest.json").read_text())["job"]["model"]["name"] == "other"
+
+
+def test_a_checkpoint_without_finished_rows_never_blocks_another_job(tmp_path: Path) -> None:
+    """A run killed while it loaded or before its first save leaves a manifest and nothing
+    else; a rerun with other options starts over instead of being refused."""
+    directory = tmp_path / ".out.ckpt"
+    empty = open_checkpoint(directory, JOB, planning=PLANNING, restart=False)
+    empty.record_window(WindowRecord(0, 0, 3, 0, 1))
+    changed = {**JOB, "options": {"max_tokens": 8, "stop": ["x"]}}
+    fresh = open_checkpoint(directory, changed, planning=PLANNING, restart=False)
+    assert fresh.is_empty and fresh.run_id != empty.run_id
+    manifest = json.loads((directory / "manifest.json").read_text())
+    assert manifest["job"]["options"]["max_tokens"] == 8 and manifest["windows"] == []
 
 
 def test_differences_are_named_by_content_not_by_path() -> None:

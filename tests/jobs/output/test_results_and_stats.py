@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 
@@ -190,7 +191,14 @@ def test_progress_lines() -> None:
     )
     assert snapshot.eta_seconds == 37.5
     assert snapshot.line() == (
-        "astrai-batch: 250/1000 rows (25.0%), 90.0 tok/s, cache hit 75.0%, ETA 0:00:38"
+        "astrai-batch: 250/1000 rows (25.0%), 90.0 generated tok/s, cache hit 75.0%, ETA 0:00:38"
+    )
+    # Before a row of this run finished there is no rate to base an ETA on: none is shown.
+    first = dataclasses.replace(snapshot, rows_done=50, rows_this_run=0)
+    assert first.eta_seconds is None
+    assert dataclasses.replace(snapshot, generated_tokens=0).eta_seconds is None
+    assert first.line() == (
+        "astrai-batch: 50/1000 rows (5.0%), 90.0 generated tok/s, cache hit 75.0%"
     )
     now = [0.0]
     stream = io.StringIO()
@@ -231,9 +239,14 @@ def test_summary_json() -> None:
         resumed_rows=1,
         run_decode_tokens=8,
         run_wall_seconds=2.0,
+        run_generation_seconds=0.5,
+        threads=2,
     )
     data = json.loads(summary.to_json())
     assert data["cache_hit_rate"] == 0.5 and data["tokens_per_second"] == 4.0
+    # the same tokens over the time spent running rows, named apart from the wall rate
+    assert (data["generation_seconds"], data["generation_tokens_per_second"]) == (0.5, 16.0)
+    assert data["threads"] == 2
     assert (data["rows"], data["rows_done"], data["resumed_rows"]) == (3, 3, 1)
     with pytest.raises(ValueError, match="status must be one of"):
         JobSummary(**{**summary.__dict__, "status": "done"})
