@@ -2,12 +2,16 @@
 
 Run: .venv/bin/python scripts/bench_numerics.py [--repeat 3] [--num-system-prompts 4]
      [--questions-per-prompt 16] [--max-tokens 32] [--system-prompt-words N]
-     [--workloads shared-prefix,unique]
+     [--workloads shared-prefix,unique] [--dtype float32|bfloat16]
+     [--threads N]
 
-One process, SmolLM2-135M float32 on the CPU, the bench workloads' prompts, greedy with end
-of sequence ignored (every prompt generates exactly max_tokens). For each workload the two
-modes run alternately (invariant, fast, invariant, fast, ...) after one warm-up each, and the
-script prints each run's wall time and the median ratio invariant / fast.
+One process, SmolLM2-135M (float32 unless --dtype) on the CPU, the bench workloads' prompts,
+greedy with end of sequence ignored (every prompt generates exactly max_tokens). For each
+workload the two modes run alternately (invariant, fast, invariant, fast, ...) after one
+warm-up each, and the script prints each run's wall time, the median ratio invariant / fast
+and each run's
+roofline (`bench/roofline`: its weight-GEMM FLOPs against the GEMM peak measured at the
+start, in the dtype, and the share of wall time outside the forward).
 """
 
 from __future__ import annotations
@@ -16,9 +20,12 @@ import argparse
 import statistics
 from dataclasses import replace
 
+import torch
+
 from astrai_batch.bench.config import BenchConfig
 from astrai_batch.bench.ours import run_ours
 from astrai_batch.bench.prompts import load_prompts
+from astrai_batch.bench.roofline import gemm_peak, roofline
 from astrai_batch.engine import EngineConfig
 from astrai_batch.engine.model.loader import load_model
 from astrai_batch.engine.threads import set_cpu_threads
@@ -34,9 +41,15 @@ def main() -> None:
     parser.add_argument("--system-prompt-words", type=int, default=None)
     parser.add_argument("--workloads", default="shared-prefix,unique")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--dtype", default="float32")
     args = parser.parse_args()
     set_cpu_threads(args.threads)
-    loaded = load_model(args.model, dtype="float32")
+    loaded = load_model(args.model, dtype=args.dtype)
+    peak = gemm_peak(loaded.model)
+    print(
+        f"{args.dtype}, {torch.get_num_threads()} threads: GEMM peak {peak / 1e9:.0f} GFLOP/s",
+        flush=True,
+    )
     for workload in args.workloads.split(","):
         config = BenchConfig(
             model=args.model,
@@ -58,7 +71,8 @@ def main() -> None:
                 walls[name].append(run.wall_seconds)
                 print(
                     f"{workload} {name} repeat {repeat + 1}: {run.wall_seconds:.2f} s, "
-                    f"{run.generated_tokens_per_second:.1f} generated tokens/s",
+                    f"{run.generated_tokens_per_second:.1f} generated tokens/s; "
+                    + roofline(loaded.model, run, peak, prompts.num_prompts).line(),
                     flush=True,
                 )
         ratio = statistics.median(

@@ -15,6 +15,9 @@ import pytest
 # CUDA's Triton kernels (invariant numerics) run in Triton's interpreter on the test machine's
 # CPU; set before any test imports a kernel, as `triton.jit` reads it when it decorates
 os.environ.setdefault("TRITON_INTERPRET", "1")
+# `--dtype auto` on the CPU reads the CPU's bf16 flags: pinned to none, so every test (and
+# every CLI subprocess it starts) runs float32 on any CI CPU; tests of the choice inject flags
+os.environ.setdefault("ASTRAI_BATCH_CPU_FLAGS", "")
 
 CORPUS = [
     "You are a helpful assistant. Answer the question briefly and precisely.",

@@ -35,23 +35,28 @@ def mixed_prompts(vocab_size: int, *, count: int = 16, seed: int = 0, shared: bo
 
 
 @cache
-def _reference_model(model_dir: str):
+def _reference_model(model_dir: str, dtype: torch.dtype = torch.float32):
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
     model.eval()
     return model
 
 
 def hf_greedy(
-    model_dir: Path, prompts, max_new_tokens: int, logits_processors=None, min_new_tokens=0
+    model_dir: Path,
+    prompts,
+    max_new_tokens: int,
+    logits_processors=None,
+    min_new_tokens=0,
+    dtype: torch.dtype = torch.float32,
 ) -> list[list[int]]:
-    """transformers `generate`, one prompt at a time, no padding, float32, greedy.
+    """transformers `generate`, one prompt at a time, no padding, greedy, in `dtype`.
 
     `logits_processors(i)`, when given, returns the (single-use) processors of prompt i;
     `min_new_tokens` masks the model's EOS ids until that many tokens were generated.
     """
-    model = _reference_model(str(model_dir))
+    model = _reference_model(str(model_dir), dtype)
     outputs = []
     with torch.inference_mode():
         for i, prompt in enumerate(prompts):
@@ -68,6 +73,35 @@ def hf_greedy(
             )
             outputs.append(out[0, len(prompt) :].tolist())
     return outputs
+
+
+def hf_greedy_with_margins(model_dir: Path, prompts, max_new_tokens: int, dtype: torch.dtype):
+    """transformers `generate` as `hf_greedy`, with each generated position's top-2 logits
+    (what a near-tie is judged by)."""
+    model = _reference_model(str(model_dir), dtype)
+    outputs = []
+    with torch.inference_mode():
+        for prompt in prompts:
+            ids = torch.tensor([prompt])
+            out = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                pad_token_id=model.config.pad_token_id,
+                output_scores=True,
+                return_dict_in_generate=True,
+            )
+            top2 = [tuple(score[0].float().topk(2).values.tolist()) for score in out.scores]
+            outputs.append((out.sequences[0, len(prompt) :].tolist(), top2))
+    return outputs
+
+
+def bf16_near_tie(first: float, second: float, ulps: int = 2) -> bool:
+    """Whether two logits are within `ulps` bfloat16 steps at their size: a near-tie, which
+    summing the same products in another (equally valid) order can flip."""
+    step = 2.0 ** (torch.tensor(abs(first) or 1.0).log2().floor().item() - 7)
+    return first - second <= ulps * step
 
 
 def make_sequence(

@@ -52,7 +52,7 @@ class BenchConfig:
     system_prompt_words: int | None = None
     seed: int = 0
     device: str = AUTO  # resolved in __post_init__: cuda when available, else cpu
-    dtype: str = AUTO  # resolved: bfloat16 on CUDA, float32 elsewhere
+    dtype: str = AUTO  # resolved: `device_choice.choose_dtype`
     revision: str | None = None
     trust_remote_code: bool = False
     threads: int | None = None

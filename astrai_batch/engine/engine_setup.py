@@ -40,6 +40,12 @@ class EngineParts:
     usable_pages: int  # pages requests can hold: the pool less the scratch page, if any
 
 
+def local_query_heads(loaded: LoadedModel) -> int:
+    """The query heads this process's attention computes: a tensor-parallel rank's share."""
+    heads = int(loaded.model.config.num_attention_heads)
+    return heads if loaded.parallel is None else heads // loaded.parallel.world_size
+
+
 def assemble_engine(
     loaded: LoadedModel, config: EngineConfig, *, static_decode: bool = False
 ) -> EngineParts:
@@ -145,6 +151,7 @@ def assemble_engine(
         graphs=graphs,
         step_sender=None if parallel is None else parallel.sender,
         probe_results=loaded.probe_results,
+        query_heads=local_query_heads(loaded),
     )
     if capture:  # every bucket now, before the first step: none is captured mid-job
         runner.decode_graphs.capture_up_front()

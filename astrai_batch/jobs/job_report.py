@@ -56,6 +56,7 @@ class JobReport:
             attention_backend=self.attention_backend,
             device=self.config.device,
             dtype=self.config.dtype,
+            dtype_choice=getattr(self.config, "dtype_choice", None),
             lora=self._adapter_counts(),
         )
 

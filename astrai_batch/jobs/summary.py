@@ -40,6 +40,7 @@ class JobSummary:
     # the device and dtype the job ran on: `auto` resolved (`engine.device_choice`)
     device: str | None = None
     dtype: str | None = None
+    dtype_choice: str | None = None  # why that dtype ("given", or what `auto` saw)
     # a LoRA job's per-adapter counts (`jobs/output/lora_stats`); None without adapters
     lora: list[dict[str, Any]] | None = None
 
@@ -63,6 +64,7 @@ class JobSummary:
             "model": self.model,
             "device": self.device,
             "dtype": self.dtype,
+            "dtype_choice": self.dtype_choice,
             "attention_backend": self.attention_backend,
             "threads": self.threads,
             "rows": self.total_rows,

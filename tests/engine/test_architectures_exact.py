@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import build_tiny_tokenizer, tiny_config_kwargs
-from engine_reference import hf_greedy, mixed_prompts
+from engine_reference import bf16_near_tie, hf_greedy, hf_greedy_with_margins, mixed_prompts
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from astrai_batch.engine import EngineConfig, GenerationRequest, SamplingParams, generate_sync
@@ -232,6 +232,24 @@ CASES: dict[str, tuple[str, dict, int | None]] = {
 }
 
 
+# bfloat16 on one case per family of kernels (biases, fused qkv, q/k norms, LayerNorm,
+# partial rotary, scaled logits, tied-free heads), to keep CI's time. Not the mixtures of
+# experts: a router's top-k choice is itself a near-tie decision in bfloat16 (measured:
+# qwen2-moe's prompt 4 leaves transformers at a top-2 gap of 0.72)
+BF16_CASES = (
+    "llama",
+    "qwen2",
+    "qwen3",
+    "gemma",
+    "granite",
+    "olmo2",
+    "phi3",
+    "phi",
+    "cohere",
+    "starcoder2",
+)
+
+
 def save_tiny(path: Path, model_type: str, overrides: dict) -> Path:
     tokenizer = build_tiny_tokenizer()
     config = AutoConfig.for_model(model_type, **{**tiny_config_kwargs(tokenizer), **overrides})
@@ -251,11 +269,20 @@ def test_every_allowed_model_type_has_a_case():
     assert {model_type for model_type, _, _ in CASES.values()} == SUPPORTED_MODEL_TYPES
 
 
-@pytest.mark.parametrize("name", list(CASES))
-def test_packed_greedy_output_equals_transformers(name, tmp_path):
+@pytest.mark.parametrize(
+    ("name", "dtype"),
+    [(name, "float32") for name in CASES] + [(name, "bfloat16") for name in BF16_CASES],
+)
+def test_packed_greedy_output_equals_transformers(name, dtype, tmp_path):
+    """In both dtypes: transformers runs the dtype the engine does. In bfloat16 the logits
+    themselves are bfloat16 (a step of 1/16 at 10), so two can tie; transformers' GEMMs run
+    at each call's row count and its attention over the whole prompt, ours on fixed tiles and
+    512-key blocks: equally valid summation orders whose last bits differ. A row may then
+    leave transformers' tokens only where transformers' own top two logits are within two
+    bfloat16 steps (measured: qwen2's prompt 2 at its 4th token, an exact tie)."""
     model_type, overrides, max_model_len = CASES[name]
     model_dir = save_tiny(tmp_path / name, model_type, overrides)
-    loaded = load_model(model_dir, max_model_len=max_model_len)
+    loaded = load_model(model_dir, max_model_len=max_model_len, dtype=dtype)
     if max_model_len is not None:
         assert loaded.max_model_len == max_model_len
     prompts = mixed_prompts(loaded.model.config.vocab_size, seed=5, shared=True, count=6)
@@ -265,9 +292,25 @@ def test_packed_greedy_output_equals_transformers(name, tmp_path):
     params = SamplingParams(max_tokens=MAX_NEW)
     requests = [GenerationRequest(i, p, params) for i, p in enumerate(prompts)]
     results, stats = generate_sync(loaded, requests, config)
-    expected = hf_greedy(model_dir, prompts, MAX_NEW)
-    for i, (result, want) in enumerate(zip(results, expected, strict=True)):
-        assert list(result.token_ids) == want, f"{name}: prompt {i} (len {len(prompts[i])})"
+    if dtype == "float32":
+        expected = hf_greedy(model_dir, prompts, MAX_NEW)
+        for i, (result, want) in enumerate(zip(results, expected, strict=True)):
+            assert list(result.token_ids) == want, f"{name}: prompt {i} (len {len(prompts[i])})"
+    else:
+        expected = hf_greedy_with_margins(model_dir, prompts, MAX_NEW, torch.bfloat16)
+        exact = 0
+        for i, (result, (want, top2)) in enumerate(zip(results, expected, strict=True)):
+            got = list(result.token_ids)
+            first = next(
+                (j for j, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), None
+            )
+            exact += first is None
+            if first is not None:
+                assert bf16_near_tie(*top2[first]), (
+                    f"{name}: prompt {i} leaves transformers at token {first}, top two "
+                    f"logits {top2[first]}"
+                )
+        assert exact >= len(prompts) - 2, f"{name}: only {exact} rows exact"
     assert stats.cache.hit_tokens > 0  # shared prefixes were read from the pool
 
 

@@ -86,10 +86,11 @@ class LoadedModel:
 
 
 def resolve_dtype(name: str | torch.dtype, *, device: torch.device | str = "cpu") -> torch.dtype:
-    """The torch dtype for a name; "auto" is bfloat16 on CUDA and float32 elsewhere.
+    """The torch dtype for a name; "auto" as `engine.device_choice.choose_dtype` picks it
+    (bfloat16 on CUDA and on CPUs with native bf16 dot products, else float32).
 
-    Whatever the checkpoint was saved in: bfloat16 is what a GPU runs fast (and what the KV
-    pool then stores), float32 what a CPU runs exactly and at least as fast.
+    Whatever the checkpoint was saved in: bfloat16 is what a GPU or a bf16 CPU runs fast (and
+    what the KV pool then stores), float32 what other CPUs run at least as fast.
     """
     if isinstance(name, torch.dtype):
         if name in _DTYPES.values():
@@ -99,7 +100,9 @@ def resolve_dtype(name: str | torch.dtype, *, device: torch.device | str = "cpu"
         raise ConfigError(f"dtype must be a string or torch.dtype, got {type(name).__name__}")
     key = name.strip().lower()
     if key == "auto":
-        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+        from astrai_batch.engine.device_choice import resolve_dtype_name
+
+        return _DTYPES[resolve_dtype_name(key, torch.device(device).type)]
     if key in _DTYPES:
         return _DTYPES[key]
     raise ConfigError(

@@ -13,6 +13,18 @@ The probe samples M (every M up to `SMALL_ROWS`, then a spread up to `max_rows`)
 each, the rows at several offsets of one random matrix (a row block may depend on its
 position), against the rows of one `max_rows`-row GEMM. `scripts/probe_blas_rows.py` runs
 the exhaustive sweep (every M from 1 to 2048).
+
+bfloat16 and float16 GEMMs go to oneDNN's AMX / AVX-512 brgemm kernels, which block K and
+split the work among threads by M in a way that has no M range to trust: measured on a
+Sapphire Rapids Xeon (torch 2.13, oneDNN 3.12, 2 threads), the rows of K x N 1536 x 576 agree
+with a 520-row GEMM for M = 37-255, 417-422, 449-459 and 481-505 and nowhere else, and a
+49152-column LM head has other ranges than its first 768 columns. So in those dtypes every
+GEMM runs exactly one tile of T rows (`probe_tile_scheme`: fixed shape, fixed kernel and
+thread split), probed per shape at its full width; a row's place inside the tile must not
+matter, and a short remainder pads to a smaller probed size only where that one agrees.
+Their probe data is adversarial (`_adversarial`): a bf16 output hides most reorderings of an
+fp32 sum in its rounding (random data showed one differing element in 24,576), so its rows
+carry large products that cancel, and any other summation order shows in the result.
 """
 
 from __future__ import annotations
@@ -31,6 +43,12 @@ SMALL_ROWS = 32  # every M up to this is probed: the small-M paths live here
 LARGE_ROWS = (33, 64, 100, 127, 128, 129, 255, 300, 511)
 PROBE_COLUMNS = 768  # wider outputs are probed on this many (a row's sum runs over K)
 DEFAULT_MAX_ROWS = 512  # steps with more rows run in GEMMs of this many
+# tile sizes for the reduced-precision GEMMs, preferred first: 64 is a decode step of 64
+# sequences in one GEMM and a 512-token prefill chunk in 8; each weight matrix of a small
+# model fits in L2, so the tiles re-read it from there
+TILE_ROWS = (64, 128, 32, 16)
+PAD_ROWS = (2, 4, 8, 16, 32)  # smaller GEMMs a short remainder may run in, where probed
+Shape = tuple[int, int, bool]  # in features K, out features N, bias
 
 
 def plain_gemm(rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
@@ -103,6 +121,74 @@ def probe_row_scheme(
     for m in range(1, min_rows):
         pad_to.append(min(c for c in valid if c >= m))
     return RowScheme(min_rows=min_rows, max_rows=max_rows, pad_to=tuple(pad_to))
+
+
+def probe_row_schemes(
+    shapes: Iterable[Shape],
+    max_rows: int = DEFAULT_MAX_ROWS,
+    gemm: Gemm = plain_gemm,
+    dtype: torch.dtype = torch.float32,
+) -> dict[Shape, RowScheme]:
+    """A scheme per shape: float32's one scheme for all (`probe_row_scheme`), or in a
+    reduced precision each shape's own fixed tiles (`probe_tile_scheme`)."""
+    shapes = sorted(set(shapes))
+    if dtype == torch.float32:
+        scheme = probe_row_scheme(shapes, max_rows, gemm, dtype)
+        return {shape: scheme for shape in shapes}
+    generator = torch.Generator().manual_seed(25)
+    return {shape: probe_tile_scheme(*shape, gemm, dtype, generator) for shape in shapes}
+
+
+def probe_tile_scheme(
+    k: int, n: int, bias: bool, gemm: Gemm, dtype: torch.dtype, generator: torch.Generator
+) -> RowScheme:
+    """Tiles of the first `TILE_ROWS` size whose rows keep their bits wherever they sit in
+    the tile (rolled by several offsets), at the full K x N; a remainder of m rows pads to
+    the smallest `PAD_ROWS` size >= m whose rows equal the same rows of the tile, else to
+    the tile. Raises NumericsUnavailableError when no tile size keeps a row's bits."""
+    weight = torch.randn(n, k, generator=generator)
+    weight[:, ::8] = 64.0  # against `_adversarial` rows: products of +-4096 that cancel
+    weight = weight.to(dtype)
+    b = torch.randn(n, generator=generator).to(dtype) if bias else None
+    for tile in TILE_ROWS:
+        a = _adversarial(tile, k, generator).to(dtype)
+        with torch.inference_mode():
+            reference = gemm(a, weight, b)
+            shifts = (1, tile // 2 + 3, tile - 1)
+            if not all(
+                torch.equal(gemm(a.roll(s, 0), weight, b), reference.roll(s, 0)) for s in shifts
+            ):
+                continue
+            pads = [
+                p
+                for p in PAD_ROWS
+                if p < tile
+                and all(
+                    torch.equal(gemm(a[o : o + p], weight, b), reference[o : o + p])
+                    for o in (0, tile - p)
+                )
+            ]
+        pad_to = [0] + [min((p for p in pads if p >= m), default=tile) for m in range(1, tile)]
+        return RowScheme(min_rows=tile, max_rows=tile, pad_to=tuple(pad_to))
+    raise NumericsUnavailableError(
+        f"batch-invariant numerics are unavailable here: torch {torch.__version__}'s "
+        f"{str(dtype).removeprefix('torch.')} GEMM gives no tile of "
+        f"{', '.join(map(str, TILE_ROWS))} rows whose rows are independent of their place "
+        f"in it (K x N {k} x {n}); run with --fast-numerics"
+    )
+
+
+def _adversarial(rows: int, k: int, generator: torch.Generator) -> torch.Tensor:
+    """Normal values with every 8th column at +-64 in balanced signs (exact in bf16): against
+    a weight of 64s in those columns, a row's products of 4096 cancel, so the small products
+    added while a partial sum is large round by the order they are added in."""
+    x = torch.randn(rows, k, generator=generator)
+    big = torch.arange(0, k, 8)
+    signs = torch.ones(rows, len(big))
+    signs[:, 1::2] = -1
+    order = torch.argsort(torch.rand(rows, len(big), generator=generator), dim=1)
+    x[:, big] = 64.0 * torch.gather(signs, 1, order)
+    return x
 
 
 def _invariant_row_counts(k, n, bias, candidates, max_rows, gemm, generator, dtype) -> set[int]:

@@ -32,16 +32,17 @@ def invariant_cuda_ops(device: torch.device):
     return invariant_attention, mean_squares
 
 
-def runnable(ops: tuple, model: torch.nn.Module, pool: KVPool) -> tuple:
+def runnable(ops: tuple, model: torch.nn.Module, pool: KVPool, query_heads: int) -> tuple:
     """`ops` when both kernels compile and run here at the model's shapes, else (None, None):
     then the block attention and torch's reductions run, and the start-up probe judges them.
-    A kernel that does not build on some GPU must not stop the engine from loading."""
+    A kernel that does not build on some GPU must not stop the engine from loading.
+    `query_heads`: this process's (a tensor-parallel rank's share)."""
     attention, mean_squares = ops
     key, value = pool.key_cache[0], pool.value_cache[0]
     device = key.device
     one = torch.ones(1, dtype=torch.int32, device=device)
     try:
-        q = torch.zeros(1, model.config.num_attention_heads, key.shape[-1], device=device)
+        q = torch.zeros(1, query_heads, key.shape[-1], device=device)
         tables = torch.zeros(1, 1, dtype=torch.int32, device=device)
         attention(q, key, value, tables, one - 1, one, pool.page_size, 1.0)
         mean_squares(torch.ones(2, model.config.hidden_size, device=device))

@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from astrai_batch.engine.numerics.blas_rows import RowScheme, plain_gemm
+from astrai_batch.engine.numerics.blas_rows import RowScheme, Shape, plain_gemm
 
 
 def scheme_linear(
@@ -155,9 +155,9 @@ class RowPaddedRouter(_Owning):
 class InvariantExperts(_Owning):
     """A transformers experts module computed expert by expert on the row scheme."""
 
-    def __init__(self, experts: nn.Module, scheme: RowScheme) -> None:
+    def __init__(self, experts: nn.Module, scheme: RowScheme | dict[Shape, RowScheme]) -> None:
         super().__init__(experts)
-        self.scheme = scheme
+        self.schemes = scheme
         self.num_experts = int(experts.num_experts)
         self.has_gate = bool(experts.has_gate)
         self.has_bias = bool(experts.has_bias)
@@ -169,7 +169,8 @@ class InvariantExperts(_Owning):
         if self.is_transposed:  # stored [in, out]
             weight = weight.t()
         bias = getattr(self.wrapped, f"{name}_bias")[expert].detach() if self.has_bias else None
-        return scheme_linear(rows, weight, bias, self.scheme)
+        shape = (weight.shape[1], weight.shape[0], bias is not None)
+        return scheme_linear(rows, weight, bias, scheme_of(self.schemes, shape))
 
     def forward(
         self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
@@ -208,7 +209,15 @@ class InvariantExperts(_Owning):
         return total.to(hidden_states.dtype)
 
     def extra_repr(self) -> str:
-        return f"{type(self.wrapped).__name__}, {self.scheme.describe()}"
+        schemes = self.schemes
+        if isinstance(schemes, dict):
+            return f"{type(self.wrapped).__name__}, a scheme per shape"
+        return f"{type(self.wrapped).__name__}, {schemes.describe()}"
+
+
+def scheme_of(scheme: RowScheme | dict[Shape, RowScheme], shape: Shape) -> RowScheme:
+    """The scheme a GEMM of `shape` runs on: the one scheme, or its shape's."""
+    return scheme[shape] if isinstance(scheme, dict) else scheme
 
 
 def expert_gemm_shapes(model: nn.Module) -> list[tuple[int, int, bool]]:
@@ -231,9 +240,12 @@ def expert_gemm_shapes(model: nn.Module) -> list[tuple[int, int, bool]]:
     return sorted(shapes)
 
 
-def set_expert_tiling(model: nn.Module, tiled: bool, scheme: RowScheme | None = None) -> int:
+def set_expert_tiling(
+    model: nn.Module, tiled: bool, scheme: RowScheme | dict[Shape, RowScheme] | None = None
+) -> int:
     """Swaps every MoE block's experts and router for their invariant wrappers (or back);
-    returns how many modules were swapped."""
+    returns how many modules were swapped. `scheme`: one for every GEMM, or one per (K, N,
+    bias) shape (bfloat16's per-shape tiles)."""
     if tiled and scheme is None:
         raise ValueError("tiling experts needs a row scheme")
     swapped = 0
@@ -256,7 +268,9 @@ def set_expert_tiling(model: nn.Module, tiled: bool, scheme: RowScheme | None = 
             elif name in experts:
                 replacement = InvariantExperts(child, scheme)
             else:
-                replacement = RowPaddedRouter(child, scheme)
+                weight = found[1].weight  # [out, in]
+                shape = (weight.shape[1], weight.shape[0], False)
+                replacement = RowPaddedRouter(child, scheme_of(scheme, shape))
             model.set_submodule(prefix + name, replacement)
             swapped += 1
     return swapped

@@ -6,7 +6,8 @@ get last-bit-different activations in a step of 7 tokens and in a step of 300, a
 token near a boundary of the distribution would flip. Every projection therefore runs M rows
 the way a `RowScheme` says (`blas_rows`): on the CPU, measured at engine start, small steps
 padded with zero rows to an M the BLAS treats like any large one and every other step as one
-GEMM; elsewhere (no probe there yet) GEMMs of exactly `DEFAULT_TILE_ROWS` rows.
+GEMM (in bfloat16 / float16: fixed tiles, probed per shape); elsewhere (no probe there yet)
+GEMMs of exactly `DEFAULT_TILE_ROWS` rows.
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ from astrai_batch.engine.numerics.blas_rows import (
     DEFAULT_MAX_ROWS,
     Gemm,
     RowScheme,
+    Shape,
     linear_shapes,
     plain_gemm,
     probe_row_scheme,
+    probe_row_schemes,
 )
 from astrai_batch.engine.runner.invariant_experts import expert_gemm_shapes
 
@@ -117,10 +120,24 @@ def gemm_shapes(model: nn.Module) -> list[tuple[int, int, bool]]:
     return sorted({*linear_shapes(model, NARROW_COLUMNS), *expert_gemm_shapes(model)})
 
 
-def set_row_tiling(model: nn.Module, tiled: bool, tile_rows: int | RowScheme | None = None) -> int:
+def row_schemes_for(model: nn.Module, max_rows: int = DEFAULT_MAX_ROWS) -> dict[Shape, RowScheme]:
+    """Each GEMM shape's (`gemm_shapes`: linear layers, experts, routers) probed scheme on the CPU (`probe_row_schemes`: per shape in a
+    reduced precision), else fixed tiles. Raises NumericsUnavailableError where none holds."""
+    param = next(model.parameters(), None)
+    shapes = gemm_shapes(model)
+    if param is None or param.device.type != "cpu":
+        return {shape: RowScheme.tiles(DEFAULT_TILE_ROWS) for shape in shapes}
+    return probe_row_schemes(shapes, max_rows, plain_gemm, param.dtype)
+
+
+Schemes = int | RowScheme | dict[Shape, RowScheme]
+
+
+def set_row_tiling(model: nn.Module, tiled: bool, tile_rows: Schemes | None = None) -> int:
     """Swaps every plain `nn.Linear` of `model` for a `RowTiledLinear` (or back); returns how
     many layers were swapped. A model serves one engine at a time, in either mode.
-    `tile_rows`: a fixed tile size or scheme; None probes the BLAS (`row_scheme_for`).
+    `tile_rows`: a fixed tile size, one scheme, or a scheme per (in, out, bias) shape; None
+    probes the BLAS (`row_schemes_for`).
 
     Subclasses of nn.Linear (quantized or otherwise special layers) are left alone: their
     forward is not the plain GEMM this module reproduces.
@@ -128,13 +145,19 @@ def set_row_tiling(model: nn.Module, tiled: bool, tile_rows: int | RowScheme | N
     if tiled and tile_rows is None:
         if not any(type(m) is nn.Linear for m in model.modules()):
             return 0
-        tile_rows = row_scheme_for(model)
+        tile_rows = row_schemes_for(model)
     swapped = 0
     for name, module in list(model.named_modules()):
         if not name:
             continue
         if tiled and type(module) is nn.Linear:
-            model.set_submodule(name, RowTiledLinear(module, tile_rows))
+            scheme = tile_rows
+            if isinstance(tile_rows, dict):
+                # narrow outputs run NARROW_COLUMNS wide (`RowTiledLinear`), probed so
+                width = max(module.out_features, NARROW_COLUMNS)
+                shape = (module.in_features, width, module.bias is not None)
+                scheme = tile_rows[shape]
+            model.set_submodule(name, RowTiledLinear(module, scheme))
         elif not tiled and isinstance(module, RowTiledLinear):
             model.set_submodule(name, _plain_linear(module))
         else:

@@ -47,7 +47,7 @@ from astrai_batch.engine.runner.invariant_cuda import invariant_cuda_ops, runnab
 from astrai_batch.engine.runner.invariant_experts import set_expert_tiling
 from astrai_batch.engine.runner.invariant_linear import (
     gemm_shapes,
-    row_scheme_for,
+    row_schemes_for,
     set_row_tiling,
 )
 from astrai_batch.engine.runner.invariant_norms import set_norm_tiling
@@ -112,6 +112,7 @@ class ModelRunner:
         graphs: GraphSpec | None = None,
         step_sender=None,
         probe_results: dict | None = None,
+        query_heads: int | None = None,
     ) -> None:
         if numerics not in NUMERICS:
             raise ValueError(f"numerics must be one of {NUMERICS}, got {numerics!r}")
@@ -125,6 +126,10 @@ class ModelRunner:
             raise ValueError(
                 f"decode graphs and paged kernels do not apply {self.features.names()}"
             )
+        # this process's query heads: a tensor-parallel rank holds 1/N of the model's, and
+        # its attention's rows (and the probes that plan them) are its own heads only
+        if query_heads is None:
+            query_heads = model.config.num_attention_heads
         register_paged_attention()
         model.set_attn_implementation(ATTENTION_NAME)
         # the BLAS's invariant GEMM row counts, probed once (raises where there are none)
@@ -139,23 +144,27 @@ class ModelRunner:
             where = (torch.get_num_threads(), param.device.type, param.dtype)
             shapes = tuple(gemm_shapes(model))
             # raises where no scheme exists
-            scheme = _probed(memo, ("linear rows", shapes, where), lambda: row_scheme_for(model))
+            scheme = _probed(memo, ("linear rows", shapes, where), lambda: row_schemes_for(model))
             set_row_tiling(model, True, scheme)
             set_expert_tiling(model, True, scheme)  # MoE: each expert's GEMM, the router's
-            heads = (*_heads_key(model, pool), where)
+            heads = (*_heads_key(query_heads, pool), where)
             # CUDA: attention and norm reductions in a construction-fixed order (Triton)
             ops = invariant_cuda_ops(param.device)
             if ops[0] is not None:
-                ops = _probed(memo, ("triton", heads), lambda: runnable(ops, model, pool))
+                ops = _probed(
+                    memo, ("triton", heads), lambda: runnable(ops, model, pool, query_heads)
+                )
             self.invariant_kernel, mean_squares = ops
             if mean_squares is not None or param.device.type != "cpu":
                 set_norm_tiling(model, True, mean_squares)
             flash_fits = self.features.softcap is None  # the flash kernel cannot softcap
             if graphs is None and self.invariant_kernel is None and flash_fits:
-                self.flash = _probed(memo, ("flash", heads), lambda: _flash_rules(model, pool))
+                self.flash = _probed(
+                    memo, ("flash", heads), lambda: _flash_rules(query_heads, pool)
+                )
             if self.flash is None and self.invariant_kernel is None:
                 key = ("block attention rows", heads)
-                self.gemm_rows = _probed(memo, key, lambda: _attention_rows(model, pool))
+                self.gemm_rows = _probed(memo, key, lambda: _attention_rows(query_heads, pool))
         else:
             set_row_tiling(model, False)
             set_expert_tiling(model, False)
@@ -282,9 +291,9 @@ class ModelRunner:
         )
 
 
-def _heads_key(model: torch.nn.Module, pool: KVPool) -> tuple:
+def _heads_key(query_heads: int, pool: KVPool) -> tuple:
     """The attention shapes a probe result holds for."""
-    heads = (model.config.num_attention_heads, *pool.key_cache[0].shape[1:])
+    heads = (query_heads, *pool.key_cache[0].shape[1:])
     return (*heads, pool.value_cache[0].shape[-1], pool.page_size)
 
 
@@ -295,7 +304,7 @@ def _probed(memo: dict, key: tuple, probe):
     return memo[key]
 
 
-def _flash_rules(model: torch.nn.Module, pool: KVPool) -> FlashRules | None:
+def _flash_rules(query_heads: int, pool: KVPool) -> FlashRules | None:
     """Where invariant attention can run in torch's CPU flash kernel (`flash_blocks`): on the
     CPU, equal key and value sizes, and the probe passing; else None. (Not with decode graphs
     either: their fixed-shape attention gives the block attention's bits.)"""
@@ -310,14 +319,15 @@ def _flash_rules(model: torch.nn.Module, pool: KVPool) -> FlashRules | None:
         return None
     if tails is None:
         return None
-    return FlashRules(group=model.config.num_attention_heads // kv_heads, tails=tails)
+    return FlashRules(group=query_heads // kv_heads, tails=tails)
 
 
-def _attention_rows(model: torch.nn.Module, pool: KVPool):
+def _attention_rows(query_heads: int, pool: KVPool):
     """The block attention's GEMM row scheme, probed up to its largest GEMM: a prefill run
-    segment's rows or 1024 cascade members, times the query heads per KV head."""
+    segment's rows or 1024 cascade members, times the query heads per KV head (this rank's
+    query heads over its KV heads)."""
     kv_heads, head_dim = pool.key_cache[0].shape[1:]
-    group = model.config.num_attention_heads // kv_heads
+    group = query_heads // kv_heads
     block = block_tokens_for(pool.page_size)
     max_rows = group * max(RUN_SEGMENT_BLOCKS * block, 1024)
     value_dim = pool.value_cache[0].shape[-1]

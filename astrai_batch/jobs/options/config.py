@@ -16,7 +16,7 @@ from typing import Any
 from astrai_batch.checks import require_positive_int, require_type
 from astrai_batch.engine.attention.backends import resolve_from_options
 from astrai_batch.engine.config import check_utilization
-from astrai_batch.engine.device_choice import AUTO, resolve_device_name, resolve_dtype_name
+from astrai_batch.engine.device_choice import AUTO, choose_dtype, resolve_device_name
 from astrai_batch.engine.sampling.params import SamplingParams
 from astrai_batch.errors import ConfigError
 from astrai_batch.jobs.options.constraint_options import CONSTRAINT_OPTIONS, job_constraint
@@ -69,7 +69,7 @@ class JobConfig:
     revision: str | None = None
     trust_remote_code: bool = False
     device: str = AUTO  # resolved in __post_init__: cuda when available, else cpu
-    dtype: str = AUTO  # resolved: bfloat16 on CUDA, float32 elsewhere
+    dtype: str = AUTO  # resolved: `device_choice.choose_dtype`
     threads: int | None = None
     page_size: int = 16
     max_num_seqs: int = 256
@@ -142,7 +142,11 @@ class JobConfig:
         cuda = bool(self.worker_gpus) if self.executor == "ray" else None
         device = resolve_device_name(self.device, cuda=cuda)
         object.__setattr__(self, "device", device)
-        object.__setattr__(self, "dtype", resolve_dtype_name(self.dtype, device))
+        dtype, why = choose_dtype(self.dtype, device, local=self.executor != "ray")
+        object.__setattr__(self, "dtype", dtype)
+        # why this dtype, for the summary: not an option (a resumed or Ray-shipped config,
+        # given the resolved name, says "given")
+        object.__setattr__(self, "dtype_choice", why)
         for name in (
             "page_size",
             "max_num_seqs",

@@ -12,10 +12,12 @@ from astrai_batch.engine.numerics.blas_rows import (
     attention_row_scheme,
     pad_gemm_rows,
     probe_row_scheme,
+    probe_row_schemes,
 )
 from astrai_batch.engine.runner.invariant_linear import (
     RowTiledLinear,
     row_scheme_for,
+    row_schemes_for,
     set_row_tiling,
 )
 from astrai_batch.errors import NumericsUnavailableError
@@ -146,3 +148,48 @@ def test_probe_on_this_machine_finds_a_scheme_for_the_model_shapes():
     scheme = probe_row_scheme(shapes)
     assert scheme.max_rows == 512
     assert scheme.min_rows <= 16, scheme.describe()
+
+
+def test_reduced_precision_runs_fixed_tiles_padding_to_smaller_ones_that_agree():
+    """bfloat16: every GEMM one tile; a remainder pads to the smallest probed size whose
+    rows equal the tile's (here the cut is the same from 8 rows on)."""
+    gemm = split_k_at(lambda m: 7 if m >= 8 else m)
+    schemes = probe_row_schemes([(64, 32, False), (64, 48, True)], gemm=gemm, dtype=torch.bfloat16)
+    pad_to = (0, *[8] * 8, *[16] * 8, *[32] * 16, *[64] * 31)
+    assert set(schemes.values()) == {RowScheme(min_rows=64, max_rows=64, pad_to=pad_to)}
+    # float32 keeps one scheme for every shape (MKL's rows: `probe_row_scheme`)
+    one = probe_row_schemes([(64, 32, False), (64, 48, True)], gemm=gemm)
+    assert len(set(one.values())) == 1
+
+
+def test_reduced_precision_refuses_where_a_row_depends_on_its_place_in_the_tile():
+    def by_place(a, weight, bias):  # odd rows summed in another order than even ones
+        out = split_k_at(lambda m: 5)(a, weight, bias)
+        out[1::2] = split_k_at(lambda m: 9)(a[1::2], weight, bias)
+        return out
+
+    with pytest.raises(NumericsUnavailableError) as caught:
+        probe_row_schemes([(64, 32, False)], gemm=by_place, dtype=torch.bfloat16)
+    assert str(caught.value) == (
+        f"batch-invariant numerics are unavailable here: torch {torch.__version__}'s bfloat16 "
+        "GEMM gives no tile of 64, 128, 32, 16 rows whose rows are independent of their place "
+        "in it (K x N 64 x 32); run with --fast-numerics"
+    )
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_bfloat16_tiled_linear_row_ignores_count_position_and_neighbours(bias):
+    """This machine's bfloat16 GEMM (oneDNN; AMX where the CPU has it, emulated where not),
+    on the probed tiles: a row's bits are the same at any count and place."""
+    torch.manual_seed(0)
+    linear = nn.Linear(96, 80, bias=bias).to(torch.bfloat16)
+    tiled = RowTiledLinear(linear, row_schemes_for(nn.Sequential(linear))[(96, 80, bias)])
+    row = torch.randn(96).to(torch.bfloat16)
+    results = []
+    with torch.inference_mode():
+        for count in (1, 2, 7, 33, 64, 65, 130, 300):
+            for position in {0, count // 2, count - 1}:
+                batch = (torch.randn(1, count, 96) * 10).to(torch.bfloat16)
+                batch[0, position] = row
+                results.append(tiled(batch)[0, position])
+    assert all(torch.equal(r, results[0]) for r in results)

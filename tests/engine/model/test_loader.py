@@ -32,12 +32,12 @@ from astrai_batch.engine.model.gguf import (
     locate_packaged_gguf,
 )
 from astrai_batch.engine.model.loader import LoadedModel, load_model, load_tokenizer, resolve_dtype
+from astrai_batch.engine.model.spec import suggestions
 from astrai_batch.engine.model.support import (
     check_supported,
     describe_model,
     require_chat_template,
 )
-from astrai_batch.engine.model.spec import suggestions
 from astrai_batch.errors import ConfigError, ModelLoadError, UnsupportedModelError
 
 PROMPT = "The quick brown fox jumps over the lazy dog."

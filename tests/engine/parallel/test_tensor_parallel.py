@@ -80,3 +80,30 @@ def test_batch_invariance_within_two_ranks(sharded):
     crowd, stats = run_capturing(sharded, crowd_requests, CONFIG)
     assert stats.steps < 10 * GREEDY.max_tokens  # the rows ran together, not one by one
     assert_same_rows(alone, crowd, watched)
+
+
+def test_each_rank_plans_attention_rows_from_its_own_query_heads(single, sharded, monkeypatch):
+    """2 of 4 query heads over 1 of 2 KV heads: a group of 2 query rows per key, as on one
+    rank (not the model's 4 heads over the rank's 1 KV head); the block attention's GEMM
+    probe is sized from the same group."""
+    from astrai_batch.engine.core import EngineCore
+    from astrai_batch.engine.runner import model_runner
+
+    for loaded in (single, sharded):
+        core = EngineCore(loaded, CONFIG, invariance_probe=False)
+        assert core.runner.flash is None or core.runner.flash.group == 2
+        core.close()
+    seen = []
+    monkeypatch.setattr(model_runner, "_flash_rules", lambda heads, pool: None)
+    real = model_runner.attention_row_scheme
+
+    def spy(head_dim, value_dim, block, max_rows, device, dtype):
+        seen.append(max_rows)
+        return real(head_dim, value_dim, block, max_rows, device, dtype)
+
+    monkeypatch.setattr(model_runner, "attention_row_scheme", spy)
+    sharded.probe_results.clear()
+    single.probe_results.clear()
+    EngineCore(sharded, CONFIG, invariance_probe=False).close()
+    EngineCore(single, CONFIG, invariance_probe=False).close()
+    assert len(seen) == 2 and seen[0] == seen[1], seen

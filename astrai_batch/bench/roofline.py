@@ -1,0 +1,96 @@
+"""How far a run is from the limit: its weight-GEMM FLOPs against this machine's GEMM peak.
+
+The peak is measured here, at the start, for the model's dtype and the torch thread count:
+the fastest of a few timed 512-row GEMMs at each of the model's linear shapes (the LM head
+apart: it runs on the sampled rows only), in FLOP/s. The job's weight GEMMs are every token
+the forward computed (prefill and decode) through the body's linears, plus the LM head over
+one row per generated token. Their time at the peak is the GEMM floor; the share of wall
+time outside the forward (scheduling, sampling, host work) comes from the engine's figures.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from astrai_batch.bench.runs import SystemRun
+
+PEAK_ROWS = 512
+TIMED = 5
+
+
+@dataclass(frozen=True)
+class Roofline:
+    gemm_flops: float  # the run's weight-GEMM FLOPs
+    peak_flops_per_second: float  # measured at the start, this dtype and thread count
+    wall_seconds: float
+    forward_seconds: float | None
+
+    @property
+    def floor_seconds(self) -> float:
+        return self.gemm_flops / self.peak_flops_per_second
+
+    def line(self) -> str:
+        outside = ""
+        if self.forward_seconds is not None:
+            share = 1 - self.forward_seconds / self.wall_seconds
+            outside = f", {share:.0%} of wall outside the forward"
+        return (
+            f"roofline: {self.gemm_flops / 1e12:.2f} TFLOP of weight GEMMs at a measured peak "
+            f"of {self.peak_flops_per_second / 1e9:.0f} GFLOP/s = GEMM floor "
+            f"{self.floor_seconds:.2f} s; wall {self.wall_seconds:.2f} s = "
+            f"{self.wall_seconds / self.floor_seconds:.2f}x the floor{outside}"
+        )
+
+
+def body_and_head(model: torch.nn.Module) -> tuple[list[tuple[int, int]], int]:
+    """(in, out) of every linear of the body, and the LM head's parameter count."""
+    head = model.get_output_embeddings()
+    body = [
+        (m.in_features, m.out_features)
+        for m in model.modules()
+        if hasattr(m, "in_features") and hasattr(m, "weight") and m is not head
+    ]
+    return body, head.weight.numel()
+
+
+def gemm_peak(model: torch.nn.Module) -> float:
+    """FLOP/s of the model's body GEMMs at `PEAK_ROWS` rows, in its dtype: the fastest of
+    `TIMED` runs of all its distinct shapes, summed."""
+    param = next(model.parameters())
+    shapes = sorted(set(body_and_head(model)[0]))
+    generator = torch.Generator().manual_seed(0)
+    mats = [
+        (
+            torch.randn(PEAK_ROWS, k, generator=generator).to(param.dtype),
+            torch.randn(n, k, generator=generator).to(param.dtype),
+        )
+        for k, n in shapes
+    ]
+    flops = sum(2 * PEAK_ROWS * k * n for k, n in shapes)
+    best = float("inf")
+    with torch.inference_mode():
+        for a, w in mats:  # warm-up: oneDNN builds its kernels on first use
+            F.linear(a, w)
+        for _ in range(TIMED):
+            start = time.perf_counter()
+            for a, w in mats:
+                F.linear(a, w)
+            best = min(best, time.perf_counter() - start)
+    return flops / best
+
+
+def roofline(model: torch.nn.Module, run: SystemRun, peak: float, prompts: int) -> Roofline:
+    """The run's weight GEMMs: prefill tokens and one decode token per generated token after
+    each prompt's first through the body, one LM-head row per generated token."""
+    body, head = body_and_head(model)
+    per_token = 2 * sum(k * n for k, n in body)
+    engine = run.engine
+    prefill = engine.prefill_tokens if engine is not None else run.prompt_tokens
+    decode = run.generated_tokens - prompts
+    flops = per_token * (prefill + decode) + 2 * head * run.generated_tokens
+    forward = engine.forward_seconds if engine is not None else None
+    return Roofline(flops, peak, run.wall_seconds, forward)
