@@ -121,8 +121,9 @@ def gemm_shapes(model: nn.Module) -> list[tuple[int, int, bool]]:
 
 
 def row_schemes_for(model: nn.Module, max_rows: int = DEFAULT_MAX_ROWS) -> dict[Shape, RowScheme]:
-    """Each GEMM shape's (`gemm_shapes`: linear layers, experts, routers) probed scheme on the CPU (`probe_row_schemes`: per shape in a
-    reduced precision), else fixed tiles. Raises NumericsUnavailableError where none holds."""
+    """Each GEMM shape's probed scheme on the CPU (`gemm_shapes`: linear layers, experts,
+    routers; `probe_row_schemes`: per shape in a reduced precision), else fixed tiles. Raises
+    NumericsUnavailableError where none holds."""
     param = next(model.parameters(), None)
     shapes = gemm_shapes(model)
     if param is None or param.device.type != "cpu":
