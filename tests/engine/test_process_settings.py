@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from astrai_batch.engine import keep_freed_memory, set_cpu_threads
-from astrai_batch.engine.threads import describe_threads
+from astrai_batch.engine.threads import available_cpus, describe_threads
 from astrai_batch.errors import ConfigError
 
 
@@ -16,7 +16,8 @@ def test_set_cpu_threads_sets_and_reports_the_count():
     before = torch.get_num_threads()
     try:
         assert set_cpu_threads(1) == 1 == torch.get_num_threads()
-        assert set_cpu_threads(None) == 1  # None keeps what is set
+        # None: one thread per CPU this process may use (affinity, cgroup quota)
+        assert set_cpu_threads(None) == available_cpus() == torch.get_num_threads()
     finally:
         torch.set_num_threads(before)
 

@@ -245,11 +245,12 @@ class JobConfig:
         """This configuration with the output format resolved for an OUTPUT called `name`
         (`directory`: it is an existing directory or ends in /); refuses a contradiction."""
         chosen = output_format_for(name, directory=directory, given=self.output_format)
-        return (
-            self
-            if chosen == self.output_format
-            else dataclasses.replace(self, output_format=chosen)
-        )
+        if chosen == self.output_format:
+            return self
+        resolved = dataclasses.replace(self, output_format=chosen)
+        # the replace resolved an already concrete dtype again: keep what `auto` saw
+        object.__setattr__(resolved, "dtype_choice", getattr(self, "dtype_choice", None))
+        return resolved
 
     def input_options(self) -> dict[str, Any]:
         """Keyword arguments of `io.open_input` for this job's input."""

@@ -453,7 +453,8 @@ def test_unsupported_model_is_refused_before_weights_are_read(tmp_path):
     with pytest.raises(UnsupportedModelError) as err:
         load_model(tmp_path)
     assert str(err.value) == (
-        "JambaForCausalLM is not supported: it is a hybrid, recurrent or state-space model"
+        "JambaForCausalLM is not supported: it has Mamba state-space layers, which carry a "
+        "recurrent state per sequence where the engine pages keys and values"
     )
 
 

@@ -90,6 +90,7 @@ def test_swapped_and_restored_with_parameters_untouched():
 
 
 def test_the_llama_family_list_holds_llamas_forward_line_for_line():
+    from transformers.models.auto.configuration_auto import model_type_to_module_name
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
     reference = inspect.getsource(LlamaRMSNorm.forward)
@@ -97,7 +98,8 @@ def test_the_llama_family_list_holds_llamas_forward_line_for_line():
     for model_type in importlib.import_module("astrai_batch.engine.model.support").__dict__[
         "SUPPORTED_MODEL_TYPES"
     ]:
-        module = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
+        package = model_type_to_module_name(model_type)  # gemma3_text lives in gemma3
+        module = importlib.import_module(f"transformers.models.{package}.modeling_{package}")
         for name, value in vars(module).items():
             if name in LLAMA_RMSNORMS and value.__module__ == module.__name__:
                 assert inspect.getsource(value.forward) == reference, name
