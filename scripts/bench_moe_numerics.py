@@ -15,15 +15,12 @@ ratio invariant / fast of the rounds.
 from __future__ import annotations
 
 import argparse
-import statistics
-from dataclasses import replace
 
 import torch
 
 from astrai_batch.bench.config import BenchConfig
-from astrai_batch.bench.ours import run_ours
+from astrai_batch.bench.numerics_pairs import alternate_numerics, print_ratio
 from astrai_batch.bench.prompts import load_prompts
-from astrai_batch.engine import EngineConfig
 from astrai_batch.engine.model.loader import describe_model, load_tokenizer
 from astrai_batch.engine.threads import set_cpu_threads
 
@@ -86,28 +83,10 @@ def main() -> None:
             system_prompt_words=args.system_prompt_words,
         )
         prompts = load_prompts(config, loaded.tokenizer, loaded.name)
-        modes = {name: replace(EngineConfig(), numerics=name) for name in ("invariant", "fast")}
-        warmup = prompts.head(2, 2)
-        for engine in modes.values():
-            run_ours(loaded, warmup, engine, None)
-        walls: dict[str, list[float]] = {name: [] for name in modes}
-        for repeat in range(args.repeat):
-            for name, engine in modes.items():
-                run = run_ours(loaded, prompts, engine, repeat)
-                walls[name].append(run.wall_seconds)
-                print(
-                    f"{workload} {name} repeat {repeat + 1}: {run.wall_seconds:.2f} s, "
-                    f"{run.generated_tokens_per_second:.1f} generated tokens/s",
-                    flush=True,
-                )
-        ratios = [i / f for i, f in zip(walls["invariant"], walls["fast"], strict=True)]
-        print(
-            f"{workload}: {prompts.num_prompts} prompts, {prompts.prompt_tokens} prompt tokens, "
-            f"median wall invariant {statistics.median(walls['invariant']):.2f} s, "
-            f"fast {statistics.median(walls['fast']):.2f} s, invariant/fast "
-            f"{statistics.median(ratios):.3f} (rounds {', '.join(f'{r:.3f}' for r in ratios)})",
-            flush=True,
+        walls = alternate_numerics(
+            loaded, prompts, workload, repeat=args.repeat, warmup=prompts.head(2, 2)
         )
+        print_ratio(workload, prompts, walls)
 
 
 if __name__ == "__main__":
