@@ -1,9 +1,11 @@
 """Reading prompt datasets and writing results. Knows nothing of torch or models.
 
-Input: `open_input` returns an `InputSource` that streams `InputRow`s from Parquet (a file or
-a directory of files) or JSON Lines (optionally gzipped), given as a local path or a URI of
-any filesystem pyarrow supports (`filesystems`); every record is read by its own shape and
-id, and repeated ids are found when the input is opened (`row_ids`).
+Input: `open_input` returns an `InputSource` that streams `InputRow`s from Parquet (a file, a
+directory of files or a glob), Arrow IPC files (a `datasets` directory) or JSON Lines
+(optionally gzipped), given as a local path, a URI of any filesystem pyarrow supports
+(`filesystems`) or a Hugging Face dataset (``hf://datasets/...``, `hub_datasets`); every
+record is read by its own shape and id, and repeated ids are found when the input is opened
+(`row_ids`).
 Output: `ParquetRowWriter` and `write_table_atomic` write Parquet atomically with the schemas
 in `schemas`; `OpenAIBatchWriter` writes OpenAI Batch API output lines.
 """

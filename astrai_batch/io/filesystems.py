@@ -162,8 +162,13 @@ def as_location(target: str | Path | Location) -> Location:
 def resolve(target: str | Path, error: type[AstraiBatchError] = InputError) -> Location:
     """A `Location` for a local path or a filesystem URI (one pyarrow cannot open raises
     `error`). Credentials and endpoints come from the URI's options or the environment,
-    as pyarrow reads them (e.g. AWS_ACCESS_KEY_ID, AWS_PROFILE, GOOGLE_APPLICATION_CREDENTIALS)."""
+    as pyarrow reads them (e.g. AWS_ACCESS_KEY_ID, AWS_PROFILE, GOOGLE_APPLICATION_CREDENTIALS).
+    ``hf://datasets/...`` is a Hugging Face dataset, on the hub or in its cache (`hub_datasets`)."""
     text = str(target)
+    if text.startswith("hf://"):
+        from astrai_batch.io.hub_datasets import hub_location  # huggingface_hub, lazily
+
+        return hub_location(text, error)
     if not is_uri(text):
         path = Path(text)
         return Location(pafs.LocalFileSystem(), str(path.absolute()), str(path))

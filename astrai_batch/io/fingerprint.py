@@ -11,6 +11,8 @@ for messages; comparisons leave it out (`same_content`).
   pages. A rewritten file differs in its footer; a byte changed in the middle of a file of
   more than 2 MiB that keeps the size and every statistic goes unseen (hashing many-GB
   inputs whole on every start would cost minutes).
+- An Arrow IPC file (a `datasets` directory's) is sampled the same way: its size and first
+  and last MiB (it has no footer to hash in the stream format `datasets` writes).
 - A model directory is identified by the files that define its results (config, tokenizer,
   weights; not its README), each by name, size and the same head-and-tail digest.
 """
@@ -67,7 +69,7 @@ def sampled_fingerprint(path: Path | Location) -> dict[str, Any]:
 
 def files_fingerprint(input_format: str, paths: list[Path] | list[Location]) -> dict[str, Any]:
     """The fingerprint of a whole input: its format and every file, in reading order."""
-    identify = sampled_fingerprint if input_format == "parquet" else file_fingerprint
+    identify = sampled_fingerprint if input_format in ("parquet", "arrow") else file_fingerprint
     return {"format": input_format, "files": [identify(path) for path in paths]}
 
 

@@ -1,4 +1,5 @@
-"""`open_input`: pick the reader for a path or URI and check the input as a whole up front.
+"""`open_input`: pick the reader for a path, URI or glob (`input_files`) and check the input
+as a whole up front.
 
 Every file-level problem (missing path, unknown extension, unreadable or corrupt file, no
 usable prompt column, a named column that does not exist) raises `InputError` here, before
@@ -10,8 +11,9 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from astrai_batch.errors import ConfigError, InputError
+from astrai_batch.errors import ConfigError
 from astrai_batch.io.filesystems import Location, resolve
+from astrai_batch.io.input_files import input_files
 from astrai_batch.io.input_source import InputSource
 from astrai_batch.io.jsonl_input import open_jsonl
 from astrai_batch.io.parquet_input import open_parquet
@@ -20,18 +22,9 @@ INPUT_FORMATS = ("parquet", "jsonl")
 
 
 def detect_format(path: Location) -> str:
-    """'parquet' for a directory or a .parquet file, 'jsonl' for .jsonl / .jsonl.gz."""
-    if path.is_dir(InputError):
-        return "parquet"
-    name = path.name.lower()
-    if name.endswith(".parquet"):
-        return "parquet"
-    if name.endswith((".jsonl", ".jsonl.gz")):
-        return "jsonl"
-    raise InputError(
-        f"cannot tell the input format of {path.name}: name it .parquet, .jsonl or .jsonl.gz, "
-        "or pass --input-format parquet|jsonl"
-    )
+    """'parquet' for a directory or a .parquet file, 'jsonl' for .jsonl / .jsonl.gz, 'arrow'
+    for an .arrow file or a `datasets` directory (see `input_files`)."""
+    return input_files(path, None)[0]
 
 
 def open_input(
@@ -50,14 +43,21 @@ def open_input(
     if isinstance(keep_columns, str):
         raise ConfigError("keep_columns must be a sequence of column names, not one string")
     input_path = path if isinstance(path, Location) else resolve(path)
-    if not input_path.exists(InputError):
-        raise InputError(f"input not found: {input_path.shown}")
-    chosen_format = input_format or detect_format(input_path)
-    opener = open_parquet if chosen_format == "parquet" else open_jsonl
-    return opener(
+    chosen_format, files = input_files(input_path, input_format)
+    if chosen_format == "jsonl":
+        return open_jsonl(
+            files[0],
+            prompt_column=prompt_column,
+            id_column=id_column,
+            keep_columns=keep_columns,
+            task=task,
+        )
+    return open_parquet(
         input_path,
         prompt_column=prompt_column,
         id_column=id_column,
         keep_columns=keep_columns,
         task=task,
+        files=files,
+        file_format=chosen_format,
     )

@@ -1,4 +1,6 @@
-"""Parquet input: one file, or a directory of files read in name order as one input.
+"""Parquet input: one file, or a directory of files read in name order as one input; and
+the same for Arrow IPC files (`arrow_input`: a `datasets` directory), whose record batches
+stand for row groups.
 
 Rows are streamed by record batches, reading only the columns the plan needs; `start` skips
 whole files and row groups using the footer metadata, so resuming deep into a large input
@@ -16,6 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from astrai_batch.errors import InputError
+from astrai_batch.io import arrow_input
 from astrai_batch.io.filesystems import Location
 from astrai_batch.io.input_source import InputSource, check_start
 from astrai_batch.io.row_ids import DuplicateIds, IdScan, read_ids
@@ -38,11 +41,17 @@ BODY_EXPECTATION = "a struct or a JSON string"
 
 @dataclass(frozen=True)
 class ParquetPart:
-    """One file of the input, with what its footer says about row layout."""
+    """One file of the input, with what its footer says about row layout (for an Arrow
+    file, `row_group_rows` counts its record batches' rows)."""
 
     path: Location
     schema: pa.Schema
     row_group_rows: tuple[int, ...]
+    file_format: str = "parquet"
+
+    @property
+    def label(self) -> str:
+        return "Arrow" if self.file_format == "arrow" else "Parquet"
 
     @property
     def num_rows(self) -> int:
@@ -55,7 +64,7 @@ class ParquetSource(InputSource):
     ) -> None:
         super().__init__(
             path,
-            "parquet",
+            parts[0].file_format,
             plan,
             parts[0].schema.names,
             [p.path for p in parts],
@@ -105,26 +114,36 @@ class ParquetSource(InputSource):
         row, `skip` how many of its leading rows to drop."""
         columns = self.plan.source_columns(part.schema.names)
         try:
-            with part.path.open_input_file() as handle, pq.ParquetFile(handle) as parquet_file:
-                batches = parquet_file.iter_batches(
-                    batch_size=BATCH_ROWS, row_groups=groups, columns=columns
-                )
-                for batch in batches:
-                    if skip >= batch.num_rows:
-                        skip -= batch.num_rows
-                        index += batch.num_rows
-                        continue
-                    if skip:
-                        batch = batch.slice(skip)
-                        index += skip
-                        skip = 0
-                    for record in batch.to_pylist():
-                        if index >= stop:
-                            return
-                        yield parse_record(record, index, self.plan, self.duplicates)
-                        index += 1
+            for batch in _record_batches(part, columns, groups):
+                if skip >= batch.num_rows:
+                    skip -= batch.num_rows
+                    index += batch.num_rows
+                    continue
+                if skip:
+                    batch = batch.slice(skip)
+                    index += skip
+                    skip = 0
+                for record in batch.to_pylist():
+                    if index >= stop:
+                        return
+                    yield parse_record(record, index, self.plan, self.duplicates)
+                    index += 1
         except (OSError, pa.ArrowException) as exc:
-            raise InputError(f"cannot read Parquet file {part.path.name}: {exc}") from exc
+            raise InputError(f"cannot read {part.label} file {part.path.name}: {exc}") from exc
+
+
+def _record_batches(
+    part: ParquetPart, columns: list[str], groups: list[int] | None = None
+) -> Iterator[pa.RecordBatch]:
+    """`part`'s rows in `groups` (all when None), `columns` only, in batches of at most
+    BATCH_ROWS rows."""
+    if part.file_format == "arrow":
+        yield from arrow_input.read_batches(part.path, columns, groups, BATCH_ROWS)
+        return
+    with part.path.open_input_file() as handle, pq.ParquetFile(handle) as parquet_file:
+        yield from parquet_file.iter_batches(
+            batch_size=BATCH_ROWS, row_groups=groups, columns=columns
+        )
 
 
 def _duplicate_ids(parts: Sequence[ParquetPart], plan: RowPlan) -> DuplicateIds:
@@ -136,13 +155,12 @@ def _duplicate_ids(parts: Sequence[ParquetPart], plan: RowPlan) -> DuplicateIds:
         names = part.schema.names
         columns = [name for name in dict.fromkeys([*plan.id_fields, "custom_id"]) if name in names]
         try:
-            with part.path.open_input_file() as handle, pq.ParquetFile(handle) as parquet_file:
-                for batch in parquet_file.iter_batches(batch_size=BATCH_ROWS, columns=columns):
-                    for record in batch.to_pylist():
-                        scan.add(index, *read_ids(record, plan.id_fields))
-                        index += 1
+            for batch in _record_batches(part, columns):
+                for record in batch.to_pylist():
+                    scan.add(index, *read_ids(record, plan.id_fields))
+                    index += 1
         except (OSError, pa.ArrowException) as exc:
-            raise InputError(f"cannot read Parquet file {part.path.name}: {exc}") from exc
+            raise InputError(f"cannot read {part.label} file {part.path.name}: {exc}") from exc
     return scan.duplicates()
 
 
@@ -153,8 +171,13 @@ def open_parquet(
     id_column: str | None,
     keep_columns: Sequence[str],
     task: str = "generate",
+    files: Sequence[Location] | None = None,
+    file_format: str = "parquet",
 ) -> ParquetSource:
-    parts = [_read_footer(file) for file in _parquet_files(path)]
+    """`files` (in reading order; by default `path` itself or the Parquet files of the
+    directory `path`) as one input; `file_format` "parquet" or "arrow" (Arrow IPC)."""
+    chosen = list(files) if files is not None else parquet_files(path)
+    parts = [_read_footer(file, file_format) for file in chosen]
     first = parts[0]
     plan = plan_for_columns(
         first.schema.names,
@@ -177,7 +200,8 @@ def open_parquet(
     return ParquetSource(path, plan, parts, shape=shape)
 
 
-def _parquet_files(path: Location) -> list[Location]:
+def parquet_files(path: Location) -> list[Location]:
+    """`path` itself, or the Parquet files directly inside the directory `path`."""
     if not path.is_dir(InputError):
         return [path]
     # Hidden and underscore files are Spark / Hadoop markers (_SUCCESS, _metadata), not data.
@@ -191,7 +215,13 @@ def _parquet_files(path: Location) -> list[Location]:
     return files
 
 
-def _read_footer(path: Location) -> ParquetPart:
+def _read_footer(path: Location, file_format: str = "parquet") -> ParquetPart:
+    if file_format == "arrow":
+        try:
+            schema, batch_rows = arrow_input.read_layout(path)
+        except (OSError, pa.ArrowException) as exc:
+            raise InputError(f"cannot read Arrow file {path.name}: {exc}") from exc
+        return ParquetPart(path, schema, batch_rows, file_format="arrow")
     try:
         with path.open_input_file() as handle, pq.ParquetFile(handle) as parquet_file:
             metadata = parquet_file.metadata

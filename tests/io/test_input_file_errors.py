@@ -59,8 +59,8 @@ def test_unknown_extension(tmp_path: Path) -> None:
     path.write_text("prompt\nhello\n")
     with raises(
         InputError,
-        "cannot tell the input format of data.csv: name it .parquet, .jsonl or .jsonl.gz, "
-        "or pass --input-format parquet|jsonl",
+        "cannot tell the input format of data.csv: name it .parquet, .jsonl, .jsonl.gz or "
+        ".arrow, or pass --input-format parquet|jsonl",
     ):
         open_input(path)
 
