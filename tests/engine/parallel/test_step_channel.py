@@ -1,5 +1,6 @@
 """The step channel and the rank group's sums between two ranks in one process (two threads,
-gloo over loopback): what rank 0 sends is what rank 1 receives, small steps in one broadcast,
+gloo over loopback): what rank 0 sends is what rank 1 receives (a job's adapters, an engine's
+settings, steps with and without their chunks' adapter slots), small steps in one broadcast,
 large ones (past the inline part) in two; partial sums are added in rank order."""
 
 from __future__ import annotations
@@ -9,10 +10,17 @@ import threading
 import numpy as np
 import pytest
 import torch
+from rank_kit import rank_pair
 
 from astrai_batch.engine.attention.step_arrays import StepArrays
-from astrai_batch.engine.parallel.rank_group import RankGroup
-from astrai_batch.engine.parallel.step_channel import ENGINE, INLINE, STEP, STOP, StepChannel
+from astrai_batch.engine.parallel.step_channel import (
+    ADAPTERS,
+    ENGINE,
+    INLINE,
+    STEP,
+    STOP,
+    StepChannel,
+)
 
 
 def _step(rng: np.random.Generator, chunks: int, pages: int) -> StepArrays:
@@ -36,37 +44,21 @@ def _step(rng: np.random.Generator, chunks: int, pages: int) -> StepArrays:
     )
 
 
-def _pair() -> tuple[RankGroup, RankGroup]:
-    zero = RankGroup(
-        rank=0, world_size=2, host="127.0.0.1", port=0, device=torch.device("cpu"), timeout_s=30
-    )
-    one = RankGroup(
-        rank=1,
-        world_size=2,
-        host="127.0.0.1",
-        port=zero.port,
-        device=torch.device("cpu"),
-        timeout_s=30,
-    )
-    joined = threading.Thread(target=one.connect)
-    joined.start()
-    zero.connect()
-    joined.join()
-    return zero, one
-
-
 @pytest.fixture(scope="module")
 def groups():
-    return _pair()
+    return rank_pair()
 
 
 def test_what_rank_zero_sends_rank_one_receives(groups):
     zero, one = groups
     rng = np.random.default_rng(7)
     # small steps, then one past the inline part (a second broadcast), then small again
-    sent = [_step(rng, 5, 3), _step(rng, 40, 300), _step(rng, 2, 1)]
+    sent = [_step(rng, 5, 3), _step(rng, 40, 300), _step(rng, 2, 1), _step(rng, 3, 2)]
+    # each chunk's LoRA adapter slot travels with the step when the model has adapters
+    slots = [None, rng.integers(0, 4, 40), rng.integers(0, 4, 2), None]
     assert sum(np.asarray(a).size for a in sent[1]) > INLINE
     settings = {"numerics": "invariant", "pages": 17}
+    adapters = ([("a", "s3://bucket/a", "f00d"), ("b", "/adapters/b", "beef")], 16)
     got: list = []
 
     def receive():
@@ -75,22 +67,33 @@ def test_what_rank_zero_sends_rank_one_receives(groups):
             command, value = channel.receive()
             if command == STOP:
                 return
-            # a step's arrays are views of the buffer: copied before the next receive
-            got.append((command, value if command == ENGINE else [np.array(a) for a in value]))
+            if command == STEP:  # views of the buffer: copied before the next receive
+                arrays, chunk_slots = value
+                value = (
+                    [np.array(a) for a in arrays],
+                    None if chunk_slots is None else np.array(chunk_slots),
+                )
+            got.append((command, value))
 
     worker = threading.Thread(target=receive)
     worker.start()
     channel = StepChannel(zero)
+    channel.send_adapters(*adapters)
     channel.send_engine(settings)
-    for step in sent:
-        channel.send_step(step)
+    for step, chunk_slots in zip(sent, slots, strict=True):
+        channel.send_step(step, chunk_slots)
     channel.send_stop()
     worker.join(timeout=60)
-    assert got[0] == (ENGINE, settings)
-    assert [command for command, _ in got[1:]] == [STEP] * len(sent)
-    for step, (_, received) in zip(sent, got[1:], strict=True):
-        for field, mine, theirs in zip(StepArrays._fields, step, received, strict=True):
+    assert got[0] == (ADAPTERS, adapters)
+    assert got[1] == (ENGINE, settings)
+    assert [command for command, _ in got[2:]] == [STEP] * len(sent)
+    for step, chunk_slots, (_, (arrays, received)) in zip(sent, slots, got[2:], strict=True):
+        for field, mine, theirs in zip(StepArrays._fields, step, arrays, strict=True):
             assert np.array_equal(np.asarray(mine), theirs), field
+        if chunk_slots is None:
+            assert received is None
+        else:
+            assert np.array_equal(received, chunk_slots)
 
 
 def test_partials_are_summed_in_rank_order(groups):
