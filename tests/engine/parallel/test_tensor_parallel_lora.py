@@ -128,3 +128,28 @@ def test_rows_with_adapters_are_batch_invariant_on_two_ranks(sharded, crowd, pro
     for i in watched:
         alone.update(_run(sharded, _requests(prompts, [i]))[0])
     assert_same_rows(alone, crowd, watched)
+
+
+def test_a_target_the_plan_keeps_whole_is_refused(tiny_llama_dir, tmp_path):
+    """A model whose plan leaves down_proj whole on every rank: an adapter of it is refused
+    in one line, before any rank holds a slice (no processes needed: the plan and a model)."""
+    from astrai_batch.engine.parallel.shard_plan import shard_plan
+    from astrai_batch.engine.parallel.sharded_adapters import shard_adapter
+    from astrai_batch.errors import AdapterError
+
+    path = make_adapter(tiny_llama_dir, tmp_path / "down", rank=4, seed=1, targets=["down_proj"])
+    adapter = read_adapter("down", str(path))
+    loaded = load_model(tiny_llama_dir)
+    config = loaded.model.config
+    planned = dict(config.base_model_tp_plan)
+    del planned["layers.*.mlp.down_proj"]
+    config.base_model_tp_plan = planned
+    plan = shard_plan(config, 2, model_name="tiny")
+    with pytest.raises(AdapterError) as refused:
+        shard_adapter(adapter, loaded.model, plan, 0)
+    assert str(refused.value) == (
+        "adapter 'down' targets model.layers.0.mlp.down_proj, which this model's "
+        "tensor-parallel plan keeps whole on every rank; with --tensor-parallel-size > 1 an "
+        "adapter may target only the plan's colwise and rowwise layers; run it with "
+        "--tensor-parallel-size 1"
+    )
