@@ -1,7 +1,8 @@
 """The step channel and the rank group's sums between two ranks in one process (two threads,
 gloo over loopback): what rank 0 sends is what rank 1 receives (a job's adapters, an engine's
 settings, steps with and without their chunks' adapter slots), small steps in one broadcast,
-large ones (past the inline part) in two; partial sums are added in rank order."""
+large ones (past the inline part) in two; partial sums are added in rank order (a LoRA
+adapter's partial delta inside its rank's partial)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import threading
 import numpy as np
 import pytest
 import torch
-from rank_kit import rank_pair
+from rank_kit import on_both_ranks, rank_pair
 
 from astrai_batch.engine.attention.step_arrays import StepArrays
 from astrai_batch.engine.parallel.step_channel import (
@@ -147,3 +148,38 @@ def test_the_vocabulary_parallel_head_gathers_each_ranks_rows_in_order(groups, v
     assert torch.equal(out[0], expected) and torch.equal(out[1], expected)
     torch.testing.assert_close(out[0], full(x).detach())
     assert vocab_rows(vocab, 2, 0) == (0, -(-vocab // 2))
+
+
+def test_a_lora_row_parallel_layer_adds_its_partial_delta_before_the_sum(groups):
+    """The adapter wraps each rank's partial product: a rank's partial is its base partial plus
+    its partial delta (A's columns, B whole), and the ranks' partials are added in rank order,
+    bitwise; the result is the whole layer's with the whole adapter, within float rounding."""
+    from astrai_batch.engine.lora.bank import LoraBank
+    from astrai_batch.engine.lora.lora_linear import LoraLinear, LoraPair
+    from astrai_batch.engine.parallel.sharded_linear import RowParallelLinear
+
+    rng = torch.Generator().manual_seed(5)
+    full = torch.nn.Linear(32, 24, bias=False)
+    a, b = torch.randn(4, 32, generator=rng), torch.randn(24, 4, generator=rng)
+    x = torch.randn(1, 6, 32, generator=rng)
+    bank = LoraBank([])
+    whole = LoraLinear(full, bank, [None, LoraPair(a, b, 0.5)])
+    ranks = {}
+    for group in groups:
+        layer = RowParallelLinear(32, 24, bias=False, group=group, device="cpu", dtype=None)
+        cols = slice(16 * group.rank, 16 * (group.rank + 1))
+        with torch.no_grad():
+            layer.partial.weight.copy_(full.weight[:, cols])
+        layer.partial = LoraLinear(layer.partial, bank, [None, LoraPair(a[:, cols], b, 0.5)])
+        ranks[group.rank] = layer
+    bank.begin_step([1, 0], [4, 2], invariant=True, device=torch.device("cpu"))  # 4 LoRA rows
+    with torch.inference_mode():
+        # a rank's input is its slice of the features (its heads' attention output)
+        out = on_both_ranks(lambda rank: ranks[rank](x[..., 16 * rank : 16 * (rank + 1)]))
+        partials = [ranks[r].partial(x[..., 16 * r : 16 * (r + 1)]) for r in (0, 1)]
+        expected = whole(x)
+    bank.end_step()
+    assert torch.equal(out[0], partials[0] + partials[1]) and torch.equal(out[1], out[0])
+    torch.testing.assert_close(out[0], expected)
+    assert not torch.allclose(out[0][0, :4], full(x)[0, :4])  # the adapter rows changed
+    assert torch.equal(ranks[0].weight, full.weight[:, :16])
