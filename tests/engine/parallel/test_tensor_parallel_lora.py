@@ -9,6 +9,8 @@ in a crowd; each rank holds only its slices of the adapters.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from engine_reference import mixed_prompts
@@ -66,10 +68,10 @@ def _requests(prompts, ids):
     return [GenerationRequest(i, prompts[i], params, adapter=NAMES[i % 3]) for i in ids]
 
 
-def _run(loaded, requests):
+def _run(loaded, requests, config=CONFIG):
     """{request id: (tokens, logits)} and the step count (no start-up probe: the rows'
     comparisons below are the check)."""
-    core = EngineCore(loaded, CONFIG, invariance_probe=False)
+    core = EngineCore(loaded, config, invariance_probe=False)
     rows = capture_rows(core, requests)
     steps = core.stats().steps
     core.close()
@@ -120,6 +122,15 @@ def test_two_ranks_equal_one_process_and_peft(single, crowd, prompts, tiny_model
             base = peft_greedy(tiny_model_dir, None, [prompts[i] for i in rows], MAX_NEW)
             differs += sum(b != w for b, w in zip(base, want, strict=True))
     assert differs >= 4  # the adapters change the rows: the comparison tests them
+
+
+def test_fast_numerics_on_two_ranks_give_the_same_tokens(sharded, crowd, prompts):
+    """--fast-numerics: one GEMM pair per adapter segment on each rank, one all-reduce."""
+    fast = dataclasses.replace(CONFIG, numerics="fast")
+    rows, _ = _run(sharded, _requests(prompts, range(len(prompts))), fast)
+    assert {i: tokens for i, (tokens, _) in rows.items()} == {
+        i: tokens for i, (tokens, _) in crowd.items()
+    }
 
 
 def test_rows_with_adapters_are_batch_invariant_on_two_ranks(sharded, crowd, prompts):
