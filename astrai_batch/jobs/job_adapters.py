@@ -30,6 +30,9 @@ def install_job_adapters(
     weights are counted as the model's)."""
     if not adapters:
         return
+    if loaded.parallel is not None:  # each rank its slices (`parallel.sharded_adapters`)
+        loaded.parallel.install_adapters(loaded.model, adapters, max_rank=config.max_lora_rank)
+        return
     from astrai_batch.engine.lora.bank import install_adapters
 
     install_adapters(loaded.model, adapters, max_rank=config.max_lora_rank)

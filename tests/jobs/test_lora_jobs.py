@@ -357,3 +357,26 @@ def test_plan_reports_each_adapter_as_its_own_cache(tiny_llama_dir, tmp_path):
     assert report["adapters"] == expected
     assert [e["rows"] for e in expected] == [3, 3, 3]
     assert all(e["reusable_tokens"] == 2 * 48 for e in expected)
+
+
+def test_tensor_parallel_job_equals_the_one_process_job(tiny_llama_dir, adapters, tmp_path):
+    """`run --lora ... --tensor-parallel-size 2` end to end: every row's tokens and adapter
+    are the one-process job's (logprobs may differ in the last bits: the ranks' halves)."""
+    rows = prompts(8, seed=3)
+    lines = [
+        {"id": f"r{i}", "prompt_token_ids": p, "lora": NAMES[i % 4]} for i, p in enumerate(rows)
+    ]
+    source = write_jsonl(tmp_path / "in.jsonl", lines)
+    outputs = {}
+    for size in (1, 2):
+        outputs[size] = tmp_path / f"tp{size}.parquet"
+        args = run_args(tiny_llama_dir, source, outputs[size], adapters)
+        result = run_cli(*args, "--tensor-parallel-size", size)
+        assert result.exit_code == 0, result.output
+        assert summary_of(result.stdout)["rows"] == 8
+
+    def tokens(path):
+        return [(r["id"], r["lora"], r["completion_token_ids"]) for r in read_rows(path)]
+
+    assert tokens(outputs[2]) == tokens(outputs[1])
+    assert {lora for _, lora, _ in tokens(outputs[2])} == set(NAMES)

@@ -14,8 +14,9 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -25,21 +26,23 @@ from astrai_batch.engine.parallel.rank_processes import (
     WorkerSpec,
     started_from_main_thread,
 )
-from astrai_batch.engine.parallel.shard_plan import shard_plan
+from astrai_batch.engine.parallel.shard_plan import ShardPlan, shard_plan
 from astrai_batch.engine.parallel.step_channel import StepChannel
 from astrai_batch.errors import ConfigError, RankFailureError
+
+if TYPE_CHECKING:
+    from astrai_batch.engine.lora.adapter_files import AdapterFiles
 
 
 class TensorParallel:
     """This process's rank: its group and step channel; on rank 0 also the workers."""
 
-    def __init__(
-        self, group: RankGroup, processes: RankProcesses | None, num_kv_heads: int
-    ) -> None:
+    def __init__(self, group: RankGroup, processes: RankProcesses | None, plan: ShardPlan) -> None:
         self.group = group
         self.channel = StepChannel(group)
         self.processes = processes
-        self.num_kv_heads = num_kv_heads  # of the whole model (each rank holds its share)
+        self.plan = plan
+        self.num_kv_heads = plan.num_kv_heads  # of the whole model (each rank holds its share)
         self._closed = False
 
     @property
@@ -64,6 +67,20 @@ class TensorParallel:
         if self.rank == 0:
             self.channel.send_engine(config)
         self.group.exact_sum = config.numerics == "invariant"
+
+    def install_adapters(
+        self, model: Any, adapters: Sequence[AdapterFiles], *, max_rank: int
+    ) -> None:
+        """Rank 0 (before its engine): installs its slices of every adapter (a refusal raises
+        here, before any rank is told), then has every other rank read and install its own;
+        returns once all hold them (a rank that cannot ends the job with its one line)."""
+        from astrai_batch.engine.parallel.sharded_adapters import install_sharded
+
+        install_sharded(model, adapters, self.plan, self.rank, max_rank=max_rank)
+        if self.rank == 0:
+            specs = [(adapter.name, adapter.shown, adapter.digest) for adapter in adapters]
+            self.channel.send_adapters(specs, max_rank)
+            self.group.barrier_after_load()
 
     def close(self) -> None:
         if self._closed or self.processes is None:
@@ -139,7 +156,7 @@ def load_parallel(prepared: Any, *, world_size: int, timeout_s: float):
     except BaseException:
         processes.stop(graceful=False)
         raise
-    parallel = TensorParallel(group, processes, plan.num_kv_heads)
+    parallel = TensorParallel(group, processes, plan)
     atexit.register(parallel.close)
     loaded = loaded_model(model, prepared.tokenizer, spec, prepared.context)
     return dataclasses.replace(loaded, num_kv_heads=plan.local_kv_heads, parallel=parallel)

@@ -5,7 +5,8 @@ its partial product, and the ranks sum the partials (`RankGroup.sum_partials`); 
 whole on every rank, is added once after the sum. The partial product is an ordinary
 `nn.Linear` child without bias, so invariant numerics tile it like any other projection
 (`set_row_tiling` swaps it): each rank's row result is then independent of the step's other
-rows, and the sum in rank order keeps it so.
+rows, and the sum in rank order keeps it so. A LoRA adapter wraps the partial product
+(`sharded_adapters`), so its partial delta is summed with the base's.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import torch
 from torch import nn
 
 from astrai_batch.engine.parallel.rank_group import RankGroup
+
+PARTIAL = "partial"  # the child holding the rank's partial product (a LoRA adapter wraps it)
 
 
 class RowParallelLinear(nn.Module):
@@ -37,7 +40,8 @@ class RowParallelLinear(nn.Module):
 
     @property
     def weight(self) -> torch.Tensor:
-        return self.partial.weight
+        partial = self.partial
+        return getattr(partial, "base", partial).weight  # under a LoRA wrapper: its layer's
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self._group.sum_partials(self.partial(x))

@@ -23,6 +23,9 @@ from astrai_batch.engine.parallel.sharded_linear import RowParallelLinear
 from astrai_batch.engine.parallel.vocab_head import CHILD, VocabParallelHead, vocab_rows
 from astrai_batch.errors import ConfigError, ModelLoadError
 
+# a column-parallel layer's output features in the whole model (its own are the rank's slice)
+FULL_OUT = "full_out_features"
+
 
 def safetensors_index(model_dir: Path) -> dict[str, Path]:
     """Tensor name -> the file holding it; ModelLoadError when the model has no safetensors."""
@@ -98,10 +101,11 @@ def _shard_layers(
             )
         bias = module.bias is not None
         if style == COLWISE:
-            rows = _colwise_rows(name, module.out_features, plan, group.rank)
+            rows = colwise_rows(name, module.out_features, plan, group.rank)
             local = nn.Linear(
                 module.in_features, rows[1] - rows[0], bias=bias, device="meta", dtype=dtype
             )
+            setattr(local, FULL_OUT, module.out_features)  # the adapters' shape check reads it
         else:
             if module.in_features % plan.world_size:
                 raise ConfigError(
@@ -143,7 +147,8 @@ def _split_head(model: nn.Module, group: RankGroup, dtype: torch.dtype) -> tuple
     return name, tied
 
 
-def _colwise_rows(name: str, out_features: int, plan: ShardPlan, rank: int) -> tuple[int, int]:
+def colwise_rows(name: str, out_features: int, plan: ShardPlan, rank: int) -> tuple[int, int]:
+    """[first, last) of the output features (weight rows) rank `rank` holds."""
     kv_head = plan.kv_head_of(rank)
     if kv_head is not None and out_features == plan.num_kv_heads * plan.head_dim:
         return kv_head * plan.head_dim, (kv_head + 1) * plan.head_dim  # replicated KV head
@@ -211,7 +216,7 @@ def _read_parameters(
 def _slice(view, style: str | None, param_name: str, plan: ShardPlan, rank: int) -> torch.Tensor:
     """This rank's part of a checkpoint tensor (`view` is safetensors' lazy slice)."""
     if style == COLWISE:
-        first, last = _colwise_rows("", view.get_shape()[0], plan, rank)
+        first, last = colwise_rows("", view.get_shape()[0], plan, rank)
         return view[first:last]
     if style == VOCAB:
         first, last = vocab_rows(view.get_shape()[0], plan.world_size, rank)

@@ -1,9 +1,10 @@
 """A tensor-parallel rank other than 0: load the shard, then run what rank 0 sends.
 
 `python -m astrai_batch.engine.parallel.worker`, started by `rank_processes`, reads its
-`WorkerSpec` from stdin. It then runs, until rank 0 says stop: a new engine's settings ->
-assemble the same engine over this rank's shard and KV pool; a step's arrays -> the same
-forward (the model's collectives meet rank 0's). Anything wrong (rank 0 gone: stdin at EOF or
+`WorkerSpec` from stdin. It then runs, until rank 0 says stop: a job's LoRA adapters -> read
+them, install this rank's slices; a new engine's settings -> assemble the same engine over
+this rank's shard and KV pool; a step's arrays (and its chunks' adapters) -> the same forward
+(the model's collectives meet rank 0's). Anything wrong (rank 0 gone: stdin at EOF or
 a broken collective; an error of its own) ends the process with one line on stderr and
 status 1, never a hang.
 """
@@ -45,8 +46,9 @@ def _serve(spec) -> None:
     from astrai_batch.engine.parallel.launch import TensorParallel
     from astrai_batch.engine.parallel.rank_group import RankGroup
     from astrai_batch.engine.parallel.shard_plan import shard_plan
+    from astrai_batch.engine.parallel.sharded_adapters import read_as_rank_zero
     from astrai_batch.engine.parallel.sharded_load import load_shard
-    from astrai_batch.engine.parallel.step_channel import ENGINE, STOP
+    from astrai_batch.engine.parallel.step_channel import ADAPTERS, ENGINE, STOP
 
     torch.set_num_threads(spec.threads)
     device = torch.device(spec.device)
@@ -75,7 +77,6 @@ def _serve(spec) -> None:
         trust_remote_code=spec.trust_remote_code,
     )
     group.barrier_after_load()
-    heads = int(config.num_attention_heads)
     loaded = LoadedModel(
         model=model,
         tokenizer=None,  # rank 0 tokenizes and samples
@@ -88,19 +89,27 @@ def _serve(spec) -> None:
         num_kv_heads=plan.local_kv_heads,
         head_dim=plan.head_dim,
         has_chat_template=False,
-        parallel=TensorParallel(group, None, int(config.num_key_value_heads or heads)),
+        parallel=TensorParallel(group, None, plan),
     )
-    channel = loaded.parallel.channel
+    parallel = loaded.parallel
     runner = None
     while True:
-        command, value = channel.receive()
+        command, value = parallel.channel.receive()
         if command == STOP:
             return
         if command == ENGINE:
             runner = None  # the previous engine's pool goes before the next is sized
             runner = assemble_engine(loaded, value).runner
+        elif command == ADAPTERS:
+            specs, max_rank = value
+            adapters = read_as_rank_zero(specs)
+            parallel.install_adapters(model, adapters, max_rank=max_rank)
+            del adapters  # the whole matrices as read: this rank keeps its slices only
+            group.barrier_after_load()
         else:
-            runner.forward_step(value)
+            step, slots = value
+            adapters = None if slots is None else (slots.tolist(), step.num_tokens.tolist())
+            runner.forward_step(step, adapters=adapters)
 
 
 def _die_with_parent(parent_pid: int) -> None:

@@ -204,11 +204,11 @@ class ModelRunner:
         extra = span_rows(chunks, step.token_start)
         if extra is not None:  # prompt positions' logits (`logit_spans`): never graphed
             step = step._replace(logit_rows=np.concatenate([step.logit_rows, extra]))
-        if self.step_sender is not None:
-            self.step_sender.send_step(step)
         adapters = None
         if self.lora is not None:
             adapters = ([c.adapter for c in chunks], [len(c.token_ids) for c in chunks])
+        if self.step_sender is not None:  # the other ranks group the rows by adapter alike
+            self.step_sender.send_step(step, None if adapters is None else adapters[0])
         return self.forward_step(step, graphed=extra is None, adapters=adapters)
 
     @torch.inference_mode()

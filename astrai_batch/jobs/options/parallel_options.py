@@ -20,6 +20,3 @@ def check_tensor_parallel_options(config: Any) -> None:
         )
     if config.cuda_graphs:
         raise ConfigError("cuda_graphs cannot be used with --tensor-parallel-size > 1")
-    if config.lora:
-        # the other ranks get each step's arrays, not its rows' adapters (`parallel`)
-        raise ConfigError("--lora cannot be used with --tensor-parallel-size > 1")
