@@ -108,3 +108,37 @@ def images_first(text: str, count: int) -> list[dict[str, Any]]:
     """A user message's content with `count` images before its text, as Hugging Face's VLM
     examples write it."""
     return [*(dict(IMAGE_PLACEHOLDER) for _ in range(count)), {"type": "text", "text": text}]
+
+
+def with_column_images(
+    shape: str, content: dict[str, Any], images: tuple[ImageRef, ...], column: str
+) -> dict[str, Any]:
+    """A plain row's InputRow keywords with its ``--image-column`` images: a prompt becomes
+    one user message, the images before the text (a row without images too, so every row of
+    the job meets the same chat template); a messages row gets them before the content of
+    its first user message."""
+    if shape == "prompt":
+        text = content["prompt"]
+        body: Any = images_first(text, len(images)) if images else text
+        return {"messages": ({"role": "user", "content": body},), "images": images}
+    if not images:
+        return content
+    if shape == "prompt_token_ids":
+        raise RowProblem(
+            f"a prompt_token_ids row cannot take images from {column} (an image's tokens come "
+            "from the model's processor); give a prompt or messages"
+        )
+    if content.get("images"):
+        raise RowProblem(
+            f"the row has images both in its messages and in {column}; give them in one place"
+        )
+    messages = [dict(message) for message in content["messages"]]
+    first_user = next((m for m in messages if m["role"] in IMAGE_ROLES), None)
+    if first_user is None:
+        raise RowProblem(f"the row has images in {column} but no user message to hold them")
+    text = first_user["content"]
+    first_user["content"] = [
+        *(dict(IMAGE_PLACEHOLDER) for _ in images),
+        *(text if isinstance(text, list) else [{"type": "text", "text": text}]),
+    ]
+    return {"messages": tuple(messages), "images": images}

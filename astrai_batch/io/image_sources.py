@@ -46,6 +46,7 @@ __all__ = [
     "check_image_count",
     "load_image",
     "require_pillow",
+    "too_many_images_message",
 ]
 
 DETAILS = ("auto", "low", "high")  # OpenAI's image_url.detail values
@@ -139,10 +140,11 @@ def require_pillow() -> Any:
 def check_image_count(count: int, limits: ImageLimits) -> None:
     """Raise `ImageError` when a row holds more images than the job allows."""
     if count > limits.max_images_per_row:
-        raise ImageError(
-            f"the row has {count} images, more than --max-images-per-row "
-            f"{limits.max_images_per_row}"
-        )
+        raise ImageError(too_many_images_message(count, limits.max_images_per_row))
+
+
+def too_many_images_message(count: int, limit: int) -> str:
+    return f"the row has {count} images, more than --max-images-per-row {limit}"
 
 
 def load_image(ref: ImageRef, limits: ImageLimits | None = None) -> LoadedImage:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from astrai_batch.errors import AstraiBatchError
-from astrai_batch.io.image_sources import ImageRef
+from astrai_batch.io.image_sources import DEFAULT_MAX_IMAGES_PER_ROW, ImageRef
 
 SHAPES = ("prompt", "messages", "prompt_token_ids", "openai")
 # What an input as a whole holds: one of SHAPES, or "mixed" when its rows differ.
@@ -154,10 +154,20 @@ class RowPlan:
     keep_columns: tuple[str, ...] = ()
     json_text_columns: tuple[str, ...] = ()
     task: str = "generate"  # "score": rows also hold `continuations` (io/task_fields.py)
+    # ``--image-column``: each row's images (`io.image_parts.image_cell_refs`), placed before
+    # its prompt in one user message; ``--max-images-per-row``: more is a row error
+    image_column: str | None = None
+    max_images_per_row: int = DEFAULT_MAX_IMAGES_PER_ROW
 
     def __post_init__(self) -> None:
         if self.prompt_column == "":
             raise ValueError("prompt_column must be a non-empty column name")
+        if self.image_column == "":
+            raise ValueError("image_column must be a non-empty column name")
+        if self.image_column is not None and self.image_column == self.prompt_column:
+            raise ValueError("image_column must differ from prompt_column")
+        if isinstance(self.max_images_per_row, bool) or self.max_images_per_row < 1:
+            raise ValueError(f"max_images_per_row must be >= 1, got {self.max_images_per_row}")
         if self.prompt_column_shape is not None and self.prompt_column_shape not in SHAPES[:3]:
             raise ValueError(
                 "prompt_column_shape must be prompt, messages or prompt_token_ids, "
@@ -186,6 +196,8 @@ class RowPlan:
             "custom_id",
         ]
         wanted += [*TASK_FIELDS, *self.keep_columns]
+        if self.image_column is not None:
+            wanted.append(self.image_column)
         present = set(available)
         return list(dict.fromkeys(name for name in wanted if name in present))
 
