@@ -65,6 +65,10 @@ from astrai_batch.jobs.options.task_options import (
 from astrai_batch.jobs.planning.prefix_order import PlanningOptions
 
 DEFAULT_MODEL = "smollm2-135m"
+IMAGE_LIMIT_DEFAULTS = {
+    "max_images_per_row": DEFAULT_MAX_IMAGES_PER_ROW,
+    "max_image_pixels": DEFAULT_MAX_PIXELS,
+}
 
 # The CLI default for max_tokens; SamplingParams' own default happens to agree.
 DEFAULT_MAX_TOKENS = 256
@@ -347,6 +351,11 @@ class JobConfig:
         """The values of `RESULT_OPTIONS`: what a resumed run must share (see there)."""
         options = self.to_dict()
         out = {name: options[name] for name in RESULT_OPTIONS}
+        # image limits at their defaults are left out, so a checkpoint written before they
+        # existed (no such keys) resumes under the defaults
+        for name, default in IMAGE_LIMIT_DEFAULTS.items():
+            if out[name] == default:
+                del out[name]
         out["device"] = self.device.split(":", 1)[0].strip().lower()
         return out
 
