@@ -205,10 +205,28 @@ def _data_url_bytes(url: str, source: str) -> bytes:
     try:
         # strict: a stray character is an error, not silently skipped bytes; %-escapes and
         # line breaks (allowed in URLs) are undone first
-        text = unquote_to_bytes(payload).translate(None, b" \t\r\n")
-        return base64.b64decode(text, validate=True)
+        text = unquote_to_bytes(payload) if "%" in payload else payload.encode("ascii")
+        if any(space in text for space in _URL_SPACES):
+            text = text.translate(None, b"".join(_URL_SPACES))
+        return _strict_base64(text)
+    except UnicodeEncodeError:
+        raise ImageError(
+            f"image {source}: the data URL's base64 is invalid: non-ASCII text"
+        ) from None
     except (binascii.Error, ValueError) as exc:
         raise ImageError(f"image {source}: the data URL's base64 is invalid: {exc}") from None
+
+
+_URL_SPACES = (b" ", b"\t", b"\r", b"\n")
+
+
+def _strict_base64(text: bytes) -> bytes:
+    """Base64 that refuses any stray character; binascii's strict mode (Python 3.11+) is
+    about three times as fast as ``b64decode(validate=True)``'s pattern check."""
+    try:
+        return binascii.a2b_base64(text, strict_mode=True)
+    except TypeError:  # Python 3.10: no strict_mode
+        return base64.b64decode(text, validate=True)
 
 
 # Formats Pillow cannot read whose magic bytes are easy to tell: a clearer reason than
@@ -260,8 +278,9 @@ def _decode(image_module: Any, data: bytes, source: str, limits: ImageLimits) ->
             raise _too_many_pixels(source, (width, height), limits)
         image_format = opened.format or "unknown"
         try:
-            image = ImageOps.exif_transpose(opened).convert("RGB")
-            image.load()
+            image = ImageOps.exif_transpose(opened)  # a new, loaded image
+            if image.mode != "RGB":  # convert of an RGB image would only copy it again
+                image = image.convert("RGB")
         except Exception as exc:
             reason = _one_line(exc)
             if "truncated" in reason:
