@@ -173,6 +173,24 @@ def run_options(function: Any) -> Any:
         option("--id-column", None, "Column holding the row id."),
         option("--keep-columns", None, "Comma-separated input columns copied to the output."),
         option(
+            "--image-column",
+            None,
+            "Column of each row's images (bytes, path, URI, data URL, {bytes, path} struct, or "
+            "a list), placed before the prompt in a user message.",
+        ),
+        option(
+            "--max-images-per-row",
+            d.max_images_per_row,
+            "A row with more images is a row error.",
+            type=int,
+        ),
+        option(
+            "--max-image-pixels",
+            d.max_image_pixels,
+            "An image of more pixels (width x height) is its row's error.",
+            type=int,
+        ),
+        option(
             "--chat-template-kwargs",
             None,
             """Chat template variables as a JSON object, e.g. '{"enable_thinking": false}'.""",

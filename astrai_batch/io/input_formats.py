@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from astrai_batch.errors import ConfigError
 from astrai_batch.io.filesystems import Location, resolve
+from astrai_batch.io.image_sources import DEFAULT_MAX_IMAGES_PER_ROW
 from astrai_batch.io.input_files import input_files
 from astrai_batch.io.input_source import InputSource
 from astrai_batch.io.jsonl_input import open_jsonl
@@ -35,6 +36,8 @@ def open_input(
     id_column: str | None = None,
     keep_columns: Sequence[str] = (),
     task: str = "generate",
+    image_column: str | None = None,
+    max_images_per_row: int = DEFAULT_MAX_IMAGES_PER_ROW,
 ) -> InputSource:
     """Open an input file or directory (a local path, or a URI of any filesystem pyarrow
     supports, see `filesystems.resolve`) for streaming; see `InputSource`."""
@@ -51,6 +54,8 @@ def open_input(
             id_column=id_column,
             keep_columns=keep_columns,
             task=task,
+            image_column=image_column,
+            max_images_per_row=max_images_per_row,
         )
     return open_parquet(
         input_path,
@@ -60,4 +65,6 @@ def open_input(
         task=task,
         files=files,
         file_format=chosen_format,
+        image_column=image_column,
+        max_images_per_row=max_images_per_row,
     )

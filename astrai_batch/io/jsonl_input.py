@@ -25,6 +25,7 @@ import pyarrow as pa
 
 from astrai_batch.errors import InputError
 from astrai_batch.io.filesystems import Location
+from astrai_batch.io.image_sources import DEFAULT_MAX_IMAGES_PER_ROW
 from astrai_batch.io.input_source import InputSource, check_start
 from astrai_batch.io.kept_types import KeptTypes
 from astrai_batch.io.row_ids import DuplicateIds, IdScan, read_ids
@@ -119,6 +120,8 @@ def open_jsonl(
     id_column: str | None,
     keep_columns: Sequence[str],
     task: str = "generate",
+    image_column: str | None = None,
+    max_images_per_row: int = DEFAULT_MAX_IMAGES_PER_ROW,
 ) -> JsonlSource:
     if path.is_dir(InputError):
         raise InputError(f"{path.shown} is a directory; only Parquet input can be a directory")
@@ -129,7 +132,7 @@ def open_jsonl(
     if scan.rows == 0:
         # No lines (or blank ones only) is a job of no rows, as a Parquet file without rows
         # is: the columns the options name exist, with no values.
-        keys = [name for name in (prompt_column, id_column, *keep_columns) if name]
+        keys = [name for name in (prompt_column, id_column, image_column, *keep_columns) if name]
     elif not scan.objects:
         raise InputError(f"no JSON object line in {path.name}: cannot tell the row shape")
     plan = plan_for_columns(
@@ -141,6 +144,8 @@ def open_jsonl(
         id_column=id_column,
         keep_columns=keep_columns,
         task=task,
+        image_column=image_column,
+        max_images_per_row=max_images_per_row,
         json_text_columns=scan.kept.json_text_columns,
     )
     return JsonlSource(

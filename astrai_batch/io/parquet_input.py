@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 from astrai_batch.errors import InputError
 from astrai_batch.io import arrow_input
 from astrai_batch.io.filesystems import Location
+from astrai_batch.io.image_sources import DEFAULT_MAX_IMAGES_PER_ROW
 from astrai_batch.io.input_source import InputSource, check_start
 from astrai_batch.io.row_ids import DuplicateIds, IdScan, read_ids
 from astrai_batch.io.row_parsing import parse_record
@@ -37,6 +38,7 @@ STRING_EXPECTATION = "a string"
 MESSAGES_EXPECTATION = "a list of {role, content} structs"
 TOKEN_IDS_EXPECTATION = "a list of integers"
 BODY_EXPECTATION = "a struct or a JSON string"
+IMAGE_EXPECTATION = "binary, a string, a {bytes, path} struct, or a list of those"
 
 
 @dataclass(frozen=True)
@@ -173,6 +175,8 @@ def open_parquet(
     task: str = "generate",
     files: Sequence[Location] | None = None,
     file_format: str = "parquet",
+    image_column: str | None = None,
+    max_images_per_row: int = DEFAULT_MAX_IMAGES_PER_ROW,
 ) -> ParquetSource:
     """`files` (in reading order; by default `path` itself or the Parquet files of the
     directory `path`) as one input; `file_format` "parquet" or "arrow" (Arrow IPC)."""
@@ -188,6 +192,8 @@ def open_parquet(
         id_column=id_column,
         keep_columns=keep_columns,
         task=task,
+        image_column=image_column,
+        max_images_per_row=max_images_per_row,
     )
     for part in parts:
         _check_part(part, first, plan)
@@ -257,7 +263,7 @@ def _check_part(part: ParquetPart, first: ParquetPart, plan: RowPlan) -> None:
     if plan.prompt_column is None and not shapes_of_columns(names):
         raise no_prompt_column(part.path.name, names)
     id_fields = [name for name in plan.id_fields if name in first.schema.names]
-    required = [plan.prompt_column, *id_fields, *plan.keep_columns]
+    required = [plan.prompt_column, *id_fields, plan.image_column, *plan.keep_columns]
     for name in dict.fromkeys(name for name in required if name is not None):
         if part.schema.get_field_index(name) < 0:
             raise InputError(
@@ -284,6 +290,13 @@ def _check_part(part: ParquetPart, first: ParquetPart, plan: RowPlan) -> None:
         if expectation is not None:
             raise InputError(
                 f"column {name!r} in {part.path.name} has type {arrow_type}; expected {expectation}"
+            )
+    if plan.image_column is not None:
+        arrow_type = part.schema.field(plan.image_column).type
+        if not _holds_images(arrow_type):
+            raise InputError(
+                f"image column {plan.image_column!r} in {part.path.name} has type "
+                f"{arrow_type}; expected {IMAGE_EXPECTATION}"
             )
     for name in plan.keep_columns:
         mine, theirs = part.schema.field(name).type, first.schema.field(name).type
@@ -312,6 +325,19 @@ def _type_problem(shape: str, arrow_type: pa.DataType) -> str | None:
         return None if fits else MESSAGES_EXPECTATION
     fits = pa.types.is_struct(arrow_type) or _is_string(arrow_type)
     return None if fits else BODY_EXPECTATION
+
+
+def _holds_images(arrow_type: pa.DataType, nested: bool = False) -> bool:
+    """Binary (bytes), a string (path, URI, data URL), Hugging Face's Image struct
+    ``{bytes, path}``, or (once) a list of those; an all-null column holds none."""
+    if pa.types.is_null(arrow_type) or _is_string(arrow_type):
+        return True
+    if pa.types.is_binary(arrow_type) or pa.types.is_large_binary(arrow_type):
+        return True
+    if pa.types.is_struct(arrow_type):
+        names = {field.name for field in arrow_type}
+        return bool(names) and names <= {"bytes", "path"}
+    return not nested and _is_list(arrow_type) and _holds_images(arrow_type.value_type, True)
 
 
 def _is_string(arrow_type: pa.DataType) -> bool:

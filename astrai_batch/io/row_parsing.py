@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from astrai_batch.io.constraint_fields import constraint_override
+from astrai_batch.io.image_parts import image_cell_refs, with_column_images
+from astrai_batch.io.image_sources import too_many_images_message
 from astrai_batch.io.openai_embeddings import parse_embeddings_request
 from astrai_batch.io.openai_request import (
     EMBEDDINGS_URL,
@@ -98,6 +100,20 @@ def parse_record(
                 record.get(TEMPLATE_KWARGS_FIELD), TEMPLATE_KWARGS_FIELD
             )
             adapter["lora"] = validate_adapter_name(record.get(LORA_FIELD), LORA_FIELD)
+        if plan.image_column is not None:
+            column = plan.image_column
+            if shape == "openai":
+                if image_cell_refs(record.get(column), column):
+                    raise RowProblem(
+                        f"{column} holds images, but an OpenAI line names its images as "
+                        "image_url parts of its messages"
+                    )
+            else:
+                images = image_cell_refs(record.get(column), column)
+                content = with_column_images(shape, content, images, column)
+        count = len(content.get("images", ()))
+        if count > plan.max_images_per_row:
+            raise RowProblem(too_many_images_message(count, plan.max_images_per_row))
         continuations = task_fields(record, plan.task, shape)
     except RowProblem as problem:
         return InputRow(**ids, error=str(problem))

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from astrai_batch.errors import AstraiBatchError
+from astrai_batch.io.image_sources import DEFAULT_MAX_IMAGES_PER_ROW, ImageRef
 
 SHAPES = ("prompt", "messages", "prompt_token_ids", "openai")
 # What an input as a whole holds: one of SHAPES, or "mixed" when its rows differ.
@@ -73,7 +74,8 @@ class InputRow:
 
     `index` is the 0-based position across the whole input and is the order key of the output.
     When `error` is None exactly one of `prompt`, `messages`, `prompt_token_ids` is set; when it
-    is set none of them is, and `overrides` is empty. `kept` always has every keep column.
+    is set none of them is, and `overrides` is empty. Only a messages row has `images`.
+    `kept` always has every keep column.
     `id` is None only on an error row whose id is missing or repeats an earlier row's, so no
     two rows of an input ever share an id. `custom_id` is the row's own ``custom_id`` (a
     string), None when it has none or it repeats an earlier row's id.
@@ -103,6 +105,9 @@ class InputRow:
     # an OpenAI /v1/embeddings line: its encoding_format ("float" or "base64")
     embedding: str | None = None
     best_of: BestOf | None = None  # an OpenAI completions line's best_of above its n
+    # the row's images in the order it names them (`io.image_parts`); each stands at a
+    # {"type": "image"} part of `messages`, decoded only when its window runs
+    images: tuple[ImageRef, ...] = ()
 
     def __post_init__(self) -> None:
         if self.index < 0:
@@ -121,6 +126,8 @@ class InputRow:
             raise ValueError(f"a row with an error carries no prompt, got {contents}")
         if self.error is None and self.id is None:
             raise ValueError("a valid row has an id")
+        if self.images and self.messages is None:
+            raise ValueError("only a messages row has images")
 
     @property
     def kind(self) -> str:
@@ -147,10 +154,20 @@ class RowPlan:
     keep_columns: tuple[str, ...] = ()
     json_text_columns: tuple[str, ...] = ()
     task: str = "generate"  # "score": rows also hold `continuations` (io/task_fields.py)
+    # ``--image-column``: each row's images (`io.image_parts.image_cell_refs`), placed before
+    # its prompt in one user message; ``--max-images-per-row``: more is a row error
+    image_column: str | None = None
+    max_images_per_row: int = DEFAULT_MAX_IMAGES_PER_ROW
 
     def __post_init__(self) -> None:
         if self.prompt_column == "":
             raise ValueError("prompt_column must be a non-empty column name")
+        if self.image_column == "":
+            raise ValueError("image_column must be a non-empty column name")
+        if self.image_column is not None and self.image_column == self.prompt_column:
+            raise ValueError("image_column must differ from prompt_column")
+        if isinstance(self.max_images_per_row, bool) or self.max_images_per_row < 1:
+            raise ValueError(f"max_images_per_row must be >= 1, got {self.max_images_per_row}")
         if self.prompt_column_shape is not None and self.prompt_column_shape not in SHAPES[:3]:
             raise ValueError(
                 "prompt_column_shape must be prompt, messages or prompt_token_ids, "
@@ -179,6 +196,8 @@ class RowPlan:
             "custom_id",
         ]
         wanted += [*TASK_FIELDS, *self.keep_columns]
+        if self.image_column is not None:
+            wanted.append(self.image_column)
         present = set(available)
         return list(dict.fromkeys(name for name in wanted if name in present))
 

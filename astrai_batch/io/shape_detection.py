@@ -14,6 +14,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from astrai_batch.errors import ConfigError, InputError
+from astrai_batch.io.image_sources import DEFAULT_MAX_IMAGES_PER_ROW
 from astrai_batch.io.rows import ID_FIELDS, PLAIN_SHAPE_FIELDS, RowPlan
 
 NO_SHAPE_MESSAGE = "row has no prompt, messages, prompt_token_ids or body"
@@ -71,6 +72,8 @@ def plan_for_columns(
     keep_columns: Sequence[str],
     json_text_columns: Sequence[str] = (),
     task: str = "generate",
+    image_column: str | None = None,
+    max_images_per_row: int = DEFAULT_MAX_IMAGES_PER_ROW,
 ) -> RowPlan:
     """The reading plan for an input with these columns; InputError when none is usable.
 
@@ -87,6 +90,10 @@ def plan_for_columns(
         raise no_prompt_column(source_name, columns)
     if id_column is not None:
         _require_column(id_column, "id column", columns, source_name, listing)
+    if image_column is not None:
+        _require_column(image_column, "image column", columns, source_name, listing)
+        if image_column == prompt_column:
+            raise ConfigError(f"--image-column and --prompt-column both name {image_column!r}")
     keep = tuple(keep_columns)
     duplicates = sorted({name for name in keep if keep.count(name) > 1})
     if duplicates:
@@ -102,6 +109,8 @@ def plan_for_columns(
         keep_columns=keep,
         json_text_columns=tuple(json_text_columns),
         task=task,
+        image_column=image_column,
+        max_images_per_row=max_images_per_row,
     )
 
 

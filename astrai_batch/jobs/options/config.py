@@ -19,10 +19,19 @@ from astrai_batch.engine.config import check_utilization
 from astrai_batch.engine.device_choice import AUTO, choose_dtype, resolve_device_name
 from astrai_batch.engine.sampling.params import SamplingParams
 from astrai_batch.errors import ConfigError
+from astrai_batch.io.image_sources import (
+    DEFAULT_MAX_IMAGES_PER_ROW,
+    DEFAULT_MAX_PIXELS,
+    ImageLimits,
+)
 from astrai_batch.jobs.options.constraint_options import CONSTRAINT_OPTIONS, job_constraint
 from astrai_batch.jobs.options.engine_options import check_engine_options
 from astrai_batch.jobs.options.executor_options import check_executor_options
-from astrai_batch.jobs.options.io_options import check_io_options, output_format_for
+from astrai_batch.jobs.options.io_options import (
+    check_image_options,
+    check_io_options,
+    output_format_for,
+)
 from astrai_batch.jobs.options.lora_options import (
     DEFAULT_MAX_LORA_RANK,
     DEFAULT_MAX_LORAS,
@@ -56,6 +65,10 @@ from astrai_batch.jobs.options.task_options import (
 from astrai_batch.jobs.planning.prefix_order import PlanningOptions
 
 DEFAULT_MODEL = "smollm2-135m"
+IMAGE_LIMIT_DEFAULTS = {
+    "max_images_per_row": DEFAULT_MAX_IMAGES_PER_ROW,
+    "max_image_pixels": DEFAULT_MAX_PIXELS,
+}
 
 # The CLI default for max_tokens; SamplingParams' own default happens to agree.
 DEFAULT_MAX_TOKENS = 256
@@ -89,6 +102,11 @@ class JobConfig:
     prompt_column: str | None = None
     id_column: str | None = None
     keep_columns: tuple[str, ...] = ()
+    # Rows' images: a column of them (`io.image_parts`), and the limits on them
+    # (`io.image_sources.ImageLimits`; docs/multimodal.md)
+    image_column: str | None = None
+    max_images_per_row: int = DEFAULT_MAX_IMAGES_PER_ROW
+    max_image_pixels: int = DEFAULT_MAX_PIXELS
     # Variables for the chat template (e.g. enable_thinking); rows may add to them.
     chat_template_kwargs: dict[str, Any] | None = None
     # The names OpenAI lines' body.model may give the base model (empty: --model as given)
@@ -157,6 +175,8 @@ class JobConfig:
             "max_loras",
             "max_lora_rank",
             "tensor_parallel_size",
+            "max_images_per_row",
+            "max_image_pixels",
         ):
             require_positive_int(name, getattr(self, name))
         check_lora_options(self.lora, self.max_loras)
@@ -186,6 +206,7 @@ class JobConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ConfigError(f"{name} must be a number of seconds > 0, got {value!r}")
+        check_image_options(self.image_column, self.prompt_column, self.task)
         for name in ("revision", "input_format", "prompt_column", "id_column", "summary_json"):
             value = getattr(self, name)
             if value is not None:
@@ -260,7 +281,15 @@ class JobConfig:
             "id_column": self.id_column,
             "keep_columns": self.keep_columns,
             "task": self.task,
+            "image_column": self.image_column,
+            "max_images_per_row": self.max_images_per_row,
         }
+
+    def image_limits(self) -> ImageLimits:
+        """What this job accepts of one row's images (`io.image_sources.load_image`)."""
+        return ImageLimits(
+            max_pixels=self.max_image_pixels, max_images_per_row=self.max_images_per_row
+        )
 
     def engine_options(self) -> dict[str, Any]:
         """Keyword arguments of `EngineConfig` (kept here so jobs/ owns the mapping)."""
@@ -322,6 +351,11 @@ class JobConfig:
         """The values of `RESULT_OPTIONS`: what a resumed run must share (see there)."""
         options = self.to_dict()
         out = {name: options[name] for name in RESULT_OPTIONS}
+        # image limits at their defaults are left out, so a checkpoint written before they
+        # existed (no such keys) resumes under the defaults
+        for name, default in IMAGE_LIMIT_DEFAULTS.items():
+            if out[name] == default:
+                del out[name]
         out["device"] = self.device.split(":", 1)[0].strip().lower()
         return out
 

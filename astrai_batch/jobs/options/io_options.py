@@ -1,5 +1,5 @@
-"""What a job reads and writes: the input and output formats, the input columns kept, and the
-chat template's variables."""
+"""What a job reads and writes: the input and output formats, the input columns kept, the
+image column, and the chat template's variables."""
 
 from __future__ import annotations
 
@@ -59,3 +59,16 @@ def output_format_for(name: str, *, directory: bool, given: str | None) -> str:
             f"{named}); give the output a matching name or drop --output-format"
         )
     return given
+
+
+def check_image_options(image_column: object, prompt_column: object, task: object) -> None:
+    """``--image-column``: a column name other than the prompt's, for generation (a scored
+    or embedded row is text)."""
+    if image_column is None:
+        return
+    if not isinstance(image_column, str) or not image_column:
+        raise ConfigError(f"image_column must be a column name, got {json_type(image_column)}")
+    if image_column == prompt_column:
+        raise ConfigError(f"--image-column and --prompt-column both name {image_column!r}")
+    if task != "generate":
+        raise ConfigError(f"--image-column runs with --task generate, not --task {task}")

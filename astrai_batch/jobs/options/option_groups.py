@@ -53,6 +53,10 @@ RESULT_OPTIONS = (
     "prompt_column",
     "id_column",
     "keep_columns",
+    # which images rows have, and which rows fail for too many or too large ones
+    "image_column",
+    "max_images_per_row",
+    "max_image_pixels",
     "chat_template_kwargs",
     # which names body.model may give (other rows fail) and the name responses carry
     "served_model_name",
