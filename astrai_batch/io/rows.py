@@ -103,6 +103,9 @@ class InputRow:
     # an OpenAI /v1/embeddings line: its encoding_format ("float" or "base64")
     embedding: str | None = None
     best_of: BestOf | None = None  # an OpenAI completions line's best_of above its n
+    # an OpenAI completions line's prompts (an embeddings line's inputs) after the first,
+    # which is `prompt` or `prompt_token_ids`: texts or token ids, as the first is
+    extra_prompts: tuple[str | tuple[int, ...], ...] = ()
 
     def __post_init__(self) -> None:
         if self.index < 0:
@@ -117,6 +120,8 @@ class InputRow:
                 "exactly one of prompt, messages, prompt_token_ids must be set on a valid row, "
                 f"got {contents or 'none'}"
             )
+        if self.extra_prompts and self.messages is not None:
+            raise ValueError("a messages row has one prompt: extra_prompts are for completions")
         if self.error is not None and contents:
             raise ValueError(f"a row with an error carries no prompt, got {contents}")
         if self.error is None and self.id is None:

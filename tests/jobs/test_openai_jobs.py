@@ -434,3 +434,49 @@ def test_best_of_returns_the_likeliest_of_its_samples(tiny_llama_dir: Path, tmp_
     assert [c["text"] for c in choices] == [c["text"] for c in ranked[:2]]
     assert [c["index"] for c in choices] == [0, 1]
     assert [c["logprobs"] for c in choices] == [None, None]  # the line did not ask for them
+
+
+def test_several_prompts_answer_each_as_its_own_line_would(
+    tiny_llama_dir: Path, tmp_path: Path
+) -> None:
+    """A line of several prompts: choice p * n + s is prompt p's sample s, exactly the
+    choice s of a line holding prompt p alone (same seed), with echo, logprobs and best_of
+    per prompt; usage sums every prompt's tokens."""
+    texts = [question(1), question(2), question(3)]
+    sampled = {"n": 2, "temperature": 1.0, "seed": 7, "logprobs": 1, "max_tokens": 3}
+    echo = {"echo": True, "logprobs": 1, "max_tokens": 0}
+    best = {"n": 1, "best_of": 3, "temperature": 1.0, "seed": 3, "max_tokens": 3}
+    ids = [[1, 45, 46], [1, 47], [1, 48, 49, 50]]
+    groups = {
+        "sampled": (texts, sampled),
+        "ids": (ids, {"max_tokens": 2}),
+        "echo": (texts[:2], echo),
+        "best": (texts[1:], best),
+    }
+    lines = []
+    for name, (prompts, body) in groups.items():
+        lines.append(line(name, COMPLETIONS, prompt=prompts, **body))
+        lines += [
+            line(f"{name}{p}", COMPLETIONS, prompt=[x], **body) for p, x in enumerate(prompts)
+        ]
+    lines.append(line("mixed", COMPLETIONS, prompt=["a", [1, 2]]))
+    out, _ = run_lines(tiny_llama_dir, tmp_path, lines)
+    by_id = {item["custom_id"]: item for item in out}
+    for name, (prompts, _) in groups.items():
+        body = by_id[name]["response"]["body"]
+        singles = [by_id[f"{name}{p}"]["response"]["body"] for p in range(len(prompts))]
+        expected = [
+            {**choice, "index": position}
+            for position, choice in enumerate(c for single in singles for c in single["choices"])
+        ]
+        assert body["choices"] == expected, name
+        for key in ("prompt_tokens", "completion_tokens", "total_tokens"):
+            assert body["usage"][key] == sum(single["usage"][key] for single in singles)
+    assert len(by_id["sampled"]["response"]["body"]["choices"]) == 6
+    assert len(by_id["best"]["response"]["body"]["choices"]) == 2
+    echoed = by_id["echo"]["response"]["body"]["choices"]
+    assert [c["text"][: len(t)] for c, t in zip(echoed, texts, strict=False)] == texts[:2]
+    assert by_id["mixed"]["error"]["message"] == (
+        "body.prompt must be a string, a list of token ids, a list of strings or a list of "
+        "token-id lists, got a list mixing them"
+    )

@@ -39,8 +39,10 @@ from astrai_batch.jobs.planning.tokenize import PromptEncoder
 from astrai_batch.jobs.planning.window import (
     PreparedRow,
     PreparedWindow,
+    line_sample,
     prepare_window,
     read_window,
+    request_row,
 )
 from astrai_batch.jobs.progress import Progress, ProgressSnapshot
 from astrai_batch.jobs.signals import SignalWatcher
@@ -273,8 +275,8 @@ class JobExecution:
         window = self._window
         if window is None:
             raise AstraiBatchError(f"result for request {result.request_id!r} outside any window")
-        row = window.row(int(result.request_id))  # type: ignore[call-overload]
-        samples = self.collector.add(result, row.num_samples)
+        row = window.row(request_row(result.request_id)[0])
+        samples = self.collector.add(line_sample(row, result), row.num_samples)
         if samples is not None:
             self._complete_row(row, row_records(row, samples, self.parsing))
             self._after_rows()
