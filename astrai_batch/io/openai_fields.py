@@ -130,7 +130,10 @@ CHAT_FIELDS: dict[str, BodyField] = {
 
 COMPLETION_FIELDS: dict[str, BodyField] = {
     **_SAMPLING,
-    "prompt": honoured("a string, a list of token ids, or a list holding one of them"),
+    "prompt": honoured(
+        "a string, a list of token ids, or a list of either: each prompt answered, n choices "
+        "apiece (choice prompt_index * n + sample_index)"
+    ),
     "logprobs": honoured(
         "an integer 0-5: each generated token's logprob and its N likeliest alternatives, "
         "in the Completions shape (true: the same as 0)"
@@ -148,7 +151,10 @@ COMPLETION_FIELDS: dict[str, BodyField] = {
 }
 
 EMBEDDING_FIELDS: dict[str, BodyField] = {
-    "input": honoured("a string or a list of token ids"),
+    "input": honoured(
+        "a string, a list of token ids, or a list of either: one embedding per input, "
+        "data[i] for input i"
+    ),
     "model": _SAMPLING["model"],
     "dimensions": honoured(
         "truncation to the first N values, then unit norm; with --task embed it must be the "

@@ -394,8 +394,23 @@ def test_embeddings_lines_embed_in_a_generate_job(tiny_llama_dir: Path, tmp_path
         line("b64", "/v1/embeddings", input=texts[0], encoding_format="base64"),
         line("d8", "/v1/embeddings", input=texts[1], dimensions=8),
         line("bad", "/v1/embeddings", input=texts[1], encoding_format="int8"),
+        line("list", "/v1/embeddings", input=texts[::-1]),
+        line("ids", "/v1/embeddings", input=[[1, 45, 46], [1, 47]]),
+        line("id0", "/v1/embeddings", input=[1, 45, 46]),
+        line("id1", "/v1/embeddings", input=[1, 47]),
     ]
     out, _ = run_lines(tiny_llama_dir, tmp_path, lines)
+    # several inputs: data[i] is input i's embedding, as its own line gives it; usage sums
+    listed = out[6]["response"]["body"]
+    assert [item["index"] for item in listed["data"]] == [0, 1]
+    assert [item["embedding"] for item in listed["data"]] == vectors[::-1]
+    assert listed["usage"]["prompt_tokens"] == sum(
+        item["response"]["body"]["usage"]["prompt_tokens"] for item in reference
+    )
+    by_ids = out[7]["response"]["body"]
+    alone = [out[k]["response"]["body"]["data"][0]["embedding"] for k in (8, 9)]
+    assert [item["embedding"] for item in by_ids["data"]] == alone
+    assert by_ids["usage"] == {"prompt_tokens": 5, "total_tokens": 5}
     assert out[0]["response"]["body"]["object"] == "chat.completion"
     assert [item["response"]["body"]["data"][0]["embedding"] for item in out[1:3]] == vectors
     encoded = out[3]["response"]["body"]["data"][0]["embedding"]
@@ -418,6 +433,15 @@ def test_embeddings_lines_embed_in_a_generate_job(tiny_llama_dir: Path, tmp_path
     rows = pq.read_table(tmp_path / "mixed.parquet").to_pylist()
     assert rows[0]["embedding"] is None and isinstance(rows[0]["completion"], str)
     assert [row["embedding"] for row in rows[1:3]] == vectors
+    # a line of several inputs has a row per input, sample_index its place in body.input
+    listed_rows = [row for row in rows if row["id"] == "list"]
+    assert [(r["sample_index"], r["embedding"]) for r in listed_rows] == list(
+        enumerate(vectors[::-1])
+    )
+
+    # a --task embed job answers a line of several inputs too
+    embed_out, _ = run_lines(tiny_llama_dir, tmp_path, [lines[6]], "--task", "embed")
+    assert embed_out[0]["response"]["body"]["data"] == listed["data"]
 
 
 def test_best_of_returns_the_likeliest_of_its_samples(tiny_llama_dir: Path, tmp_path: Path) -> None:
