@@ -157,8 +157,9 @@ EMBEDDING_FIELDS: dict[str, BodyField] = {
     ),
     "model": _SAMPLING["model"],
     "dimensions": honoured(
-        "truncation to the first N values, then unit norm; with --task embed it must be the "
-        "job's --dimensions (one column size)"
+        "on a Matryoshka model (config.json's matryoshka_dimensions or is_matryoshka), the "
+        "first N values, then unit norm; else refused; with --task embed it must be the job's "
+        "--dimensions (one column size)"
     ),
     "encoding_format": honoured(
         "float (a list of numbers) or base64 (the little-endian float32 bytes, as OpenAI)"

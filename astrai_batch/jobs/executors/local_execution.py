@@ -34,7 +34,7 @@ from astrai_batch.jobs.output.checkpoint import Checkpoint, WindowRecord
 from astrai_batch.jobs.output.records import error_record, row_records
 from astrai_batch.jobs.output.response_parsing import ResponseParsing
 from astrai_batch.jobs.output.timeline import TimelineRecorder
-from astrai_batch.jobs.planning.embed_rows import job_embed_request
+from astrai_batch.jobs.planning.embed_rows import job_embed_request, read_matryoshka
 from astrai_batch.jobs.planning.tokenize import PromptEncoder
 from astrai_batch.jobs.planning.window import (
     PreparedRow,
@@ -103,6 +103,7 @@ class JobExecution:
             if config.task == "generate"
             else None
         )
+        self.matryoshka = read_matryoshka(loaded.model.name_or_path)
         saved = checkpoint.total_stats()
         self.rows_before = saved.input_rows
         self.failed_rows = saved.failed_rows
@@ -241,6 +242,7 @@ class JobExecution:
                 ),
                 tool_parser=self.config.tool_call_parser,
                 line_embed=self.line_embed,
+                matryoshka=self.matryoshka,
             )
 
         window = await anyio.to_thread.run_sync(work)

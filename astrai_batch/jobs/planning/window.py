@@ -21,7 +21,7 @@ from astrai_batch.engine.types import GenerationRequest, GenerationResult
 from astrai_batch.errors import AstraiBatchError, ConfigError
 from astrai_batch.io import InputRow
 from astrai_batch.io.rows import BestOf
-from astrai_batch.jobs.planning.embed_rows import embed_row_problem
+from astrai_batch.jobs.planning.embed_rows import Matryoshka, embed_row_problem
 from astrai_batch.jobs.planning.prefix_order import plan_window
 from astrai_batch.jobs.planning.score_pairs import score_encodings
 from astrai_batch.jobs.planning.tokenize import PromptEncoder
@@ -236,6 +236,7 @@ def prepare_window(
     served: Sequence[str] | None = None,
     tool_parser: str | None = None,
     line_embed: EmbedRequest | None = None,
+    matryoshka: Matryoshka | None = None,
 ) -> PreparedWindow:
     """Tokenize, resolve per-row sampling parameters and plan one window (CPU work: run it
     in a worker thread). Rows without a ``custom_id`` of their own use their row id as one
@@ -244,7 +245,9 @@ def prepare_window(
     with any, each row's adapter is kept in a `lora` column. `served`: the base model's names
     an OpenAI line's body.model may give (None: any name runs on the base model);
     `tool_parser`: the job's --tool-call-parser (without one, a tool_choice auto row fails);
-    `line_embed`: how a generate job embeds its /v1/embeddings lines (body.dimensions each)."""
+    `line_embed`: how a generate job embeds its /v1/embeddings lines (body.dimensions each);
+    `matryoshka`: whether the model honours an embeddings line's body.dimensions (None: it
+    does, unchecked)."""
     embeds: dict[int, EmbedRequest] = {}  # a generate job's embeddings lines
     extra: dict[int, tuple[tuple[int, ...], ...]] = {}  # lines of several prompts
     encodings = encoder.encode(input_rows)
@@ -261,6 +264,8 @@ def prepare_window(
         problem = unserved_model_message(row, served, adapters)
         if problem is None and row.tool_choice == "auto" and tool_parser is None:
             problem = AUTO_TOOLS_MESSAGE
+        if problem is None and row.embedding is not None and matryoshka is not None:
+            problem = matryoshka.problem(row.overrides.get("dimensions"))
         if problem is not None:
             staged.append((row, None, None, problem))
             continue
