@@ -1,12 +1,13 @@
 """OpenAI `/v1/embeddings` batch lines: the request's input in, the response body out.
 
-In: ``body.input`` is one string or one list of token ids (a list of several inputs is a row
-error: one line, one embedding); ``body.encoding_format`` is ``float`` or ``base64``;
-``body.dimensions`` truncates (with ``--task embed`` it must be the job's ``--dimensions``:
-a Parquet column has one size); ``model`` picks the model as on every line; the rest is
-`openai_fields`' table. The url decides: an embeddings line embeds in a ``--task generate``
-job too. Out: ``{"object": "list", "data": [{"object": "embedding", "index": 0,
-"embedding": [...] or base64 text}], "model", "usage"}``.
+In: ``body.input`` is a string, a list of token ids, a list of strings or a list of
+token-id lists (each input its own engine request, one embedding each, in order);
+``body.encoding_format`` is ``float`` or ``base64``; ``body.dimensions`` truncates (with
+``--task embed`` it must be the job's ``--dimensions``: a Parquet column has one size);
+``model`` picks the model as on every line; the rest is `openai_fields`' table. The url
+decides: an embeddings line embeds in a ``--task generate`` job too. Out: ``{"object":
+"list", "data": [{"object": "embedding", "index": i, "embedding": [...] or base64 text}],
+"model", "usage"}``, ``data[i]`` for ``input[i]``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from astrai_batch.io.openai_fields import check_body_fields
-from astrai_batch.io.row_validation import validate_prompt, validate_token_ids
+from astrai_batch.io.openai_request import completion_prompt
 from astrai_batch.io.rows import RowProblem
 from astrai_batch.json_types import json_type
 
@@ -28,15 +29,7 @@ def parse_embeddings_request(
     """The row's content keyword, its overrides ({"dimensions": N} when given) and its
     ignored body fields (`openai_fields`)."""
     ignored = check_body_fields(body, "embedding")
-    value = body.get("input")
-    if isinstance(value, list) and value and all(isinstance(x, str) for x in value):
-        if len(value) != 1:
-            raise RowProblem("body.input must be one input per line, got a list of texts")
-        value = value[0]
-    if isinstance(value, list):
-        content = {"prompt_token_ids": validate_token_ids(value, "body.input")}
-    else:
-        content = {"prompt": validate_prompt(value, "body.input")}
+    content = completion_prompt(body.get("input"), "body.input")
     encoding = body.get("encoding_format")
     if encoding is not None and encoding not in ("float", "base64"):
         raise RowProblem(f"body.encoding_format must be float or base64, got {_shown(encoding)}")
@@ -51,16 +44,20 @@ def _shown(value: Any) -> str:
 
 
 def embeddings_response_body(
-    model: str, embedding: list[float], prompt_tokens: int, encoding: str = "float"
+    model: str, embeddings: list[list[float]], prompt_tokens: int, encoding: str = "float"
 ) -> dict[str, Any]:
-    """The response body; with ``base64`` the vector is the base64 text of its float32
-    values, little-endian (what OpenAI writes and its client decodes)."""
-    vector: Any = list(embedding)
-    if encoding == "base64":
-        vector = base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode("ascii")
+    """The response body: one ``data`` entry per input, ``index`` its place in
+    ``body.input``; `prompt_tokens` is every input's. With ``base64`` a vector is the base64
+    text of its float32 values, little-endian (what OpenAI writes and its client decodes)."""
+    data = []
+    for index, embedding in enumerate(embeddings):
+        vector: Any = list(embedding)
+        if encoding == "base64":
+            vector = base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode("ascii")
+        data.append({"object": "embedding", "index": index, "embedding": vector})
     return {
         "object": "list",
-        "data": [{"object": "embedding", "index": 0, "embedding": vector}],
+        "data": data,
         "model": model,
         "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
     }

@@ -134,8 +134,8 @@ CHAT_FIELDS: dict[str, BodyField] = {
 COMPLETION_FIELDS: dict[str, BodyField] = {
     **_SAMPLING,
     "prompt": honoured(
-        "a string, a list of token ids, or a list holding one of them (no images: those go "
-        "in chat messages)"
+        "a string, a list of token ids, or a list of either: each prompt answered, n choices "
+        "apiece (choice prompt_index * n + sample_index); no images (those go in chat messages)"
     ),
     "logprobs": honoured(
         "an integer 0-5: each generated token's logprob and its N likeliest alternatives, "
@@ -154,11 +154,15 @@ COMPLETION_FIELDS: dict[str, BodyField] = {
 }
 
 EMBEDDING_FIELDS: dict[str, BodyField] = {
-    "input": honoured("a string or a list of token ids"),
+    "input": honoured(
+        "a string, a list of token ids, or a list of either: one embedding per input, "
+        "data[i] for input i"
+    ),
     "model": _SAMPLING["model"],
     "dimensions": honoured(
-        "truncation to the first N values, then unit norm; with --task embed it must be the "
-        "job's --dimensions (one column size)"
+        "on a Matryoshka model (config.json's matryoshka_dimensions or is_matryoshka), the "
+        "first N values, then unit norm; else refused; with --task embed it must be the job's "
+        "--dimensions (one column size)"
     ),
     "encoding_format": honoured(
         "float (a list of numbers) or base64 (the little-endian float32 bytes, as OpenAI)"

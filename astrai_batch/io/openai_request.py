@@ -4,8 +4,10 @@ What a job does with each body field is `openai_fields`' table (docs/openai.md):
 honoured ones are read here into
 
 - the prompt: ``messages`` (chat; ``image_url`` content parts become the row's images,
-  `image_parts`), or ``prompt`` (completions: a string, a list of token ids, or a list
-  holding one of those; never images);
+  `image_parts`), or ``prompt`` (completions: a string, a list of token ids, a list of
+  strings or a list of token-id lists, never images: a line of several prompts answers
+  each, ``n`` choices apiece, choice ``prompt_index * n + sample_index`` as OpenAI and vLLM
+  number them);
 - sampling overrides, copied raw into `InputRow.overrides` (``max_completion_tokens`` is the
   newer name of ``max_tokens`` and wins when both are given; a completions ``logprobs``
   integer N asks for logprobs and N alternatives per token);
@@ -25,7 +27,8 @@ table's: ``custom_id is missing``, ``custom_id must be a string, got integer``,
 ``method must be POST, got 'GET'``,
 ``url must be /v1/chat/completions, /v1/completions or /v1/embeddings, got '/v1/x'``,
 ``body is missing``, ``body must be an object, got string``, ``body is not valid JSON: ...``,
-``body has neither messages nor prompt``, ``body.prompt holds 2 prompts; ...``,
+``body has neither messages nor prompt``, ``body.prompt must be ... got a list mixing them``,
+``body.prompt_logprobs needs one prompt per line ...``,
 ``body.logprobs must be an integer from 0 to 5 or a boolean, got 7``,
 ``body.prompt of /v1/completions is text or token ids; content parts such as images go in
 /v1/chat/completions messages``,
@@ -84,6 +87,12 @@ def parse_openai_request(record: Mapping[str, Any]) -> OpenAIRequest:
         content = completion_prompt(body.get("prompt"))
     ignored = check_body_fields(body, kind)
     overrides = collect_overrides(body, BODY_OVERRIDE_FIELDS)
+    if content.get("extra_prompts") and overrides.get("prompt_logprobs") is not None:
+        # the body has one prompt_logprobs field; echo writes each prompt's in its choices
+        raise RowProblem(
+            "body.prompt_logprobs needs one prompt per line; with several prompts give "
+            "echo with logprobs (each choice then holds its prompt's logprobs)"
+        )
     if body.get("response_format") is not None:
         overrides |= response_format_override(body["response_format"], "body.response_format")
     newer_max = overrides.pop("max_completion_tokens", None)
@@ -125,26 +134,29 @@ def check_line(record: Mapping[str, Any]) -> None:
         raise RowProblem(f"method must be POST, got {method!r}")
 
 
-def completion_prompt(value: Any) -> dict[str, Any]:
-    """A completions ``prompt``: a string or token ids, or a list holding one of them."""
+def completion_prompt(value: Any, field_name: str = "body.prompt") -> dict[str, Any]:
+    """A completions ``prompt`` (or an embeddings ``input``): a string or token ids, or a
+    list of strings or of token-id lists. A line of several prompts runs each as its own
+    request: the first is the row's prompt, the rest its ``extra_prompts``."""
     if isinstance(value, list) and any(isinstance(item, Mapping) for item in value):
         raise RowProblem(
             f"body.prompt of {COMPLETIONS_URL} is text or token ids; content parts such as "
             f"images go in {CHAT_URL} messages"
         )
-    if isinstance(value, list) and value and all(isinstance(item, (str, list)) for item in value):
-        if len(value) != 1:
-            raise RowProblem(
-                f"body.prompt holds {len(value)} prompts; a line here runs one prompt "
-                "(write one line per prompt)"
-            )
-        value = value[0]
-        if isinstance(value, list):
-            return {"prompt_token_ids": validate_token_ids(value, "body.prompt[0]")}
-        return {"prompt": validate_prompt(value, "body.prompt[0]")}
+    if isinstance(value, list) and value and all(isinstance(item, str) for item in value):
+        texts = [validate_prompt(item, f"{field_name}[{i}]") for i, item in enumerate(value)]
+        return {"prompt": texts[0], "extra_prompts": tuple(texts[1:])}
+    if isinstance(value, list) and value and all(isinstance(item, list) for item in value):
+        ids = [validate_token_ids(item, f"{field_name}[{i}]") for i, item in enumerate(value)]
+        return {"prompt_token_ids": ids[0], "extra_prompts": tuple(ids[1:])}
+    if isinstance(value, list) and any(isinstance(item, (str, list)) for item in value):
+        raise RowProblem(
+            f"{field_name} must be a string, a list of token ids, a list of strings or a list "
+            "of token-id lists, got a list mixing them"
+        )
     if isinstance(value, list):
-        return {"prompt_token_ids": validate_token_ids(value, "body.prompt")}
-    return {"prompt": validate_prompt(value, "body.prompt")}
+        return {"prompt_token_ids": validate_token_ids(value, field_name)}
+    return {"prompt": validate_prompt(value, field_name)}
 
 
 def _best_of(value: Any, overrides: dict[str, Any]) -> BestOf | None:

@@ -108,6 +108,9 @@ class InputRow:
     # the row's images in the order it names them (`io.image_parts`); each stands at a
     # {"type": "image"} part of `messages`, decoded only when its window runs
     images: tuple[ImageRef, ...] = ()
+    # an OpenAI completions line's prompts (an embeddings line's inputs) after the first,
+    # which is `prompt` or `prompt_token_ids`: texts or token ids, as the first is
+    extra_prompts: tuple[str | tuple[int, ...], ...] = ()
 
     def __post_init__(self) -> None:
         if self.index < 0:
@@ -122,6 +125,8 @@ class InputRow:
                 "exactly one of prompt, messages, prompt_token_ids must be set on a valid row, "
                 f"got {contents or 'none'}"
             )
+        if self.extra_prompts and self.messages is not None:
+            raise ValueError("a messages row has one prompt: extra_prompts are for completions")
         if self.error is not None and contents:
             raise ValueError(f"a row with an error carries no prompt, got {contents}")
         if self.error is None and self.id is None:

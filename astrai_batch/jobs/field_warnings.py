@@ -18,10 +18,14 @@ class IgnoredFieldWarnings:
 
     def see(self, rows: Iterable[InputRow]) -> None:
         for row in rows:
-            for name in row.ignored_fields:
-                if name not in self._seen:
-                    self._seen.add(name)
-                    self._pending.add(name)
+            self.see_names(row.ignored_fields)
+
+    def see_names(self, names: Iterable[str]) -> None:
+        """Names gathered elsewhere (a Ray job's read tasks)."""
+        for name in names:
+            if name not in self._seen:
+                self._seen.add(name)
+                self._pending.add(name)
 
     def new_warnings(self) -> list[str]:
         names, self._pending = sorted(self._pending), set()

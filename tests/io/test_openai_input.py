@@ -205,6 +205,8 @@ def test_reasoning_effort_is_a_template_variable_under_chat_template_kwargs(writ
         (["Once"], {"prompt": "Once"}),
         ([5, 6, 7], {"prompt_token_ids": (5, 6, 7)}),
         ([[5, 6]], {"prompt_token_ids": (5, 6)}),
+        (["One", "Two", "Three"], {"prompt": "One", "extra_prompts": ("Two", "Three")}),
+        ([[5, 6], [7]], {"prompt_token_ids": (5, 6), "extra_prompts": ((7,),)}),
     ],
 )
 def test_completion_prompt_shapes(write_jsonl, prompt: Any, content: dict[str, Any]) -> None:
@@ -239,8 +241,19 @@ def test_completion_logprobs_integer(write_jsonl, logprobs: Any, overrides: dict
             "got '/v1/responses'",
         ),
         (
-            request(url=COMPLETIONS, prompt=["a", "b"]),
-            "body.prompt holds 2 prompts; a line here runs one prompt (write one line per prompt)",
+            request(url=COMPLETIONS, prompt=["a", [1, 2]]),
+            "body.prompt must be a string, a list of token ids, a list of strings or a list of "
+            "token-id lists, got a list mixing them",
+        ),
+        (request(url=COMPLETIONS, prompt=["a", ""]), "body.prompt[1] is empty"),
+        (
+            request(url=COMPLETIONS, prompt=[[1], [2, -1]]),
+            "body.prompt[1][1] must be a non-negative integer, got -1",
+        ),
+        (
+            request(url=COMPLETIONS, prompt=["a", "b"], prompt_logprobs=1),
+            "body.prompt_logprobs needs one prompt per line; with several prompts give echo "
+            "with logprobs (each choice then holds its prompt's logprobs)",
         ),
         (
             request(url=COMPLETIONS, prompt="p", logprobs=6),

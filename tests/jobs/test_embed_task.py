@@ -109,8 +109,9 @@ def test_openai_embeddings_lines(tmp_path, tiny_llama_dir):
         want = hf_hidden(tiny_llama_dir, text)[-1]
         assert cosine(body["data"][0]["embedding"], want) > 0.99999
     assert responses[3]["error"]["message"] == (
-        "body.dimensions 8 differs from the job's --dimensions (none); "
-        "run the job with --dimensions 8"
+        "body.dimensions 8 cannot be honoured: the model is not a Matryoshka embedding model "
+        "(its config.json has no matryoshka_dimensions or is_matryoshka), so a truncated "
+        "vector would lose its meaning"
     )
 
 
@@ -153,3 +154,39 @@ def test_a_module_it_cannot_run_is_refused_at_start(tmp_path, tiny_llama_dir):
         "position 2 is not supported" in result.output
     )
     assert not output.exists()
+
+
+def test_dimensions_on_a_matryoshka_model_as_sentence_transformers_truncate_dim(
+    tmp_path, tiny_llama_dir
+):
+    """body.dimensions on a model whose config.json lists its Matryoshka dimensions (vLLM's
+    rule): sentence-transformers' truncate_dim output, renormalized; a size it was not
+    trained at is refused."""
+    from sentence_transformers import SentenceTransformer
+
+    model_dir = sentence_model_dir(tiny_llama_dir, tmp_path / "st", "mean", normalize=True)
+    config = json.loads((model_dir / "config.json").read_text())
+    config["matryoshka_dimensions"] = [16, 32]
+    (model_dir / "config.json").write_text(json.dumps(config))
+    reference = SentenceTransformer(str(model_dir), device="cpu", truncate_dim=16)
+    ids = [reference.preprocess([t])["input_ids"][0].tolist() for t in TEXTS]
+    want = reference.encode(TEXTS, normalize_embeddings=True)
+    lines = [
+        {"custom_id": f"e{i}", "url": "/v1/embeddings", "body": {"input": x, "dimensions": 16}}
+        for i, x in enumerate(ids)
+    ]
+    lines.append(
+        {"custom_id": "odd", "url": "/v1/embeddings", "body": {"input": "x", "dimensions": 8}}
+    )
+    source = write_jsonl(tmp_path / "in.jsonl", lines)
+    output = tmp_path / "out.jsonl"
+    result = run_cli("run", source, output, "--model", model_dir, "--max-tokens", "2", "-q")
+    assert result.exit_code == 0, result.output
+    responses = [json.loads(x) for x in output.read_text().splitlines()]
+    for response, vector in zip(responses, want, strict=False):
+        got = response["response"]["body"]["data"][0]["embedding"]
+        assert len(got) == 16
+        torch.testing.assert_close(torch.tensor(got), torch.tensor(vector), rtol=1e-4, atol=2e-5)
+    assert responses[-1]["error"]["message"] == (
+        "body.dimensions 8 is not one of the model's Matryoshka dimensions (16, 32)"
+    )

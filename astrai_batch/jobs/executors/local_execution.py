@@ -34,13 +34,15 @@ from astrai_batch.jobs.output.checkpoint import Checkpoint, WindowRecord
 from astrai_batch.jobs.output.records import error_record, row_records
 from astrai_batch.jobs.output.response_parsing import ResponseParsing
 from astrai_batch.jobs.output.timeline import TimelineRecorder
-from astrai_batch.jobs.planning.embed_rows import job_embed_request
+from astrai_batch.jobs.planning.embed_rows import job_embed_request, read_matryoshka
 from astrai_batch.jobs.planning.tokenize import PromptEncoder
 from astrai_batch.jobs.planning.window import (
     PreparedRow,
     PreparedWindow,
+    line_sample,
     prepare_window,
     read_window,
+    request_row,
 )
 from astrai_batch.jobs.progress import Progress, ProgressSnapshot
 from astrai_batch.jobs.signals import SignalWatcher
@@ -101,6 +103,7 @@ class JobExecution:
             if config.task == "generate"
             else None
         )
+        self.matryoshka = read_matryoshka(loaded.model.name_or_path)
         saved = checkpoint.total_stats()
         self.rows_before = saved.input_rows
         self.failed_rows = saved.failed_rows
@@ -239,6 +242,7 @@ class JobExecution:
                 ),
                 tool_parser=self.config.tool_call_parser,
                 line_embed=self.line_embed,
+                matryoshka=self.matryoshka,
             )
 
         window = await anyio.to_thread.run_sync(work)
@@ -273,8 +277,8 @@ class JobExecution:
         window = self._window
         if window is None:
             raise AstraiBatchError(f"result for request {result.request_id!r} outside any window")
-        row = window.row(int(result.request_id))  # type: ignore[call-overload]
-        samples = self.collector.add(result, row.num_samples)
+        row = window.row(request_row(result.request_id)[0])
+        samples = self.collector.add(line_sample(row, result), row.num_samples)
         if samples is not None:
             self._complete_row(row, row_records(row, samples, self.parsing))
             self._after_rows()

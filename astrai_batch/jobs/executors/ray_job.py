@@ -4,6 +4,7 @@ The driver never holds the dataset. It reads only the input's footer (row count,
 fingerprint) and one small table per prefix group; rows flow as Ray Data blocks:
 
   range(chunks) --map_batches(ChunkReader: read, tokenize, key)--> keyed rows (materialized)
+  keyed --map_batches(ignored_names)--> ignored OpenAI body field names -> driver warns once
   keyed --groupby(group).map_groups(GroupSummarizer)--> one summary per prefix group -> driver
   driver: assign_shards (prefix-aware, balanced by estimated work) -> ShardPlan
   keyed --map_batches(Router)--> rows with their shard, finished shards dropped
@@ -37,11 +38,13 @@ from astrai_batch.jobs.executors.ray_quiet import quiet_ray_data, ray_errors_in_
 from astrai_batch.jobs.executors.ray_stages import (
     ChunkReader,
     Router,
+    ignored_names,
     summaries_of,
     summarize_batch,
 )
 from astrai_batch.jobs.executors.ray_worker import ShardWorker
 from astrai_batch.jobs.executors.shard_store import ShardInfo, ShardStore
+from astrai_batch.jobs.field_warnings import IgnoredFieldWarnings
 from astrai_batch.jobs.options.config import JobConfig
 from astrai_batch.jobs.output.checkpoint import Checkpoint, ExecutorMark
 from astrai_batch.jobs.output.identity import model_identity_of
@@ -198,6 +201,12 @@ def _run_pending(
         .map_batches(reader, batch_size=1, batch_format="pyarrow")
         .materialize()
     )
+    # one warning per ignored body field name, as a local run writes them
+    warnings = IgnoredFieldWarnings()
+    taken = keyed.map_batches(ignored_names, batch_format="pyarrow").take_all()
+    warnings.see_names(row["name"] for row in taken)
+    for warning in warnings.new_warnings():
+        progress.message(warning)
     summaries = (
         keyed.groupby("group", num_partitions=partitions)
         .map_groups(

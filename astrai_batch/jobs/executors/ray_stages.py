@@ -24,7 +24,7 @@ from astrai_batch.errors import AstraiBatchError
 from astrai_batch.io import InputSource
 from astrai_batch.jobs.options.config import JobConfig
 from astrai_batch.jobs.options.openai_options import served_names
-from astrai_batch.jobs.planning.embed_rows import job_embed_request
+from astrai_batch.jobs.planning.embed_rows import job_embed_request, read_matryoshka
 from astrai_batch.jobs.planning.sharding import (
     GroupSummary,
     KeyedRow,
@@ -43,8 +43,11 @@ KEYED_SCHEMA = pa.schema(
         pa.field("max_new", pa.int64()),
         pa.field("adapter", pa.string()),  # the row's LoRA adapter; null: the base model
         pa.field("row", pa.binary()),
+        # an OpenAI line's body fields the job ignores: the driver warns once per name
+        pa.field("ignored", pa.list_(pa.string())),
     ]
 )
+IGNORED_SCHEMA = pa.schema([pa.field("name", pa.string())])
 SUMMARY_SCHEMA = pa.schema(
     [
         pa.field("key", pa.string()),
@@ -110,9 +113,21 @@ class ChunkReader:
                 line_embed=job_embed_request(config.pooling, config.normalize, None, config.model)
                 if config.task == "generate"
                 else None,
+                matryoshka=read_matryoshka(config.model),
             )
-            out.extend(keyed_record(row, config.page_size) for row in window.rows)
+            ignored = {row.index: list(row.ignored_fields) for row in rows}
+            out.extend(
+                {**keyed_record(row, config.page_size), "ignored": ignored[row.index]}
+                for row in window.rows
+            )
         return pa.Table.from_pylist(out, schema=KEYED_SCHEMA)
+
+
+def ignored_names(batch: pa.Table) -> pa.Table:
+    """The distinct ignored body field names of a batch of keyed rows (`map_batches`): the
+    driver takes these few names, never the rows."""
+    names = sorted({name for names in batch.column("ignored").to_pylist() for name in names or ()})
+    return pa.Table.from_pylist([{"name": name} for name in names], schema=IGNORED_SCHEMA)
 
 
 def keyed_record(row: PreparedRow, page_size: int) -> dict[str, Any]:

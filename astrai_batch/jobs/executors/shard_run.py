@@ -25,7 +25,12 @@ from astrai_batch.jobs.output.records import error_record, row_records
 from astrai_batch.jobs.output.response_parsing import ResponseParsing
 from astrai_batch.jobs.output.stats import WorkStats, engine_stats, records_stats
 from astrai_batch.jobs.planning.prefix_order import plan_window
-from astrai_batch.jobs.planning.window import PreparedRow, row_request
+from astrai_batch.jobs.planning.window import (
+    PreparedRow,
+    line_sample,
+    request_row,
+    row_requests,
+)
 
 
 @dataclass(frozen=True)
@@ -62,10 +67,10 @@ async def _run_shard(
     if len(by_index) != len(rows):
         raise AstraiBatchError("a shard holds the same input row twice")
     order = shard_requests(rows, config.page_size, config.grouping)
-    # The local run's requests (`row_request`: seeded by the row id, a score row's
+    # The local run's requests (`row_requests`: seeded by the row id, a score row's
     # continuations, an embed row's pooling): a row's result is the same whichever executor
     # and shard run it.
-    requests = [row_request(rows[p]) for p in order]
+    requests = [request for p in order for request in row_requests(rows[p])]
     collector = SampleCollector()
     parsing = ResponseParsing(config.tool_call_parser, config.reasoning_parser, loaded.tokenizer)
     async with Engine(loaded, EngineConfig(**config.engine_options())) as engine:
@@ -73,8 +78,8 @@ async def _run_shard(
         results = engine.generate(requests)
         async with contextlib.aclosing(results):  # type: ignore[type-var]
             async for result in results:
-                row = by_index[int(result.request_id)]  # type: ignore[call-overload]
-                samples = collector.add(result, row.num_samples)
+                row = by_index[request_row(result.request_id)[0]]
+                samples = collector.add(line_sample(row, result), row.num_samples)
                 if samples is not None:
                     records[row.index] = row_records(row, samples, parsing)
         after = engine.stats()

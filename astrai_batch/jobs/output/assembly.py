@@ -29,6 +29,7 @@ from astrai_batch.jobs.output.records import (
     EMBEDDING_FORMAT_COLUMN,
     INDEX_COLUMN,
     KIND_COLUMN,
+    PROMPT_COLUMN,
 )
 from astrai_batch.jobs.output.run_lock import process_alive
 from astrai_batch.jobs.output.stats import stats_table
@@ -110,6 +111,7 @@ OPENAI_COLUMNS = [
     CUSTOM_ID_COLUMN,
     ECHO_COLUMN,
     EMBEDDING_FORMAT_COLUMN,
+    PROMPT_COLUMN,
 ]
 
 
@@ -155,11 +157,12 @@ def _write_openai_row(
     if first["finish_reason"] == "error":
         writer.write_error(custom_id, code="invalid_request", message=first["error"], index=index)
         return
+    prompt_tokens, cached_tokens = _prompt_usage(records)
     if first.get("embedding") is not None:
         body = embeddings_response_body(
             model_name,
-            first["embedding"],
-            first["prompt_tokens"],
+            [record["embedding"] for record in records],
+            prompt_tokens,
             first.get(EMBEDDING_FORMAT_COLUMN) or "float",
         )
         writer.write_response(custom_id, body, index=index)
@@ -186,13 +189,24 @@ def _write_openai_row(
         first[KIND_COLUMN],
         model_name,
         samples,
-        first["prompt_tokens"],
+        prompt_tokens,
         created,
-        cached_tokens=first["cached_tokens"],
+        cached_tokens=cached_tokens,
         # an echo row's prompt logprobs are in its choices' logprobs
         prompt_logprobs=None if first.get(ECHO_COLUMN) is not None else first["prompt_logprobs"],
     )
     writer.write_response(custom_id, body, index=index)
+
+
+def _prompt_usage(records: list[dict[str, Any]]) -> tuple[int, int]:
+    """A line's prompt and cached tokens: each of its prompts counted once (a line of
+    several prompts has one record per prompt and sample, `PROMPT_COLUMN` telling them)."""
+    first_of: dict[Any, dict[str, Any]] = {}
+    for record in records:
+        first_of.setdefault(record.get(PROMPT_COLUMN), record)
+    prompt = sum(record["prompt_tokens"] or 0 for record in first_of.values())
+    cached = sum(record["cached_tokens"] or 0 for record in first_of.values())
+    return prompt, cached
 
 
 def echoed_prompt(record: Mapping[str, Any], tokenizer: Any) -> dict[str, Any]:

@@ -31,12 +31,16 @@ CUSTOM_ID_COLUMN = "__astrai_custom_id"
 ECHO_COLUMN = "__astrai_echo_prompt"
 # an OpenAI embeddings line: its encoding_format, float or base64 (null otherwise)
 EMBEDDING_FORMAT_COLUMN = "__astrai_embedding_format"
+# an OpenAI line of several prompts: the record's prompt number (null: the line's only one);
+# the response's usage counts each prompt's tokens once
+PROMPT_COLUMN = "__astrai_prompt"
 INTERNAL_FIELDS = (
     pa.field(INDEX_COLUMN, pa.int64(), nullable=False),
     pa.field(KIND_COLUMN, pa.string(), nullable=False),
     pa.field(CUSTOM_ID_COLUMN, pa.string()),
     pa.field(ECHO_COLUMN, pa.list_(pa.int32())),
     pa.field(EMBEDDING_FORMAT_COLUMN, pa.string()),
+    pa.field(PROMPT_COLUMN, pa.int32()),
 )
 
 
@@ -114,9 +118,11 @@ def row_records(
     """The records of a finished row: one per sample, or one error record if any failed.
 
     The engine fails all samples of a request together (a prompt that can never fit), so a
-    row is either wholly generated or wholly failed. A row with tools, or a job with a
-    reasoning parser, has its text read by `parsing` (`response_parsing`): ``completion``
-    holds the content, beside ``tool_calls`` and ``reasoning``.
+    row is either wholly generated or wholly failed; a line of several prompts fails whole
+    when one of its prompts does, naming it. A row with tools, or a job with a reasoning
+    parser, has its text read by `parsing` (`response_parsing`): ``completion`` holds the
+    content, beside ``tool_calls`` and ``reasoning``. Samples are numbered as OpenAI numbers
+    choices: prompt p's sample s is ``p * n + s`` (n: after ``best_of``'s choice).
     """
     if len(samples) != row.num_samples:
         raise AstraiBatchError(
@@ -124,37 +130,65 @@ def row_records(
         )
     failed = next((sample for sample in samples if sample.finish_reason == "error"), None)
     if failed is not None:
-        return [error_record(row, failed.error or "generation failed")]
+        message = failed.error or "generation failed"
+        if row.num_prompts > 1:
+            message = f"prompt {failed.sample_index // (row.num_samples // row.num_prompts)}: "
+            message += failed.error or "generation failed"
+        return [error_record(row, message)]
     if samples[0].scores is not None:
         return [score_record(row, samples[0], error_record(row, ""))]
+    several = row.num_prompts > 1
     if samples[0].embedding is not None:
-        return [embed_record(samples[0], error_record(row, ""))]
-    if row.best_of is not None:
-        samples = best_samples(samples, row.best_of)
-    return [
-        {
-            "id": row.id,
-            "sample_index": sample.sample_index,
-            "completion": sample.text,
-            **_parsed(row, sample, parsing),
-            "finish_reason": sample.finish_reason,
-            "prompt_tokens": sample.prompt_tokens,
-            "cached_tokens": sample.cached_tokens,
-            "completion_tokens": sample.completion_tokens,
-            "prefix_group": row.prefix_group,
-            "error": None,
-            "completion_token_ids": list(sample.token_ids),
-            "logprobs": None if sample.logprobs is None else list(sample.logprobs),
-            "top_logprobs": logprob_rows(sample.top_logprobs, sample.token_texts),
-            "prompt_logprobs": logprob_rows(sample.prompt_logprobs, sample.token_texts),
-            **row.kept,
-            INDEX_COLUMN: row.index,
-            KIND_COLUMN: row.kind,
-            CUSTOM_ID_COLUMN: row.custom_id,
-            **_echo(row, sample),
-        }
-        for sample in sorted(samples, key=lambda s: s.sample_index)
-    ]
+        return [
+            {**embed_record(sample, error_record(row, "")), "sample_index": prompt}
+            | ({PROMPT_COLUMN: prompt} if several else {})
+            for prompt, sample in enumerate(sorted(samples, key=lambda s: s.sample_index))
+        ]
+    per_prompt = row.num_samples // row.num_prompts
+    ordered = sorted(samples, key=lambda s: s.sample_index)
+    out: list[dict[str, Any]] = []
+    for prompt in range(row.num_prompts):
+        group = ordered[prompt * per_prompt : (prompt + 1) * per_prompt]
+        if row.best_of is not None:
+            kept = best_samples(group, row.best_of)
+            group = [
+                dataclasses.replace(s, sample_index=prompt * len(kept) + s.sample_index)
+                for s in kept
+            ]
+        out.extend(
+            _sample_record(row, sample, parsing, prompt if several else None) for sample in group
+        )
+    return out
+
+
+def _sample_record(
+    row: PreparedRow,
+    sample: GenerationResult,
+    parsing: ResponseParsing | None,
+    prompt: int | None,
+) -> dict[str, Any]:
+    return {
+        "id": row.id,
+        "sample_index": sample.sample_index,
+        "completion": sample.text,
+        **_parsed(row, sample, parsing),
+        "finish_reason": sample.finish_reason,
+        "prompt_tokens": sample.prompt_tokens,
+        "cached_tokens": sample.cached_tokens,
+        "completion_tokens": sample.completion_tokens,
+        "prefix_group": row.prefix_group,
+        "error": None,
+        "completion_token_ids": list(sample.token_ids),
+        "logprobs": None if sample.logprobs is None else list(sample.logprobs),
+        "top_logprobs": logprob_rows(sample.top_logprobs, sample.token_texts),
+        "prompt_logprobs": logprob_rows(sample.prompt_logprobs, sample.token_texts),
+        **row.kept,
+        INDEX_COLUMN: row.index,
+        KIND_COLUMN: row.kind,
+        CUSTOM_ID_COLUMN: row.custom_id,
+        **({} if prompt is None else {PROMPT_COLUMN: prompt}),
+        **_echo(row, sample, prompt or 0),
+    }
 
 
 def best_samples(samples: Sequence[GenerationResult], best: BestOf) -> list[GenerationResult]:
@@ -172,12 +206,12 @@ def best_samples(samples: Sequence[GenerationResult], best: BestOf) -> list[Gene
     ]
 
 
-def _echo(row: PreparedRow, sample: GenerationResult) -> dict[str, Any]:
-    """An echo row's prompt ids; with max_tokens 0 (echo "prompt") the one token generated
-    to get there is left out, so the row answers the prompt alone."""
+def _echo(row: PreparedRow, sample: GenerationResult, prompt: int) -> dict[str, Any]:
+    """An echo row's prompt ids (the sample's prompt's); with max_tokens 0 (echo "prompt")
+    the one token generated to get there is left out, so the row answers the prompt alone."""
     if row.echo is None:
         return {}
-    out: dict[str, Any] = {ECHO_COLUMN: list(row.token_ids or ())}
+    out: dict[str, Any] = {ECHO_COLUMN: list(row.prompt_ids(prompt))}
     if row.echo == "prompt":
         out |= {"completion": "", "completion_tokens": 0, "completion_token_ids": []}
         out |= {"finish_reason": "length"}

@@ -10,7 +10,9 @@
   argument of ``apply_chat_template`` itself (``tokenize``, ``add_generation_prompt``, ...)
   is refused, since it would change the call rather than reach the template; an OpenAI
   line's tools go to the template's ``tools`` argument;
-- ``prompt_token_ids`` rows are used unchanged; the engine checks them against the vocab.
+- ``prompt_token_ids`` rows are used unchanged; the engine checks them against the vocab;
+- an OpenAI completions line of several prompts (an embeddings line of several inputs) has
+  each after the first encoded as the first (`Encoding.extra`).
 
 `run` and `plan` share this code, so `plan` predicts exactly the prompts `run` sends.
 Encoding is CPU work in Rust; callers run `PromptEncoder.encode` in a worker thread.
@@ -36,6 +38,8 @@ class Encoding:
 
     token_ids: tuple[int, ...] | None = None
     error: str | None = None
+    # the token ids of an OpenAI line's prompts after the first (`InputRow.extra_prompts`)
+    extra: tuple[tuple[int, ...], ...] = ()
 
     def __post_init__(self) -> None:
         if (self.token_ids is None) == (self.error is None):
@@ -120,10 +124,28 @@ class PromptEncoder:
                 strict=True,
             ):
                 results[position] = encoding
+        for position, row in enumerate(rows):
+            current = results[position]
+            if row.extra_prompts and current is not None and current.token_ids is not None:
+                results[position] = self._with_extra(current, row.extra_prompts)
         encoded = [result for result in results if result is not None]
         if len(encoded) != len(rows):
             raise AstraiBatchError(f"encoded {len(encoded)} of {len(rows)} rows; this is a bug")
         return encoded
+
+    def _with_extra(self, first: Encoding, prompts: Sequence[str | tuple[int, ...]]) -> Encoding:
+        """A row of several prompts: each after the first encoded as the first was (texts
+        with the tokenizer's special tokens, token ids unchanged)."""
+        texts = [prompt for prompt in prompts if isinstance(prompt, str)]
+        encoded = iter(self._encode_texts(texts, True))
+        extra = []
+        for number, prompt in enumerate(prompts, start=1):
+            encoding = Encoding(token_ids=tuple(prompt)) if not isinstance(prompt, str) else None
+            encoding = encoding or next(encoded)
+            if encoding.error is not None:
+                return Encoding(error=f"prompt {number}: {encoding.error}")
+            extra.append(encoding.token_ids or ())
+        return Encoding(token_ids=first.token_ids, extra=tuple(extra))
 
     def render_chat(self, row: InputRow) -> str | Encoding:
         """A messages row's rendered chat text, or the Encoding carrying its error."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Collection, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,11 +17,11 @@ from astrai_batch.engine.request_checks import unknown_adapter_message
 from astrai_batch.engine.sampling.params import SamplingParams
 from astrai_batch.engine.tasks.embedding_types import EmbedRequest
 from astrai_batch.engine.tasks.scoring_types import ScoreRequest
-from astrai_batch.engine.types import GenerationRequest
+from astrai_batch.engine.types import GenerationRequest, GenerationResult
 from astrai_batch.errors import AstraiBatchError, ConfigError
 from astrai_batch.io import InputRow
 from astrai_batch.io.rows import BestOf
-from astrai_batch.jobs.planning.embed_rows import embed_row_problem
+from astrai_batch.jobs.planning.embed_rows import Matryoshka, embed_row_problem
 from astrai_batch.jobs.planning.prefix_order import plan_window
 from astrai_batch.jobs.planning.score_pairs import score_encodings
 from astrai_batch.jobs.planning.tokenize import PromptEncoder
@@ -54,16 +54,31 @@ class PreparedRow:
     echo: str | None = None  # an OpenAI completions line's (`io.openai_request`)
     embedding: str | None = None  # an OpenAI embeddings line's encoding_format
     best_of: BestOf | None = None  # an OpenAI completions line's (`io.rows.BestOf`)
+    # an OpenAI line's prompts after the first (`token_ids`): one engine request each
+    extra_token_ids: tuple[tuple[int, ...], ...] = ()
 
     def __post_init__(self) -> None:
         runnable = self.token_ids is not None and self.params is not None
         if runnable == (self.error is not None):
             raise ValueError(f"row {self.index}: either token_ids and params, or error")
+        if self.extra_token_ids and (self.continuations is not None or not runnable):
+            raise ValueError(f"row {self.index}: only a runnable OpenAI line has extra prompts")
+
+    @property
+    def num_prompts(self) -> int:
+        """The engine requests of this row: one per prompt."""
+        return 1 + len(self.extra_token_ids)
 
     @property
     def num_samples(self) -> int:
-        """How many result samples the engine returns for this row."""
-        return self.params.n if self.params is not None else 0
+        """How many result samples the engine returns for this row (all its prompts')."""
+        return self.params.n * self.num_prompts if self.params is not None else 0
+
+    def prompt_ids(self, prompt: int) -> tuple[int, ...]:
+        """The token ids of the row's prompt number `prompt` (0: `token_ids`)."""
+        if prompt == 0:
+            return self.token_ids or ()
+        return self.extra_token_ids[prompt - 1]
 
 
 @dataclass(frozen=True)
@@ -90,7 +105,7 @@ class PreparedWindow:
             row = self.rows[position]
             if row.index in skip or row.token_ids is None or row.params is None:
                 continue
-            yield row_request(row)
+            yield from row_requests(row)
 
     def check_invariants(self) -> None:
         indices = [row.index for row in self.rows]
@@ -109,21 +124,49 @@ class PreparedWindow:
             raise AstraiBatchError(f"window {self.number} prefix groups are out of range")
 
 
-def row_request(row: PreparedRow) -> GenerationRequest:
-    """The engine request of a runnable row, for every executor and task: seeded by the row
-    id (the row number where the input has none), not its position, so a row keeps its
-    samples when the input is split, sharded or reordered."""
+def row_requests(row: PreparedRow) -> list[GenerationRequest]:
+    """The engine requests of a runnable row, for every executor and task, one per prompt:
+    seeded by the row id (the row number where the input has none), not its position, so a
+    row keeps its samples when the input is split, sharded or reordered. The first prompt's
+    request is the row's index, seeded by its id alone (a line's first prompt samples as it
+    would alone); prompt p's is ``(index, p)``, seeded by ``(id, p)``."""
     if row.token_ids is None or row.params is None:
         raise AstraiBatchError(f"row {row.index} failed before planning: it has no request")
     score = None if row.continuations is None else ScoreRequest(row.continuations)
-    return GenerationRequest(
-        row.index,
-        row.token_ids,
-        row.params,
-        seed_key=row.id,
-        score=score,
-        embed=row.embed,
-        adapter=row.adapter,
+    return [
+        GenerationRequest(
+            row.index if prompt == 0 else (row.index, prompt),
+            row.prompt_ids(prompt),
+            row.params,
+            seed_key=row.id if prompt == 0 else (row.id, prompt),
+            score=score,
+            embed=row.embed,
+            adapter=row.adapter,
+        )
+        for prompt in range(row.num_prompts)
+    ]
+
+
+def request_row(request_id: Hashable) -> tuple[int, int]:
+    """The input index and prompt number of a `row_requests` request id."""
+    if isinstance(request_id, tuple):
+        index, prompt = request_id
+        return int(index), int(prompt)
+    return int(request_id), 0  # type: ignore[call-overload]
+
+
+def line_sample(row: PreparedRow, result: GenerationResult) -> GenerationResult:
+    """A result as a sample of its row: prompt p's sample s is the row's sample
+    ``p * n + s`` (OpenAI's and vLLM's choice index), under the row's request id, so a row
+    of several prompts is complete, like a row of n samples, once all are in."""
+    _, prompt = request_row(result.request_id)
+    if prompt == 0:
+        return result
+    assert row.params is not None
+    return dataclasses.replace(
+        result,
+        request_id=row.index,
+        sample_index=prompt * row.params.n + result.sample_index,
     )
 
 
@@ -193,6 +236,7 @@ def prepare_window(
     served: Sequence[str] | None = None,
     tool_parser: str | None = None,
     line_embed: EmbedRequest | None = None,
+    matryoshka: Matryoshka | None = None,
 ) -> PreparedWindow:
     """Tokenize, resolve per-row sampling parameters and plan one window (CPU work: run it
     in a worker thread). Rows without a ``custom_id`` of their own use their row id as one
@@ -201,8 +245,11 @@ def prepare_window(
     with any, each row's adapter is kept in a `lora` column. `served`: the base model's names
     an OpenAI line's body.model may give (None: any name runs on the base model);
     `tool_parser`: the job's --tool-call-parser (without one, a tool_choice auto row fails);
-    `line_embed`: how a generate job embeds its /v1/embeddings lines (body.dimensions each)."""
+    `line_embed`: how a generate job embeds its /v1/embeddings lines (body.dimensions each);
+    `matryoshka`: whether the model honours an embeddings line's body.dimensions (None: it
+    does, unchecked)."""
     embeds: dict[int, EmbedRequest] = {}  # a generate job's embeddings lines
+    extra: dict[int, tuple[tuple[int, ...], ...]] = {}  # lines of several prompts
     encodings = encoder.encode(input_rows)
     scored = score_encodings(encoder, input_rows, encodings)
     staged: list[tuple[InputRow, tuple[int, ...] | None, SamplingParams | None, str | None]] = []
@@ -217,6 +264,8 @@ def prepare_window(
         problem = unserved_model_message(row, served, adapters)
         if problem is None and row.tool_choice == "auto" and tool_parser is None:
             problem = AUTO_TOOLS_MESSAGE
+        if problem is None and row.embedding is not None and matryoshka is not None:
+            problem = matryoshka.problem(row.overrides.get("dimensions"))
         if problem is not None:
             staged.append((row, None, None, problem))
             continue
@@ -243,6 +292,8 @@ def prepare_window(
             staged.append((row, None, None, params))
         else:
             staged.append((row, encoding.token_ids, params, None))
+            if encoding.extra:
+                extra[row.index] = encoding.extra
     runnable = [position for position, item in enumerate(staged) if item[3] is None]
     plan = plan_window(
         [staged[position][1] or () for position in runnable],
@@ -270,6 +321,7 @@ def prepare_window(
             echo=row.echo if error is None else None,
             embedding=row.embedding if error is None else None,
             best_of=row.best_of if error is None else None,
+            extra_token_ids=extra.get(row.index, ()) if error is None else (),
         )
         for position, (row, token_ids, params, error) in enumerate(staged)
     )

@@ -258,3 +258,35 @@ def test_a_second_ray_run_on_a_live_runs_output_exits_1_and_touches_nothing(
     lock = RunLock(checkpoint, str(output))
     lock.acquire()  # the kernel dropped the dead holder's lock
     lock.release()
+
+
+def test_openai_lines_on_ray_warn_once_per_ignored_field_and_answer_every_prompt(
+    tiny_llama_dir: Path, tmp_path: Path, ray_address: str
+) -> None:
+    """Ignored body fields warn once per name (as a local run does), and a completions line
+    of several prompts is written as the local run writes it."""
+
+    def line(custom_id: str, **body) -> dict:
+        return {"custom_id": custom_id, "url": "/v1/completions", "body": body}
+
+    lines = [
+        line("a", prompt=question(1), stream_options={"include_usage": True}, user="u1"),
+        line("b", prompt=[question(2), question(3), question(4)], n=2, user="u2"),
+        line("c", prompt=[[1, 45, 46], [1, 47]], stream_options={}),
+    ]
+    source = write_jsonl(tmp_path / "in.jsonl", lines)
+    args = [a for a in engine_args(tiny_llama_dir) if a != "--quiet"]
+    runs = {}
+    for name, extra in (("local", []), ("ray", ray_args("--ray-address", ray_address))):
+        output = tmp_path / f"{name}.jsonl"
+        result = run_cli("run", source, output, *args, *extra)
+        assert result.exit_code == 0, result.stderr
+        warnings = [text for text in result.stderr.splitlines() if "warning: body field" in text]
+        assert [text.split("'")[1] for text in warnings] == ["stream_options", "user"], name
+        runs[name] = [json.loads(text) for text in output.read_text().splitlines()]
+    for got, expected in zip(runs["ray"], runs["local"], strict=True):
+        assert got["error"] is None
+        for body in (got["response"]["body"], expected["response"]["body"]):
+            del body["id"], body["created"], body["usage"]["prompt_tokens_details"]
+        assert got == expected
+    assert [c["index"] for c in runs["ray"][1]["response"]["body"]["choices"]] == list(range(6))

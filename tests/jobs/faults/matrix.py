@@ -208,21 +208,22 @@ def write_input(matrix: Matrix, directory: Path) -> Path:
     lines = []
     for i, row in enumerate(rows):
         if fmt == "openai":
-            body: dict[str, Any] = {"messages": [{"role": "user", "content": row["prompt"]}]}
+            # every fourth line a completions line of two prompts: one output line behind
+            # two engine requests, finished (and checkpointed) only once both are in
+            several = i % 4 == 1
+            body: dict[str, Any] = (
+                {"prompt": [row["prompt"], f"{row['prompt']} Explain."]}
+                if several
+                else {"messages": [{"role": "user", "content": row["prompt"]}]}
+            )
             # body.model names an adapter, or is left out (the base model); any other name
             # is a row error (the job serves --model or --served-model-name)
             if kind.adapters and adapter_of(i) is not None:
                 body["model"] = adapter_of(i)
             if i in bad:
-                body["messages"] = 17
-            lines.append(
-                {
-                    "custom_id": row["id"],
-                    "method": "POST",
-                    "url": "/v1/chat/completions",
-                    "body": body,
-                }
-            )
+                body["prompt" if several else "messages"] = 17
+            url = "/v1/completions" if several else "/v1/chat/completions"
+            lines.append({"custom_id": row["id"], "method": "POST", "url": url, "body": body})
         else:
             lines.append(
                 {"id": row["id"], **row_fields(kind, i, 17 if i in bad else row["prompt"])}

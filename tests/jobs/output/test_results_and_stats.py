@@ -17,13 +17,14 @@ from astrai_batch.io import STATS_SCHEMA
 from astrai_batch.jobs.executors.ordering import SampleCollector
 from astrai_batch.jobs.output.records import (
     INDEX_COLUMN,
+    PROMPT_COLUMN,
     error_record,
     part_schema,
     records_table,
     row_records,
 )
 from astrai_batch.jobs.output.stats import WorkStats, engine_stats, records_stats, stats_table
-from astrai_batch.jobs.planning.window import PreparedRow
+from astrai_batch.jobs.planning.window import PreparedRow, line_sample, row_requests
 from astrai_batch.jobs.progress import LogProgress, Progress, ProgressSnapshot, make_progress
 from astrai_batch.jobs.summary import JobSummary
 
@@ -89,6 +90,43 @@ def test_row_records_one_per_sample_or_one_error() -> None:
     )
     with pytest.raises(AstraiBatchError, match="row 3 has 1 samples, expected 2"):
         row_records(row, [result(3, 0)])
+
+
+def test_a_row_of_several_prompts_is_one_request_each_and_completes_once_all_are_in() -> None:
+    row = dataclasses.replace(runnable(4, n=2), kind="completion", extra_token_ids=((7,), (8, 9)))
+    requests = row_requests(row)
+    assert [(r.request_id, tuple(r.prompt_token_ids)) for r in requests] == [
+        (4, (1, 2)),
+        ((4, 1), (7,)),
+        ((4, 2), (8, 9)),
+    ]
+    assert [r.seed_key for r in requests] == ["id-4", ("id-4", 1), ("id-4", 2)]
+    collector = SampleCollector()
+    finished = None
+    for request_id in ((4, 2), 4, (4, 1)):
+        for sample in (1, 0):
+            assert finished is None  # a row is released only once all 6 samples are in
+            finished = collector.add(line_sample(row, result(request_id, sample)), 6)
+    assert [s.sample_index for s in finished or []] == [0, 1, 2, 3, 4, 5]
+    records = row_records(row, finished or [])
+    assert [(r["sample_index"], r[PROMPT_COLUMN]) for r in records] == [
+        (0, 0),
+        (1, 0),
+        (2, 1),
+        (3, 1),
+        (4, 2),
+        (5, 2),
+    ]
+    records_table(records, part_schema(pa.schema([pa.field("k", pa.string())])))
+    # one prompt failing fails the line, naming the prompt
+    failing = [
+        dataclasses.replace(s, finish_reason="error", error="too long")
+        if s.sample_index >= 4
+        else s
+        for s in finished or []
+    ]
+    (record,) = row_records(row, failing)
+    assert record["error"] == "prompt 2: too long"
 
 
 def test_records_fit_the_part_schema() -> None:
