@@ -1,12 +1,15 @@
-"""KV memory per token of multi-head latent attention models: the engine's pages against the
-compressed-latent layout.
+"""KV memory per token of multi-head latent attention models: the engine's latent pages
+against the full (expanded) per-head layout.
 
 Run: .venv/bin/python scripts/mla_memory.py
 
-The engine's figure is `KVPool.bytes_per_page` (what the pool allocates: every head's
-expanded key, no-rope + rope dims, and its value zero-padded to the key's width) over the
-page's tokens, for the published configs' attention shapes, bfloat16; no weights are built.
-The latent layout holds one `kv_lora_rank + qk_rope_head_dim` vector per layer and token.
+For each published config's attention shapes (bfloat16, page size 16), the engine's pool is
+built as `engine_setup` builds it (`KVPool(latent=True)`, one `kv_lora_rank +
+qk_rope_head_dim` vector per token and layer, shapes from `model_facts`) with 64 pages, and
+its tensors' bytes (`KVPool.memory_bytes`, what is allocated) are divided by its token slots.
+The full layout is the pool the engine held before latent pages: every head's key (no-rope +
+rope dims) and its value zero-padded to the key's width, sized by `KVPool.bytes_per_page`
+(not allocated: DeepSeek V3's would be 366 MiB for 64 pages). No weights are built.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import torch
 from transformers import AutoConfig
 
 from astrai_batch.cache.kv_pool import KVPool
-from astrai_batch.engine.model.model_facts import latent_attention_dims
+from astrai_batch.engine.model.model_facts import latent_attention_dims, latent_width
 
 MLA = dict(kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128)
 MODELS = {
@@ -24,17 +27,29 @@ MODELS = {
     "DeepSeek-V2-Lite": ("deepseek_v2", 27, 16),
 }
 PAGE = 16
+PAGES = 64
 
 
 def main() -> None:
-    print("| model | layers | heads | engine pages | unpadded K+V | latent | pages / latent |")
-    print("|---|---|---|---|---|---|---|")
+    print("| model | layers | heads | latent pages (measured) | full layout | full / latent |")
+    print("|---|---|---|---|---|---|")
     for name, (model_type, layers, heads) in MODELS.items():
         config = AutoConfig.for_model(
             model_type, num_hidden_layers=layers, num_attention_heads=heads, **MLA
         )
-        key, value = latent_attention_dims(config)
-        ours = (
+        pool = KVPool(
+            num_layers=layers,
+            num_kv_heads=1,
+            head_dim=latent_width(config),
+            page_size=PAGE,
+            num_pages=PAGES,
+            dtype=torch.bfloat16,
+            device="cpu",
+            latent=True,
+        )
+        latent = pool.memory_bytes / pool.num_slots
+        key, _ = latent_attention_dims(config)
+        full = (
             KVPool.bytes_per_page(
                 num_layers=layers,
                 num_kv_heads=heads,
@@ -44,11 +59,9 @@ def main() -> None:
             )
             / PAGE
         )
-        unpadded = layers * heads * (key + value) * 2
-        latent = layers * (config.kv_lora_rank + config.qk_rope_head_dim) * 2
         print(
-            f"| {name} | {layers} | {heads} | {ours / 1024:,.0f} KiB | {unpadded / 1024:,.0f} "
-            f"KiB | {latent / 1024:,.1f} KiB | {ours / latent:.0f}x |"
+            f"| {name} | {layers} | {heads} | {latent / 1024:,.1f} KiB | {full / 1024:,.0f} KiB "
+            f"| {full / latent:.0f}x |"
         )
 
 

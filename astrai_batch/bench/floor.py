@@ -94,6 +94,7 @@ def measure_floor(
         num_pages=num_pages,
         dtype=param.dtype,
         device=param.device,
+        latent=loaded.kv_latent,
     )
     runner = ModelRunner(loaded.model, pool, numerics=numerics)
     filler = _filler_tokens(prompts.prompt_token_ids[0], max(max(chunks), max(batches)))

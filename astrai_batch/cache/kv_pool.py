@@ -21,6 +21,11 @@ class KVPool:
     The tensors are zero-filled: attention masks unused slots with weight 0, and 0 * NaN from
     uninitialised memory would still poison the weighted sum. On CPU the zeros are lazy
     (`zeroed`): the pool becomes resident as pages are written, not when it is made.
+
+    `latent=True` (multi-head latent attention): one vector per token and layer, the
+    normalized latent and the roped shared key side by side (`head_dim` = kv_lora_rank +
+    qk_rope_head_dim, `num_kv_heads` 1), held in `key_cache`; `value_cache` is empty. Attention
+    expands it into each head's key and value itself (`engine.attention.latent_pages`).
     """
 
     def __init__(
@@ -33,6 +38,7 @@ class KVPool:
         num_pages: int,
         dtype: torch.dtype,
         device: torch.device | str,
+        latent: bool = False,
     ) -> None:
         for name, value in (
             ("num_layers", num_layers),
@@ -44,6 +50,12 @@ class KVPool:
             require_positive_int(name, value)
         if not isinstance(dtype, torch.dtype):
             raise ConfigError(f"dtype must be a torch.dtype, got {dtype!r}")
+        if latent and num_kv_heads != 1:
+            raise ConfigError(
+                f"a latent pool holds one vector per token: num_kv_heads must be 1, "
+                f"got {num_kv_heads}"
+            )
+        self.latent = latent
         self.num_layers = num_layers
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
@@ -56,14 +68,21 @@ class KVPool:
             zeroed(shape, dtype, self.device) for _ in range(num_layers)
         ]
         self.value_cache: list[torch.Tensor] = [
-            zeroed(shape, dtype, self.device) for _ in range(num_layers)
+            zeroed(shape, dtype, self.device) for _ in range(0 if latent else num_layers)
         ]
 
     @staticmethod
     def bytes_per_page(
-        *, num_layers: int, num_kv_heads: int, head_dim: int, page_size: int, dtype: torch.dtype
+        *,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        page_size: int,
+        dtype: torch.dtype,
+        latent: bool = False,
     ) -> int:
-        """Bytes one page costs across all layers, keys and values together."""
+        """Bytes one page costs across all layers, keys and values together (a latent pool:
+        its one vector per token)."""
         for name, value in (
             ("num_layers", num_layers),
             ("num_kv_heads", num_kv_heads),
@@ -72,7 +91,9 @@ class KVPool:
         ):
             require_positive_int(name, value)
         element_size = torch.empty((), dtype=dtype).element_size()
-        return 2 * num_layers * page_size * num_kv_heads * head_dim * element_size
+        return (
+            (1 if latent else 2) * num_layers * page_size * num_kv_heads * head_dim * element_size
+        )
 
     @classmethod
     def from_memory_budget(
@@ -85,6 +106,7 @@ class KVPool:
         page_size: int,
         dtype: torch.dtype,
         device: torch.device | str,
+        latent: bool = False,
     ) -> KVPool:
         """The largest pool whose tensors fit in `memory_bytes`."""
         page_bytes = cls.bytes_per_page(
@@ -93,6 +115,7 @@ class KVPool:
             head_dim=head_dim,
             page_size=page_size,
             dtype=dtype,
+            latent=latent,
         )
         num_pages = memory_bytes // page_bytes if memory_bytes > 0 else 0
         if num_pages < 1:
@@ -107,6 +130,7 @@ class KVPool:
             num_pages=num_pages,
             dtype=dtype,
             device=device,
+            latent=latent,
         )
 
     @property
@@ -127,7 +151,7 @@ class KVPool:
         return (
             f"KVPool(num_layers={self.num_layers}, num_kv_heads={self.num_kv_heads}, "
             f"head_dim={self.head_dim}, page_size={self.page_size}, num_pages={self.num_pages}, "
-            f"dtype={self.dtype}, device={self.device})"
+            f"dtype={self.dtype}, device={self.device}, latent={self.latent})"
         )
 
 

@@ -69,12 +69,27 @@ def assemble_engine(
                 f"{features.names()}; use --attention-backend sdpa"
             )
         backend = "sdpa"
+    if loaded.kv_latent and backend != "sdpa":  # the paged kernels read per-head pages
+        if config.attention_backend != "auto":
+            raise ConfigError(
+                f"--attention-backend {backend} cannot run this model: its pages hold "
+                "multi-head latent attention's latent, which the paged kernels do not read; "
+                "use --attention-backend sdpa"
+            )
+        backend = "sdpa"
     capture = resolve_cuda_graphs(config.cuda_graphs, param.device, backend=backend)
     if features.any:  # decode graphs replay full-attention units: such models decode eagerly
         if config.cuda_graphs:
             raise ConfigError(
                 "cuda_graphs cannot run this model: the graphed decode does not apply "
                 f"{features.names()}; use --no-cuda-graphs"
+            )
+        capture = static_decode = False
+    if loaded.kv_latent:  # the graphed decode reads per-head pages
+        if config.cuda_graphs:
+            raise ConfigError(
+                "cuda_graphs cannot run this model: the graphed decode does not read multi-head "
+                "latent attention's latent pages; use --no-cuda-graphs"
             )
         capture = static_decode = False
     capture = capture and parallel is None  # no graphs around the ranks' collectives (yet)
@@ -97,6 +112,7 @@ def assemble_engine(
         page_size=config.page_size,
         dtype=param.dtype,
         device=param.device,
+        latent=loaded.kv_latent,
     )
     if config.num_pages is not None:
         pool = KVPool(num_pages=config.num_pages, **pool_args)

@@ -42,6 +42,9 @@ class LoadedModel:
     num_kv_heads: int
     head_dim: int
     has_chat_template: bool
+    # multi-head latent attention (DeepSeek V2/V3): the pages hold one latent vector per token
+    # and layer (`num_kv_heads` 1, `head_dim` kv_lora_rank + qk_rope_head_dim), `KVPool(latent)`
+    kv_latent: bool = False
     # tensor parallelism: this process's `engine.parallel.launch.TensorParallel` (its rank,
     # group and, on rank 0, the other ranks' processes); `model` is then this rank's shard
     # and `num_kv_heads` its own KV heads

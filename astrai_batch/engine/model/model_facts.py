@@ -25,9 +25,9 @@ def loaded_model(
     head_dim = getattr(config, "head_dim", None)
     latent = latent_attention_dims(config)
     if latent is not None:
-        # multi-head latent attention: the pages hold each head's expanded key (no-rope +
-        # rope dims) and its value, zero-padded to the key's width (`paged_attention`)
-        head_dim, num_kv_heads = latent[0], num_heads
+        # multi-head latent attention: the pages hold the compressed latent and the roped
+        # shared key, one vector per token and layer (`engine.attention.latent_pages`)
+        head_dim, num_kv_heads = latent_width(config), 1
     elif head_dim is None:
         if config.hidden_size % num_heads:
             raise ModelLoadError(
@@ -47,6 +47,7 @@ def loaded_model(
         num_kv_heads=num_kv_heads,
         head_dim=int(head_dim),
         has_chat_template=has_chat_template(tokenizer),
+        kv_latent=latent is not None,
     )
 
 
@@ -57,6 +58,11 @@ def latent_attention_dims(config) -> tuple[int, int] | None:
         return None
     key = int(config.qk_nope_head_dim) + int(config.qk_rope_head_dim)
     return key, int(config.v_head_dim)
+
+
+def latent_width(config) -> int:
+    """What a latent page holds per token and layer: kv_lora_rank + qk_rope_head_dim."""
+    return int(config.kv_lora_rank) + int(config.qk_rope_head_dim)
 
 
 def _eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:

@@ -85,6 +85,13 @@ def shard_plan(config: Any, world_size: int, *, model_name: str) -> ShardPlan:
             f"model {model_name!r} is a mixture-of-experts model ({experts}); tensor "
             "parallelism does not split expert layers yet; run it with --tensor-parallel-size 1"
         )
+    if getattr(config, "kv_lora_rank", None):
+        # every rank would need the whole latent per token beside its heads' kv_b_proj share
+        raise ConfigError(
+            f"model {model_name!r} uses multi-head latent attention (kv_lora_rank="
+            f"{config.kv_lora_rank}); tensor parallelism does not split latent pages yet; run "
+            "it with --tensor-parallel-size 1"
+        )
     supported = {COLWISE, ROWWISE, *REPLICATED}
     unsupported = sorted({style for style in plan.values() if style not in supported})
     if unsupported:

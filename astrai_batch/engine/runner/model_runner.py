@@ -24,6 +24,7 @@ from astrai_batch.engine.attention.flash_block_types import KEY_BLOCK, FlashRule
 from astrai_batch.engine.attention.flash_probe import invariant_tails
 from astrai_batch.engine.attention.host_staging import HostStaging
 from astrai_batch.engine.attention.kernels.interface import PagedKernel
+from astrai_batch.engine.attention.latent_pages import LatentPages
 from astrai_batch.engine.attention.page_gather import PageGatherer
 from astrai_batch.engine.attention.paged_attention import (
     ATTENTION_NAME,
@@ -132,6 +133,16 @@ class ModelRunner:
             query_heads = model.config.num_attention_heads
         register_paged_attention()
         model.set_attn_implementation(ATTENTION_NAME)
+        # multi-head latent attention over latent pages: the plans and probes see the step's
+        # expanded keys and values (`latent_pages`), never the latent pool itself
+        self.latent: LatentPages | None = None
+        attention_pool = pool
+        if pool.latent:
+            if graphs is not None or attention_kernel is not None:
+                raise ValueError("decode graphs and paged kernels do not read latent pages")
+            self.latent = LatentPages(model, pool.key_cache, pool.page_size, query_heads)
+            attention_pool = self.latent.expanded
+        self.attention_pool = attention_pool
         # the BLAS's invariant GEMM row counts, probed once (raises where there are none)
         self.gemm_rows = ROWS_AT_LEAST_TWO
         # the flash kernel's invariant shapes when invariant attention runs in it (the CPU)
@@ -147,12 +158,14 @@ class ModelRunner:
             scheme = _probed(memo, ("linear rows", shapes, where), lambda: row_schemes_for(model))
             set_row_tiling(model, True, scheme)
             set_expert_tiling(model, True, scheme)  # MoE: each expert's GEMM, the router's
-            heads = (*_heads_key(query_heads, pool), where)
+            heads = (*_heads_key(query_heads, attention_pool), where)
             # CUDA: attention and norm reductions in a construction-fixed order (Triton)
             ops = invariant_cuda_ops(param.device)
             if ops[0] is not None:
                 ops = _probed(
-                    memo, ("triton", heads), lambda: runnable(ops, model, pool, query_heads)
+                    memo,
+                    ("triton", heads),
+                    lambda: runnable(ops, model, attention_pool, query_heads),
                 )
             self.invariant_kernel, mean_squares = ops
             if mean_squares is not None or param.device.type != "cpu":
@@ -160,11 +173,13 @@ class ModelRunner:
             flash_fits = self.features.softcap is None  # the flash kernel cannot softcap
             if graphs is None and self.invariant_kernel is None and flash_fits:
                 self.flash = _probed(
-                    memo, ("flash", heads), lambda: _flash_rules(query_heads, pool)
+                    memo, ("flash", heads), lambda: _flash_rules(query_heads, attention_pool)
                 )
             if self.flash is None and self.invariant_kernel is None:
                 key = ("block attention rows", heads)
-                self.gemm_rows = _probed(memo, key, lambda: _attention_rows(query_heads, pool))
+                self.gemm_rows = _probed(
+                    memo, key, lambda: _attention_rows(query_heads, attention_pool)
+                )
         else:
             set_row_tiling(model, False)
             set_expert_tiling(model, False)
@@ -231,6 +246,9 @@ class ModelRunner:
             lora.begin_step(*adapters, invariant=self.numerics == "invariant", device=self.device)
         timer.start()
         try:
+            if self.latent is not None:
+                self.latent.begin(*batch.latent_arrays)
+                batch = batch.plan
             outputs = self.model(
                 input_ids=input_ids.unsqueeze(0),
                 position_ids=positions.unsqueeze(0),
@@ -241,6 +259,8 @@ class ModelRunner:
         finally:
             if lora is not None:
                 lora.end_step()
+            if self.latent is not None:
+                self.latent.end()
         logits = outputs.logits[0].float()
         timer.stop()
         return ForwardOutput(logits=logits, timer=timer)
@@ -254,20 +274,25 @@ class ModelRunner:
         input_ids = stage(step.token_ids)
         position_ids = stage(step.positions)
         rows = stage(step.logit_rows)
+        latent_arrays = None
+        if self.latent is not None:  # planned over the step's own pages, expanded per layer
+            step, pages, write_slots = self.latent.localize(step)
+            latent_arrays = (stage(pages), stage(write_slots))
         batch = self._attention_batch(step)
         if self.features.window is not None and self.invariant_kernel is None:
             # each layer's plan by its window (the Triton kernel takes it per call)
             batch = WindowPlans(batch, lambda window: self._attention_batch(step, window))
+        if latent_arrays is not None:
+            batch = LatentStep(batch, latent_arrays)
         return batch, input_ids, position_ids, rows
 
     def _attention_batch(self, step: StepArrays, window: int | None = None):
         """The step's plan for full attention, or for a sliding window's layers."""
+        pool = self.attention_pool
         if self.invariant_kernel is not None:
-            return invariant_kernel_batch(step, self.pool, self.staging, self.invariant_kernel)
+            return invariant_kernel_batch(step, pool, self.staging, self.invariant_kernel)
         if self.flash is not None:
-            return flash_block_batch(
-                step, self.pool, self.staging, self.gatherer, self.flash, window
-            )
+            return flash_block_batch(step, pool, self.staging, self.gatherer, self.flash, window)
         features = self.features
         if (
             self.numerics == "invariant"
@@ -277,7 +302,7 @@ class ModelRunner:
         ):  # fast numerics too: the step-shaped SDPA applies no window, sink or softcap
             return block_batch(
                 step,
-                self.pool,
+                pool,
                 self.staging,
                 self.gatherer,
                 use_cascade=self.use_cascade,
@@ -285,10 +310,18 @@ class ModelRunner:
                 window=window,
             )
         if self.attention_kernel is not None:
-            return kernel_batch(step, self.pool, self.staging, self.attention_kernel)
+            return kernel_batch(step, pool, self.staging, self.attention_kernel)
         return step_shaped_batch(
-            step, self.pool, self.staging, self.gatherer, use_cascade=self.use_cascade
+            step, pool, self.staging, self.gatherer, use_cascade=self.use_cascade
         )
+
+
+class LatentStep(NamedTuple):
+    """A latent-page step: its attention plan and (the step's pages, the new tokens' pool
+    slots), handed to `LatentPages.begin` before the forward."""
+
+    plan: object
+    latent_arrays: tuple[torch.Tensor, torch.Tensor]
 
 
 def _heads_key(query_heads: int, pool: KVPool) -> tuple:

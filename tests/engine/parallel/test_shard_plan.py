@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from invariance_kit import invariance_prompts, requests_for, run_capturing
-from transformers import Qwen3Config, Qwen3MoeConfig
+from transformers import AutoConfig, Qwen3Config, Qwen3MoeConfig
 
 from astrai_batch.engine import EngineConfig, SamplingParams
 from astrai_batch.engine.model.loader import load_model
@@ -88,4 +88,15 @@ def test_a_mixture_of_experts_model_is_refused_in_one_line():
     assert str(caught.value) == (
         "model 'm' is a mixture-of-experts model (num_experts=8); tensor parallelism does not "
         "split expert layers yet; run it with --tensor-parallel-size 1"
+    )
+
+
+def test_a_latent_attention_model_is_refused_in_one_line():
+    """Dense DeepSeek V3 (no routed experts): its latent pages are not split across ranks."""
+    config = AutoConfig.for_model("deepseek_v3", n_routed_experts=0, kv_lora_rank=32)
+    with pytest.raises(ConfigError) as caught:
+        shard_plan(config, 2, model_name="m")
+    assert str(caught.value) == (
+        "model 'm' uses multi-head latent attention (kv_lora_rank=32); tensor parallelism does "
+        "not split latent pages yet; run it with --tensor-parallel-size 1"
     )
