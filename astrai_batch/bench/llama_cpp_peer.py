@@ -114,6 +114,10 @@ class LlamaCppPeer:
         llama_cpp.llama_backend_init()
         model_params = llama_cpp.llama_model_default_params()
         model_params.n_gpu_layers = 0
+        # No extra weight buffers: on an AMX CPU they put Q4_1 weights in llama.cpp's AMX
+        # buffer, whose matmul crashes (0.3.36, segfault in ggml_backend_amx_mul_mat on the
+        # first decode); Q4_1 has no other repacked layout, so nothing else is lost.
+        model_params.use_extra_bufts = False
         self._model = llama_cpp.llama_model_load_from_file(str(path).encode(), model_params)
         if not self._model:
             raise AstraiBatchError(f"{LLAMA_CPP}: llama.cpp could not load {path}")
