@@ -9,15 +9,18 @@ from typing import Any
 from astrai_batch.checks import require_positive_int
 from astrai_batch.engine.config import KV_LAYOUTS, EngineConfig
 from astrai_batch.engine.device_choice import AUTO, resolve_device_name, resolve_dtype_name
-from astrai_batch.errors import ConfigError
+from astrai_batch.errors import ConfigError, ModelLoadError
 
 OURS = "astrai"
 HF_GENERATE = "hf-generate"
 HF_GENERATE_BATCH = "hf-generate-batch"
 HF_SCORE_PAIRS = "hf-score-pairs"  # the scoring workload's peer: one forward per pair
+# llama.cpp on the model's GGUF (`llama_cpp_peer`): the optional extra `llama-cpp`, so it is
+# never among the default peers.
+LLAMA_CPP = "llama-cpp"
 FLOOR = "floor"
 GENERATE_PEERS = (HF_GENERATE, HF_GENERATE_BATCH)
-PEER_NAMES = (*GENERATE_PEERS, HF_SCORE_PAIRS)
+PEER_NAMES = (*GENERATE_PEERS, LLAMA_CPP, HF_SCORE_PAIRS)
 # The log-likelihood workload (`score_bench`): token ids, so it is not a `workloads` text
 # workload; its peer is hf-score-pairs, and it has no floor line.
 SCORING = "scoring"
@@ -100,6 +103,8 @@ class BenchConfig:
         if len(set(self.peers)) != len(self.peers):
             raise ConfigError(f"peers: {', '.join(self.peers)} names a peer twice")
         self._check_scoring()
+        if LLAMA_CPP in self.peers:
+            self._check_llama_cpp()
         if not isinstance(self.kv_layouts, tuple) or not self.kv_layouts:
             raise ConfigError(f"kv_layouts must name at least one layout, got {self.kv_layouts!r}")
         for layout in self.kv_layouts:
@@ -137,6 +142,15 @@ class BenchConfig:
             raise ConfigError(f"--max-tokens does not apply to --workload {SCORING}")
         if self.tensor_parallel_size > 1:
             raise ConfigError(f"--workload {SCORING} runs with --tensor-parallel-size 1")
+
+    def _check_llama_cpp(self) -> None:
+        """The extra installed, a GGUF model, the CPU: refused here, before any model loads."""
+        from astrai_batch.bench.llama_cpp_peer import check_llama_cpp_peer
+
+        try:
+            check_llama_cpp_peer(self.model, self.device)
+        except ModelLoadError as exc:  # the packaged GGUF's package is missing
+            raise ConfigError(f"peers: {LLAMA_CPP}: {exc}") from exc
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> BenchConfig:

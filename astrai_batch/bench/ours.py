@@ -83,6 +83,7 @@ def run_ours(
             steps=stats.steps,
             preemptions=stats.preemptions,
         ),
+        token_ids=tuple(r.token_ids for r in sorted(results, key=lambda r: r.request_id)),
     )
 
 

@@ -6,7 +6,8 @@ import json
 from typing import Any
 
 from astrai_batch.bench.baseline import BaselineComparison, tracked_values
-from astrai_batch.bench.config import FLOOR, OURS_SYSTEMS
+from astrai_batch.bench.config import FLOOR, OURS, OURS_SYSTEMS
+from astrai_batch.bench.roofline import Roofline
 from astrai_batch.bench.summary import BenchSummary, Spread
 
 _HEADER = ("system", "wall s", "gen tok/s", "total tok/s", "peak RSS", "astrai is")
@@ -69,7 +70,29 @@ def summary_table(summary: BenchSummary) -> str:
     for system in OURS_SYSTEMS:
         if system in summary.systems:
             lines.extend(_engine_lines(summary, system))
+            line = roofline_line(summary, system)
+            if line:
+                lines.append(f"{system} {line}")
+    for system, figures in summary.systems.items():
+        agree, leading = figures.get("greedy_agreement"), figures.get("greedy_leading_agreement")
+        if agree is not None and leading is not None:
+            lines.append(
+                f"{system} greedy agreement with {OURS}: {_spread(agree, '.1%')} of tokens, "
+                f"{_spread(leading, '.1%')} before each prompt's first difference"
+            )
     return "\n".join(lines)
+
+
+def roofline_line(summary: BenchSummary, system: str) -> str | None:
+    """The roofline of a system's median run: its weight-GEMM FLOPs at the GEMM peak measured
+    at bench start against its median wall, and the share of wall outside the forward."""
+    figures = summary.systems[system]
+    flops, peak = figures.get("weight_gemm_flops"), figures.get("gemm_peak_flops_per_second")
+    wall, forward = figures.get("wall_seconds"), figures.get("forward_seconds")
+    if flops is None or peak is None or wall is None:
+        return None
+    median_forward = forward.median if forward is not None else None
+    return Roofline(flops.median, peak.median, wall.median, median_forward).line()
 
 
 def _engine_lines(summary: BenchSummary, system: str) -> list[str]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
@@ -63,6 +63,15 @@ RESULTS_SCHEMA = pa.schema(
         ("engine_overhead", pa.float64()),  # 1 - forward_seconds / wall_seconds
         ("steps", pa.int64()),
         ("preemptions", pa.int64()),
+        # the roofline (`roofline`), on our rows: the run's weight-GEMM FLOPs and the GEMM
+        # peak measured at bench start for the dtype and thread count
+        ("weight_gemm_flops", pa.float64()),
+        ("gemm_peak_flops_per_second", pa.float64()),
+        # on a peer's rows that give tokens (llama-cpp): the share of its greedy tokens equal
+        # to ours in the same repeat, position by position, and of those before each prompt's
+        # first difference
+        ("greedy_agreement", pa.float64()),
+        ("greedy_leading_agreement", pa.float64()),
         ("page_size", pa.int64()),
         ("max_num_seqs", pa.int64()),
         ("max_num_batched_tokens", pa.int64()),
@@ -89,6 +98,7 @@ class MeasuredRun:
 
     run: SystemRun
     load_average_1m: float | None
+    extra: Mapping[str, Any] = field(default_factory=dict)  # roofline or agreement columns
 
 
 def result_row(
@@ -130,6 +140,7 @@ def result_row(
         **machine.to_dict(),
     }
     row.update(_engine_columns(run, ideal.unique_tokens))
+    row.update(measured.extra)
     return row
 
 

@@ -65,8 +65,8 @@ def gemm_peak(model: torch.nn.Module) -> float:
     generator = torch.Generator().manual_seed(0)
     mats = [
         (
-            torch.randn(PEAK_ROWS, k, generator=generator).to(param.dtype),
-            torch.randn(n, k, generator=generator).to(param.dtype),
+            torch.randn(PEAK_ROWS, k, generator=generator).to(param.device, param.dtype),
+            torch.randn(n, k, generator=generator).to(param.device, param.dtype),
         )
         for k, n in shapes
     ]
@@ -75,12 +75,19 @@ def gemm_peak(model: torch.nn.Module) -> float:
     with torch.inference_mode():
         for a, w in mats:  # warm-up: oneDNN builds its kernels on first use
             F.linear(a, w)
+        _synchronize(param.device)
         for _ in range(TIMED):
             start = time.perf_counter()
             for a, w in mats:
                 F.linear(a, w)
+            _synchronize(param.device)  # CUDA returns before its kernels ran
             best = min(best, time.perf_counter() - start)
     return flops / best
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def roofline(model: torch.nn.Module, run: SystemRun, peak: float, prompts: int) -> Roofline:

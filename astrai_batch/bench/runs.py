@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from astrai_batch.errors import AstraiBatchError
 
@@ -41,6 +41,9 @@ class SystemRun:
     peak_rss_bytes: int | None
     system_config: str  # how the system was configured, as compact JSON
     engine: EngineFigures | None = None
+    # each prompt's generated token ids in input order, where the system gives them: the
+    # greedy agreement between systems is computed from them
+    token_ids: tuple[tuple[int, ...], ...] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.wall_seconds) and self.wall_seconds > 0):

@@ -13,9 +13,13 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any
 
+import torch
+
 from astrai_batch.bench.config import (
     HF_GENERATE,
+    HF_GENERATE_BATCH,
     HF_GENERATE_BATCH_SIZES,
+    LLAMA_CPP,
     SCORING,
     WARMUP_MAX_TOKENS,
     WARMUP_PROMPTS,
@@ -23,6 +27,8 @@ from astrai_batch.bench.config import (
     ours_system,
 )
 from astrai_batch.bench.floor import measure_floor
+from astrai_batch.bench.greedy_agreement import agreement
+from astrai_batch.bench.llama_cpp_peer import LlamaCppPeer, gguf_path, run_llama_cpp
 from astrai_batch.bench.machine import MachineInfo, load_average, machine_info
 from astrai_batch.bench.ours import run_ours
 from astrai_batch.bench.peers import (
@@ -33,6 +39,8 @@ from astrai_batch.bench.peers import (
 )
 from astrai_batch.bench.prompts import BenchPrompts, load_prompts
 from astrai_batch.bench.results import MeasuredRun, result_row
+from astrai_batch.bench.roofline import Roofline, gemm_peak, roofline
+from astrai_batch.bench.runs import SystemRun
 from astrai_batch.bench.score_session import measure_scoring
 from astrai_batch.engine import LoadedModel, keep_freed_memory, load_model, set_cpu_threads
 from astrai_batch.engine.threads import describe_threads
@@ -46,6 +54,14 @@ class BenchOutcome:
     rows: tuple[dict[str, Any], ...]  # `RESULTS_SCHEMA` rows, in run order, floor last
     prompts: BenchPrompts | None  # None for the scoring workload (`score_session`)
     machine: MachineInfo
+
+
+@dataclass
+class _Peers:
+    """What the peers hold across rounds: the hf-generate batch size, llama.cpp's context."""
+
+    hf_batch: BatchSizeChoice
+    llama_cpp: LlamaCppPeer | None = None
 
 
 def run_bench(config: BenchConfig, progress: Progress) -> BenchOutcome:
@@ -84,21 +100,40 @@ def _measure(
         f"prompt tokens (ideal prefill {prompts.ideal.unique_tokens:,}), "
         f"{prompts.max_tokens} new tokens each"
     )
-    if config.warmup:
-        warmup = prompts.head(WARMUP_PROMPTS, WARMUP_MAX_TOKENS)
-        progress(f"warm-up: {', '.join((*map(ours_system, config.kv_layouts), *config.peers))}")
-        warmup_choice = BatchSizeChoice(config.hf_generate_batch_size or WARMUP_PROMPTS)
-        list(_one_round(loaded, warmup, config, None, warmup_choice))  # timings dropped
-    choice = _hf_batch_size(loaded, prompts, config, progress)
-    measured: list[MeasuredRun] = []
-    for repeat in range(config.repeat):
-        for measured_run in _one_round(loaded, prompts, config, repeat, choice):
-            run = measured_run.run
-            measured.append(measured_run)
-            progress(
-                f"repeat {repeat + 1}/{config.repeat} {run.system}: {run.wall_seconds:.1f} s, "
-                f"{run.generated_tokens_per_second:.1f} generated tokens/s"
+    # The roofline's GEMM peak, at the start and once: the model's own linear shapes in its
+    # dtype at this thread count (one process holds a tensor-parallel rank's shard only).
+    peak = gemm_peak(loaded.model) if config.tensor_parallel_size == 1 else None
+    if peak is not None:
+        progress(
+            f"GEMM peak ({config.dtype}, {torch.get_num_threads()} threads): "
+            f"{peak / 1e9:,.0f} GFLOP/s"
+        )
+    peers = _Peers(BatchSizeChoice(config.hf_generate_batch_size or WARMUP_PROMPTS))
+    try:
+        if LLAMA_CPP in config.peers:
+            peers.llama_cpp = LlamaCppPeer(
+                gguf_path(config.model), prompts, torch.get_num_threads()
             )
+            progress(f"{LLAMA_CPP}: {peers.llama_cpp.path.name}, {peers.llama_cpp.config()}")
+        if config.warmup:
+            warmup = prompts.head(WARMUP_PROMPTS, WARMUP_MAX_TOKENS)
+            systems = (*map(ours_system, config.kv_layouts), *config.peers)
+            progress(f"warm-up: {', '.join(systems)}")
+            list(_one_round(loaded, warmup, config, None, peers, None))  # timings dropped
+        peers.hf_batch = _hf_batch_size(loaded, prompts, config, progress)
+        measured: list[MeasuredRun] = []
+        for repeat in range(config.repeat):
+            for measured_run in _one_round(loaded, prompts, config, repeat, peers, peak):
+                run = measured_run.run
+                measured.append(measured_run)
+                progress(
+                    f"repeat {repeat + 1}/{config.repeat} {run.system}: {run.wall_seconds:.1f} "
+                    f"s, {run.generated_tokens_per_second:.1f} generated tokens/s"
+                    + _run_note(measured_run)
+                )
+    finally:
+        if peers.llama_cpp is not None:
+            peers.llama_cpp.close()
     if config.floor:
         progress("floor: timing the model forward alone")
         floor = measure_floor(loaded, prompts, config.engine.page_size, config.engine.numerics)
@@ -128,21 +163,73 @@ def _one_round(
     prompts: BenchPrompts,
     config: BenchConfig,
     repeat: int | None,
-    hf_batch: BatchSizeChoice,
+    peers: _Peers,
+    peak: float | None,
 ) -> Iterator[MeasuredRun]:
-    """Ours in each KV layout, then each peer; yields each run as it ends."""
+    """Ours in each KV layout, then each peer; yields each run as it ends. Our runs carry the
+    roofline columns (with a measured `peak`); a peer that returns tokens, its greedy
+    agreement with our first layout's tokens of the same round."""
     pool_pages = 0
+    reference: SystemRun | None = None
     for layout in config.kv_layouts:
         load = load_average()
         ours = run_ours(loaded, prompts, replace(config.engine, kv_layout=layout), repeat)
         if ours.engine is None:
             raise AstraiBatchError("our engine's run carries no engine figures; this is a bug")
         pool_pages = ours.engine.kv_pool_pages  # the same KV memory in every layout
-        yield MeasuredRun(ours, load)
+        reference = reference or ours
+        extra = {}
+        if peak is not None:
+            line = roofline(loaded.model, ours, peak, prompts.num_prompts)
+            extra = {
+                "weight_gemm_flops": line.gemm_flops,
+                "gemm_peak_flops_per_second": line.peak_flops_per_second,
+            }
+        yield MeasuredRun(ours, load, extra)
     for peer in config.peers:
         load = load_average()
         if peer == HF_GENERATE:
-            run = run_hf_generate(loaded, prompts, hf_batch, repeat)
-        else:
+            run = run_hf_generate(loaded, prompts, peers.hf_batch, repeat)
+        elif peer == HF_GENERATE_BATCH:
             run = run_hf_generate_batch(loaded, prompts, config.engine, pool_pages, repeat)
-        yield MeasuredRun(run, load)
+        elif peer == LLAMA_CPP and peers.llama_cpp is not None:
+            run = run_llama_cpp(peers.llama_cpp, prompts, repeat)
+        else:
+            raise AstraiBatchError(f"peer {peer} cannot run the generation workload; a bug")
+        yield MeasuredRun(run, load, _agreement_columns(prompts, reference, run))
+
+
+def _agreement_columns(
+    prompts: BenchPrompts, ours: SystemRun | None, peer: SystemRun
+) -> dict[str, float]:
+    if ours is None or ours.token_ids is None or peer.token_ids is None:
+        return {}
+    figures = agreement(
+        [list(ids) for ids in prompts.prompt_token_ids],
+        [list(ids) for ids in ours.token_ids],
+        [list(ids) for ids in peer.token_ids],
+    )
+    return {
+        "greedy_agreement": figures["token_agreement"],
+        "greedy_leading_agreement": figures["leading_agreement"],
+    }
+
+
+def _run_note(measured: MeasuredRun) -> str:
+    extra = measured.extra
+    if "weight_gemm_flops" in extra:
+        run = measured.run
+        forward = run.engine.forward_seconds if run.engine is not None else None
+        line = Roofline(
+            extra["weight_gemm_flops"],
+            extra["gemm_peak_flops_per_second"],
+            run.wall_seconds,
+            forward,
+        )
+        return f"; {line.line()}"
+    if "greedy_agreement" in extra:
+        return (
+            f"; greedy agreement with ours {extra['greedy_agreement']:.1%} of tokens, "
+            f"{extra['greedy_leading_agreement']:.1%} before each prompt's first difference"
+        )
+    return ""

@@ -38,6 +38,10 @@ FIGURES = (
     "forward_seconds",
     "step_seconds",
     "preemptions",
+    "weight_gemm_flops",
+    "gemm_peak_flops_per_second",
+    "greedy_agreement",
+    "greedy_leading_agreement",
     "load_average_1m",
 )
 CONTEXT = (

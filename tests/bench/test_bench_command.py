@@ -16,9 +16,10 @@ from click.testing import CliRunner, Result
 from astrai_batch.bench.config import BenchConfig
 from astrai_batch.bench.prompts import load_prompts
 from astrai_batch.bench.results import read_results, write_results
+from astrai_batch.bench.roofline import Roofline, body_and_head
 from astrai_batch.bench.workloads import WorkloadSpec, build_workload, write_workload_jsonl
 from astrai_batch.cli import main
-from astrai_batch.engine import load_tokenizer
+from astrai_batch.engine import load_model, load_tokenizer
 from astrai_batch.jobs.planning.prefix_stats import ideal_prefix_stats
 
 # The columns docs/bench.md documents for the results file, in order.
@@ -59,6 +60,10 @@ DOCUMENTED_COLUMNS = (
     "engine_overhead",
     "steps",
     "preemptions",
+    "weight_gemm_flops",
+    "gemm_peak_flops_per_second",
+    "greedy_agreement",
+    "greedy_leading_agreement",
     "page_size",
     "max_num_seqs",
     "max_num_batched_tokens",
@@ -91,6 +96,8 @@ ENGINE_ONLY = (
     "engine_overhead",
     "steps",
     "preemptions",
+    "weight_gemm_flops",
+    "gemm_peak_flops_per_second",
 )
 # 2 system prompts x 2 questions, 3 new tokens each: every path runs in a few seconds.
 WORKLOAD_ARGS = (
@@ -272,6 +279,16 @@ def test_results_file_has_the_documented_columns_and_one_row_per_system_and_repe
     }
     assert floor["peak_rss_bytes"] is None
     assert json.loads(floor["system_config"])["decode_tokens"] == 4 * (3 - 1)
+    # the roofline: every computed token through the body, one LM-head row per generated one
+    body, head = body_and_head(load_model(tiny_llama_dir).model)
+    for run in (contiguous, ours):
+        computed = run["prefill_tokens"] + 4 * (3 - 1)
+        assert run["weight_gemm_flops"] == 2 * sum(k * n for k, n in body) * computed + (
+            2 * head * 12
+        )
+    assert contiguous["gemm_peak_flops_per_second"] == ours["gemm_peak_flops_per_second"] > 0
+    for peer in (hf_generate, hf_generate_batch, floor):  # they give no tokens to compare
+        assert (peer["greedy_agreement"], peer["greedy_leading_agreement"]) == (None, None)
 
 
 def test_json_summary_carries_ratios_floor_and_tracked_figures(
@@ -298,6 +315,15 @@ def test_json_summary_carries_ratios_floor_and_tracked_figures(
     assert summary["context"]["num_prompts"] == 4
     for line in ("system", "astrai ", "hf-generate ", "hf-generate-batch ", "floor "):
         assert any(row.startswith(line) for row in result.stderr.splitlines()), line
+    ours_figures = summary["systems"]["astrai"]
+    line = Roofline(
+        ours_figures["weight_gemm_flops"]["median"],
+        ours_figures["gemm_peak_flops_per_second"]["median"],
+        ours_figures["wall_seconds"]["median"],
+        ours_figures["forward_seconds"]["median"],
+    ).line()
+    assert f"astrai {line}" in result.stderr.splitlines()
+    assert "astrai-contiguous roofline: " in result.stderr
 
 
 def test_an_equal_baseline_exits_0(full_run: tuple[Result, Path]) -> None:

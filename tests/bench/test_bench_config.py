@@ -53,7 +53,7 @@ def test_peers_parse_from_a_comma_list() -> None:
         (
             {"peers": ("vllm",)},
             "peers: unknown peer 'vllm'; known peers: hf-generate, hf-generate-batch, "
-            "hf-score-pairs",
+            "llama-cpp, hf-score-pairs",
         ),
         (
             {"peers": ("hf-generate", "hf-generate")},
