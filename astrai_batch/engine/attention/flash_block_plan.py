@@ -46,7 +46,6 @@ import numpy as np
 import torch
 
 from astrai_batch.engine.attention.flash_block_types import (
-    KEY_BLOCK,
     FlashCall,
     FlashMerge,
     FlashRules,
@@ -76,11 +75,13 @@ def plan_flash_step(
     staging: HostStaging,
     window: int | None = None,
 ) -> tuple[list[FlashCall], FlashMerge | None]:
+    block = rules.block
+
     def tail(keys: int) -> int:
-        return int(key_lengths(np.array([keys]), rules.tails)[0])
+        return int(key_lengths(np.array([keys]), rules.tails, block)[0])
 
     last = step.context_start + step.num_tokens - 1
-    blocks = int(last.max()) // KEY_BLOCK + 1 if len(last) else 1  # merge slots per query
+    blocks = int(last.max()) // block + 1 if len(last) else 1  # merge slots per query
     elements: list[_Element] = []
     merge_rows: list[np.ndarray] = []
     count = 0  # longer queries so far
@@ -88,7 +89,7 @@ def plan_flash_step(
         n, start, table = int(step.num_tokens[c]), int(step.context_start[c]), step.page_tables[c]
         rows = step.token_start[c] + np.arange(n)
         positions = start + np.arange(n)
-        one = positions < KEY_BLOCK
+        one = positions < block
         if one.any():
             keys = tail(int(positions[one].max()) + 1)
             elements.append(_Element(rows[one], positions[one], 0, keys, table, rows[one], False))
@@ -99,27 +100,27 @@ def plan_flash_step(
         index = np.arange(count, count + len(rows))
         count += len(rows)
         floor = positions - window + 1 if window is not None else np.zeros_like(positions)
-        for b in range(max(int(floor[0]), 0) // KEY_BLOCK, int(positions[-1]) // KEY_BLOCK + 1):
-            has = (positions >= b * KEY_BLOCK) & (floor < (b + 1) * KEY_BLOCK)
+        for b in range(max(int(floor[0]), 0) // block, int(positions[-1]) // block + 1):
+            has = (positions >= b * block) & (floor < (b + 1) * block)
             if not has.any():
                 continue
-            keys = tail(min(int(positions[has].max()) + 1 - b * KEY_BLOCK, KEY_BLOCK))
+            keys = tail(min(int(positions[has].max()) + 1 - b * block, block))
             slots = index[has] * blocks + b
             elements.append(
-                _Element(rows[has], positions[has], b * KEY_BLOCK, keys, table, slots, True)
+                _Element(rows[has], positions[has], b * block, keys, table, slots, True)
             )
-    decodes = DecodeBlocks(rules.tails, blocks, page_size, window)
+    decodes = DecodeBlocks(rules.tails, block, blocks, page_size, window)
     d = step.decodes
     if len(d):
         positions = step.context_start[d]
-        longer = positions >= KEY_BLOCK
+        longer = positions >= block
         index = np.full(len(d), -1)
         index[longer] = np.arange(count, count + int(longer.sum()))
         count += int(longer.sum())
         merge_rows.append(step.token_start[d][longer])
         decodes.add(step.token_start[d], positions, step.page_tables[d], index)
     for b, rows, positions, slots, table in decodes.shared:
-        elements.append(_Element(rows, positions, b * KEY_BLOCK, KEY_BLOCK, table, slots, True))
+        elements.append(_Element(rows, positions, b * block, block, table, slots, True))
     calls = _calls(elements, page_size, rules.group, dtype, staging, window)
     calls += decodes.calls(page_size, rules.group, dtype, staging)
     merge = None
