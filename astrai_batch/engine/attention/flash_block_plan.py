@@ -5,14 +5,19 @@ and folds them in order with an online softmax; it splits queries into blocks of
 256 rows, each block's scores and probabilities x values one MKL GEMM. A query's result is
 therefore the same in every call when:
 
-1. the key length is whole blocks of `KEY_BLOCK` (512) and a *tail* from the probed set: the
+Keys are cut into blocks of `rules.block` (B: 64, 128, 256 or 512, the shortest the probe
+found invariant for the model here, fixed at engine start, never chosen by a step); a call
+reads at most one block, so the kernel runs it as one of its own blocks. Then:
+
+1. the key length is whole blocks of B and a *tail* from the probed set: the
    split is by position, never by the call; blocks past a query's own keys are fully
    masked, and a fully masked block changes nothing (its probabilities are exact zeros, its
    rescale factor exp(0) = 1, and the P x V GEMM adds exact zeros, the masked keys and
    values being finite). Within a block, masked keys add exact zeros to the sums too, but
    the BLAS sums a P x V GEMM's keys in chunks set by its length (MKL here: a last block of
    256 or 320 keys sums otherwise than one of 512), so only tail lengths whose rows equal
-   the 512-key ones are used (`flash_probe`: 64, 128, 192, 384, 448 and 512 here);
+   the full block's are used (`flash_probe`: for B = 512, 64, 128, 192, 384, 448 and 512
+   on AMD Zen);
 2. every query block has a row count the BLAS treats like a large one: the call's query rows
    are padded with zero rows to a multiple of `ROW_MULTIPLE` (the last block's remainder is
    then 0 or at least 4; MKL computes the trailing rows of 1-3-row remainders with other
@@ -21,10 +26,10 @@ therefore the same in every call when:
 
 `flash_probe` checks these on the engine's CPU at start.
 
-A query whose keys fit one block (position < 512) takes the kernel's output as it is: one call
+A query whose keys fit one block (position < B) takes the kernel's output as it is: one call
 per prefill chunk, one per class of decodes with the same key length. A longer query never
 lets the kernel fold its blocks: each of its blocks is an element of its own (keys
-[512 b, 512 b + length)), whose output and log-sum-exp land in the step's merge slots, and
+[B b, B b + length)), whose output and log-sum-exp land in the step's merge slots, and
 `flash_blocks.fold_blocks` folds them in block order, so a query's bits never depend on
 which element computed a block. That lets decodes sharing a prefix's full blocks read them
 once: such a block is one element whose query rows are every sharer's (the cascade's saving).
