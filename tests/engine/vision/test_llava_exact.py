@@ -5,6 +5,7 @@ same bits alone as beside other image and text rows, whatever chunking its prefi
 from __future__ import annotations
 
 import pytest
+from invariance_kit import assert_same_rows, run_capturing
 from vision_kit import TOKENS_PER_IMAGE, hf_vlm_greedy, processed, random_image, save_tiny_llava
 
 from astrai_batch.engine import EngineConfig, GenerationRequest, SamplingParams, generate_sync
@@ -56,3 +57,31 @@ def test_greedy_tokens_equal_transformers_alone_and_in_a_crowd(llava):
     # 5 images in the rows, 2 distinct: each encoded once
     assert stats.images_encoded == 2
     assert stats.image_encodes_saved >= 3
+
+
+def test_image_rows_are_batch_invariant(llava):
+    """Each watched row alone (no prefix cache) and in a crowd of image and text rows under
+    two token budgets, the prefix cache on: every generated position's logits torch.equal."""
+    _, loaded = llava
+    processor = loaded.vision.processor
+    images = [random_image(seed, (30 + 7 * seed, 40)) for seed in range(4)]
+    greedy = SamplingParams(max_tokens=6, ignore_eos=True)
+    sampled = SamplingParams(max_tokens=6, temperature=0.8, ignore_eos=True)
+    questions = ["What is it?", "Name the colours in the picture.", "Count things."]
+    inputs = [
+        processed(processor, questions[i % 3], [images[i % 4]] if i % 5 else []) for i in range(12)
+    ]
+    requests = [
+        engine_request(loaded, i, b, sampled if i % 2 else greedy) for i, b in enumerate(inputs)
+    ]
+    watched = [2, 5, 7]  # image rows and a text row, greedy and sampled
+    alone = {}
+    for i in watched:
+        config = EngineConfig(page_size=8, num_pages=64, enable_prefix_cache=False)
+        rows, _ = run_capturing(loaded, [requests[i]], config)
+        alone.update(rows)
+    for budget in (16, 512):
+        config = EngineConfig(page_size=8, num_pages=128, max_num_batched_tokens=budget)
+        crowd, stats = run_capturing(loaded, requests, config)
+        assert_same_rows(alone, crowd, watched)
+        assert stats.images_encoded == 4  # once each per engine
