@@ -1,6 +1,7 @@
 """Images in the prefix cache: two rows with the same text before the same image share its
 pages (the second row's cached tokens cover the image's placeholders) and the vision tower
-runs once; a different image shares nothing past the text before it; the encoder cache stays within its budget."""
+runs once; a different image shares nothing past the text before it; the encoder cache
+stays within its budget."""
 
 from __future__ import annotations
 
