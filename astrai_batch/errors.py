@@ -54,3 +54,8 @@ class AdapterError(ConfigError):
 
 class RankFailureError(AstraiBatchError):
     """A tensor-parallel rank died, hung past the timeout, or could not load its shard."""
+
+
+class ImageError(AstraiBatchError):
+    """One image of a row cannot be used (unreadable, undecodable, over a limit); the job
+    makes it that row's error."""
