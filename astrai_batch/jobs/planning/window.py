@@ -54,6 +54,7 @@ class PreparedRow:
     echo: str | None = None  # an OpenAI completions line's (`io.openai_request`)
     embedding: str | None = None  # an OpenAI embeddings line's encoding_format
     best_of: BestOf | None = None  # an OpenAI completions line's (`io.rows.BestOf`)
+    images: tuple = ()  # a vision-language model's images (`engine.vision.ImageInput`)
 
     def __post_init__(self) -> None:
         runnable = self.token_ids is not None and self.params is not None
@@ -124,6 +125,7 @@ def row_request(row: PreparedRow) -> GenerationRequest:
         score=score,
         embed=row.embed,
         adapter=row.adapter,
+        images=row.images,
     )
 
 
@@ -215,6 +217,11 @@ def prepare_window(
             staged.append((row, None, None, encoding.error))
             continue
         problem = unserved_model_message(row, served, adapters)
+        scoring_or_embedding = (
+            embed is not None or row.embedding is not None or row.index - start in scored
+        )
+        if problem is None and encoding.images and scoring_or_embedding:
+            problem = "a scoring or embedding row takes no images (generation rows do)"
         if problem is None and row.tool_choice == "auto" and tool_parser is None:
             problem = AUTO_TOOLS_MESSAGE
         if problem is not None:
@@ -270,6 +277,7 @@ def prepare_window(
             echo=row.echo if error is None else None,
             embedding=row.embedding if error is None else None,
             best_of=row.best_of if error is None else None,
+            images=encodings[position].images if error is None else (),
         )
         for position, (row, token_ids, params, error) in enumerate(staged)
     )

@@ -1,0 +1,84 @@
+"""A chat row's images prepared for a vision-language model: the same token ids and pixels
+as transformers' processor `apply_chat_template(..., tokenize=True)`, content ids at the
+placeholders, and a bad image (undecodable, missing, too many) the row's one-line error."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import pytest
+import torch
+from vision_kit import TOKENS_PER_IMAGE, image_message, random_image, save_tiny_llava
+
+from astrai_batch.engine.vision.image_inputs import pixel_key, placeholder_ids
+from astrai_batch.engine.vision.loading import load_vision_model
+from astrai_batch.io.image_sources import ImageLimits, ImageRef
+from astrai_batch.jobs.planning.image_encoding import encode_image_row
+
+
+@pytest.fixture(scope="module")
+def tower(tmp_path_factory):
+    model_dir = save_tiny_llava(tmp_path_factory.mktemp("llava"))
+    _, tower = load_vision_model(str(model_dir), {}, {"dtype": torch.float32})
+    return tower
+
+
+def data_url(image, fmt="PNG") -> str:
+    buffer = io.BytesIO()
+    image.save(buffer, format=fmt)
+    return f"data:image/{fmt.lower()};base64,{base64.b64encode(buffer.getvalue()).decode()}"
+
+
+def test_prompt_and_pixels_equal_the_processors_own(tower, tmp_path):
+    photo, other = random_image(3), random_image(4, (20, 60))
+    path = tmp_path / "other.png"
+    other.save(path)
+    messages = image_message("Compare them.", images=2)
+    text = tower.processor.apply_chat_template(messages, add_generation_prompt=True)
+    refs = [ImageRef(url=data_url(photo)), ImageRef(url=str(path))]
+    encoded = encode_image_row(tower, "tiny", text, refs, ImageLimits())
+    assert not isinstance(encoded, str), encoded
+    ids, images = encoded
+    # transformers' own path: the template tokenized by the processor, images beside it
+    messages_with_images = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "image", "image": photo},
+                {"type": "image", "image": other},
+                {"type": "text", "text": "Compare them."},
+            ],
+        }
+    ]
+    reference = tower.processor.apply_chat_template(
+        messages_with_images,
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=True,
+        return_tensors="pt",
+    )
+    want = reference["input_ids"][0].tolist()
+    assert [tower.image_token_id if t < 0 else t for t in ids] == want
+    assert [image.length for image in images] == [TOKENS_PER_IMAGE] * 2
+    for i, image in enumerate(images):
+        assert torch.equal(image.pixel_values, reference["pixel_values"][i : i + 1])
+        assert image.key == pixel_key(reference["pixel_values"][i : i + 1])
+        assert list(ids[image.offset : image.end]) == placeholder_ids(image.key, image.length)
+
+
+def test_bad_images_are_the_rows_errors(tower, tmp_path):
+    text = tower.processor.apply_chat_template(image_message("Hi?"), add_generation_prompt=True)
+    broken = "data:image/png;base64," + base64.b64encode(b"not a png at all").decode()
+    got = encode_image_row(tower, "tiny", text, [ImageRef(url=broken)], ImageLimits())
+    assert isinstance(got, str) and "\n" not in got and got.startswith("image ")
+    missing = encode_image_row(
+        tower, "tiny", text, [ImageRef(url=str(tmp_path / "gone.png"))], ImageLimits()
+    )
+    assert isinstance(missing, str) and "gone.png" in missing
+    two = [ImageRef(url=data_url(random_image(1)))] * 2
+    too_many = encode_image_row(tower, "tiny", text, two, ImageLimits(max_images_per_row=1))
+    assert too_many == "the row has 2 images, more than --max-images-per-row 1"
+    # one image part in the chat for two images: the placeholders do not fit
+    mismatch = encode_image_row(tower, "tiny", text, two, ImageLimits())
+    assert isinstance(mismatch, str) and "\n" not in mismatch
