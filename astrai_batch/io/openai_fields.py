@@ -96,7 +96,10 @@ _SAMPLING = {
 
 CHAT_FIELDS: dict[str, BodyField] = {
     **_SAMPLING,
-    "messages": honoured("the conversation, rendered by the model's chat template"),
+    "messages": honoured(
+        "the conversation, rendered by the model's chat template; image_url parts (data URLs, "
+        "paths, s3:// / gs:// / file:// URIs; detail accepted) are the row's images"
+    ),
     "max_completion_tokens": honoured("the newer name of max_tokens; wins over it"),
     "logprobs": honoured("each generated token's logprob in choices[].logprobs.content"),
     "top_logprobs": honoured("the N likeliest alternatives of each generated token"),
@@ -130,7 +133,10 @@ CHAT_FIELDS: dict[str, BodyField] = {
 
 COMPLETION_FIELDS: dict[str, BodyField] = {
     **_SAMPLING,
-    "prompt": honoured("a string, a list of token ids, or a list holding one of them"),
+    "prompt": honoured(
+        "a string, a list of token ids, or a list holding one of them (no images: those go "
+        "in chat messages)"
+    ),
     "logprobs": honoured(
         "an integer 0-5: each generated token's logprob and its N likeliest alternatives, "
         "in the Completions shape (true: the same as 0)"

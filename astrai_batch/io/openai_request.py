@@ -3,8 +3,9 @@
 What a job does with each body field is `openai_fields`' table (docs/openai.md): the
 honoured ones are read here into
 
-- the prompt: ``messages`` (chat), or ``prompt`` (completions: a string, a list of token
-  ids, or a list holding one of those);
+- the prompt: ``messages`` (chat; ``image_url`` content parts become the row's images,
+  `image_parts`), or ``prompt`` (completions: a string, a list of token ids, or a list
+  holding one of those; never images);
 - sampling overrides, copied raw into `InputRow.overrides` (``max_completion_tokens`` is the
   newer name of ``max_tokens`` and wins when both are given; a completions ``logprobs``
   integer N asks for logprobs and N alternatives per token);
@@ -26,6 +27,8 @@ table's: ``custom_id is missing``, ``custom_id must be a string, got integer``,
 ``body is missing``, ``body must be an object, got string``, ``body is not valid JSON: ...``,
 ``body has neither messages nor prompt``, ``body.prompt holds 2 prompts; ...``,
 ``body.logprobs must be an integer from 0 to 5 or a boolean, got 7``,
+``body.prompt of /v1/completions is text or token ids; content parts such as images go in
+/v1/chat/completions messages``,
 ``body.echo must be a boolean, got string``.
 """
 
@@ -41,7 +44,7 @@ from astrai_batch.io.openai_fields import check_body_fields
 from astrai_batch.io.openai_tools import ToolChoice, parse_tool_choice
 from astrai_batch.io.row_validation import (
     collect_overrides,
-    validate_messages,
+    messages_content,
     validate_prompt,
     validate_template_kwargs,
     validate_token_ids,
@@ -76,7 +79,7 @@ def parse_openai_request(record: Mapping[str, Any]) -> OpenAIRequest:
     body = _body_object(record.get("body"))
     kind = _request_kind(record.get("url"), body)
     if kind == "chat":
-        content = {"messages": validate_messages(body.get("messages"), "body.messages")}
+        content = messages_content(body.get("messages"), "body.messages")
     else:
         content = completion_prompt(body.get("prompt"))
     ignored = check_body_fields(body, kind)
@@ -124,6 +127,11 @@ def check_line(record: Mapping[str, Any]) -> None:
 
 def completion_prompt(value: Any) -> dict[str, Any]:
     """A completions ``prompt``: a string or token ids, or a list holding one of them."""
+    if isinstance(value, list) and any(isinstance(item, Mapping) for item in value):
+        raise RowProblem(
+            f"body.prompt of {COMPLETIONS_URL} is text or token ids; content parts such as "
+            f"images go in {CHAT_URL} messages"
+        )
     if isinstance(value, list) and value and all(isinstance(item, (str, list)) for item in value):
         if len(value) != 1:
             raise RowProblem(

@@ -9,10 +9,11 @@ JSON type names (string, integer, number, boolean, list, object, null):
 - ``{field} must be a list of {role, content} objects, got string``;
   ``{field}[1] must be a {role, content} object, got string``, ``{field}[1] has no role``,
   ``{field}[1] role must be a string, got integer``, ``{field}[1] has no content``,
-  ``{field}[1] content must be a string or a list of text parts, got integer``,
-  ``{field}[1] content[0] must be a text part object, got string``,
+  ``{field}[1] content must be a string or a list of content parts, got integer``,
+  ``{field}[1] content[0] must be a content part object, got string``,
   ``{field}[1] content[0] has no text``,
-  ``{field}[1] has a image_url content part; only text is supported``
+  ``{field}[1] has a input_audio content part; only text and image_url are supported``;
+  an ``image_url`` part's own messages are `image_parts`'
 - ``{field} must be a list of non-negative integers, got string``;
   ``{field}[2] must be a non-negative integer, got -1`` (or ``got boolean``)
 - ``chat_template_kwargs must be an object, got list``,
@@ -24,6 +25,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from astrai_batch.io.image_parts import (
+    IMAGE_PART_TYPE,
+    IMAGE_PLACEHOLDER,
+    check_image_role,
+    image_part_ref,
+)
+from astrai_batch.io.image_sources import ImageRef
 from astrai_batch.io.rows import RowPlan, RowProblem, json_text
 from astrai_batch.io.tool_history import tool_calls_of, tool_reply_fields
 from astrai_batch.json_types import first_non_count, json_object, json_type
@@ -56,7 +64,7 @@ def validate_content(
             return {"prompt": ""}
         return {"prompt": validate_prompt(value, field_name)}
     if shape == "messages":
-        return {"messages": validate_messages(value, field_name)}
+        return messages_content(value, field_name)
     if shape == "prompt_token_ids":
         return {"prompt_token_ids": validate_token_ids(value, field_name)}
     raise ValueError(f"shape must be prompt, messages or prompt_token_ids, got {shape!r}")
@@ -72,10 +80,22 @@ def validate_prompt(value: Any, field_name: str) -> str:
     return value
 
 
-def validate_messages(value: Any, field_name: str) -> tuple[dict[str, Any], ...]:
+def messages_content(value: Any, field_name: str) -> dict[str, Any]:
+    """The InputRow keywords of a messages value: ``messages``, and ``images`` (`ImageRef`s
+    in the order the messages name them) when it has any."""
+    images: list[ImageRef] = []
+    messages = validate_messages(value, field_name, images)
+    return {"messages": messages, "images": tuple(images)} if images else {"messages": messages}
+
+
+def validate_messages(
+    value: Any, field_name: str, images: list[ImageRef] | None = None
+) -> tuple[dict[str, Any], ...]:
     """Messages as {role, content} dicts, with an assistant's ``tool_calls`` and a tool
     message's ``tool_call_id`` / ``name`` kept for the chat template (`tool_history`); other
-    message keys are dropped."""
+    message keys are dropped. A content with an ``image_url`` part stays a list of parts
+    (each image part ``{"type": "image"}``, its reference appended to `images`); without
+    `images`, an image part is a row error."""
     if value is None:
         raise RowProblem(f"{field_name} is missing")
     if not isinstance(value, (list, tuple)):
@@ -97,12 +117,12 @@ def validate_messages(value: Any, field_name: str) -> tuple[dict[str, Any], ...]
         calls = message.get("tool_calls")
         if calls is not None and role == "assistant":
             content = message.get("content")
-            text = "" if content in (None, "", []) else message_text(content, where)
+            text = "" if content in (None, "", []) else message_text(content, where, role)
             messages.append({"role": role, "content": text, **tool_calls_of(calls, where)})
             continue
         entry: dict[str, Any] = {
             "role": role,
-            "content": message_text(message.get("content"), where),
+            "content": message_text(message.get("content"), where, role, images),
         }
         if role == "tool":
             entry |= tool_reply_fields(message, where)
@@ -110,11 +130,15 @@ def validate_messages(value: Any, field_name: str) -> tuple[dict[str, Any], ...]
     return tuple(messages)
 
 
-def message_text(content: Any, where: str) -> str:
-    """A message's content as one string.
+def message_text(
+    content: Any, where: str, role: str = "user", images: list[ImageRef] | None = None
+) -> str | list[dict[str, Any]]:
+    """A message's content: one string, or its parts when it holds images.
 
     OpenAI also allows a list of content parts; text parts are joined with newlines (as vLLM
-    does), any other part type is a row error because the model could not see it.
+    does). ``image_url`` parts (where `images` collects them) keep the list: text parts as
+    ``{"type": "text", "text": ...}`` and each image as ``{"type": "image"}``, in order. Any
+    other part type is a row error because the model could not see it.
     """
     if isinstance(content, str):
         return content
@@ -122,22 +146,33 @@ def message_text(content: Any, where: str) -> str:
         raise RowProblem(f"{where} has no content")
     if not isinstance(content, (list, tuple)):
         raise RowProblem(
-            f"{where} content must be a string or a list of text parts, got {json_type(content)}"
+            f"{where} content must be a string or a list of content parts, got {json_type(content)}"
         )
-    texts = []
+    parts: list[dict[str, Any]] = []
+    found: list[ImageRef] = []
     for number, part in enumerate(content):
         if not isinstance(part, Mapping):
             raise RowProblem(
-                f"{where} content[{number}] must be a text part object, got {json_type(part)}"
+                f"{where} content[{number}] must be a content part object, got {json_type(part)}"
             )
-        part_type = part.get("type", "text")
+        part_type = part.get("type") or "text"  # a Parquet struct's absent field is null
+        if part_type == IMAGE_PART_TYPE and images is not None:
+            check_image_role(role, where)
+            found.append(image_part_ref(part, f"{where} content[{number}]"))
+            parts.append(dict(IMAGE_PLACEHOLDER))
+            continue
         if part_type != "text":
-            raise RowProblem(f"{where} has a {part_type} content part; only text is supported")
+            supported = "text and image_url are" if images is not None else "text is"
+            raise RowProblem(f"{where} has a {part_type} content part; only {supported} supported")
         text = part.get("text")
         if not isinstance(text, str):
             raise RowProblem(f"{where} content[{number}] has no text")
-        texts.append(text)
-    return "\n".join(texts)
+        parts.append({"type": "text", "text": text})
+    if not found:
+        return "\n".join(part["text"] for part in parts)
+    assert images is not None
+    images.extend(found)
+    return parts
 
 
 def validate_token_ids(value: Any, field_name: str) -> tuple[int, ...]:

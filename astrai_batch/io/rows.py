@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from astrai_batch.errors import AstraiBatchError
+from astrai_batch.io.image_sources import ImageRef
 
 SHAPES = ("prompt", "messages", "prompt_token_ids", "openai")
 # What an input as a whole holds: one of SHAPES, or "mixed" when its rows differ.
@@ -73,7 +74,8 @@ class InputRow:
 
     `index` is the 0-based position across the whole input and is the order key of the output.
     When `error` is None exactly one of `prompt`, `messages`, `prompt_token_ids` is set; when it
-    is set none of them is, and `overrides` is empty. `kept` always has every keep column.
+    is set none of them is, and `overrides` is empty. Only a messages row has `images`.
+    `kept` always has every keep column.
     `id` is None only on an error row whose id is missing or repeats an earlier row's, so no
     two rows of an input ever share an id. `custom_id` is the row's own ``custom_id`` (a
     string), None when it has none or it repeats an earlier row's id.
@@ -103,6 +105,9 @@ class InputRow:
     # an OpenAI /v1/embeddings line: its encoding_format ("float" or "base64")
     embedding: str | None = None
     best_of: BestOf | None = None  # an OpenAI completions line's best_of above its n
+    # the row's images in the order it names them (`io.image_parts`); each stands at a
+    # {"type": "image"} part of `messages`, decoded only when its window runs
+    images: tuple[ImageRef, ...] = ()
 
     def __post_init__(self) -> None:
         if self.index < 0:
@@ -121,6 +126,8 @@ class InputRow:
             raise ValueError(f"a row with an error carries no prompt, got {contents}")
         if self.error is None and self.id is None:
             raise ValueError("a valid row has an id")
+        if self.images and self.messages is None:
+            raise ValueError("only a messages row has images")
 
     @property
     def kind(self) -> str:

@@ -41,11 +41,15 @@ MESSAGE_CASES = [
     ),
     (
         '{"messages": [{"role": "user", "content": 3}]}',
-        "messages[0] content must be a string or a list of text parts, got integer",
+        "messages[0] content must be a string or a list of content parts, got integer",
     ),
     (
         '{"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}',
-        "messages[0] has a image_url content part; only text is supported",
+        "messages[0] content[0] image_url has no url",
+    ),
+    (
+        '{"messages": [{"role": "user", "content": [{"type": "input_audio"}]}]}',
+        "messages[0] has a input_audio content part; only text and image_url are supported",
     ),
     (
         '{"messages": [{"role": "user", "content": [{"type": "text"}]}]}',
@@ -57,7 +61,7 @@ MESSAGE_CASES = [
     ),
     (
         '{"messages": [{"role": "user", "content": ["a"]}]}',
-        "messages[0] content[0] must be a text part object, got string",
+        "messages[0] content[0] must be a content part object, got string",
     ),
     (
         '{"messages": [{"role": 1, "content": "a"}]}',

@@ -47,6 +47,11 @@ class Encoding:
             raise ValueError("exactly one of token_ids and error must be set")
 
 
+def text_only_message(model_name: str) -> str:
+    """A row with images on a model that reads text only."""
+    return f"the row has images, but model {model_name!r} reads text only (use a vision model)"
+
+
 def template_call_arguments(tokenizer: Any) -> frozenset[str]:
     """The named arguments of the tokenizer's ``apply_chat_template``: chat template
     variables cannot use these names."""
@@ -143,6 +148,9 @@ class PromptEncoder:
         return self._render_chat(row)
 
     def _render_chat(self, row: InputRow) -> str | Encoding:
+        if row.images:
+            # a text tokenizer cannot place an image's tokens: never drop them silently
+            return Encoding(error=text_only_message(self.model_name))
         if not self.has_chat_template:
             return Encoding(error=no_chat_template_message(self.model_name))
         own = row.chat_template_kwargs or {}

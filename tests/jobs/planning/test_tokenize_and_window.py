@@ -10,6 +10,7 @@ from astrai_batch.engine.model.support import no_chat_template_message
 from astrai_batch.engine.sampling.params import SamplingParams
 from astrai_batch.errors import AstraiBatchError
 from astrai_batch.io import InputRow
+from astrai_batch.io.image_sources import ImageRef
 from astrai_batch.jobs.planning.prefix_order import plan_window
 from astrai_batch.jobs.planning.tokenize import Encoding, PromptEncoder
 from astrai_batch.jobs.planning.window import PreparedRow, prepare_window, row_params
@@ -64,6 +65,22 @@ def test_chat_rows_without_or_with_a_failing_template_become_row_errors(tiny_tok
     )
     (encoding,) = PromptEncoder(strict, "strict").encode(rows[:1])
     assert encoding == Encoding(error="chat template failed: no system role")
+
+
+def test_rows_with_images_on_a_text_model_are_row_errors(tiny_tokenizer) -> None:
+    """A text tokenizer cannot place an image's tokens: the row fails, never runs blind."""
+    image_row = InputRow(
+        index=0,
+        id="i",
+        messages=({"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "?"}]},),
+        images=(ImageRef(url="cat.png"),),
+    )
+    text_row = InputRow(index=1, id="m", messages=MESSAGES)
+    encodings = PromptEncoder(tiny_tokenizer, "tiny").encode([image_row, text_row])
+    assert encodings[0] == Encoding(
+        error="the row has images, but model 'tiny' reads text only (use a vision model)"
+    )
+    assert encodings[1].token_ids is not None
 
 
 def test_encoding_needs_exactly_one_of_ids_and_error() -> None:
