@@ -148,7 +148,7 @@ class PromptEncoder:
         return self._render_chat(row)
 
     def _render_chat(self, row: InputRow) -> str | Encoding:
-        if row.images:
+        if row.images and self.vision is None:
             # a text tokenizer cannot place an image's tokens: never drop them silently
             return Encoding(error=text_only_message(self.model_name))
         if not self.has_chat_template:
@@ -175,11 +175,6 @@ class PromptEncoder:
         return text
 
     def _encode_images(self, row: InputRow, text: str) -> Encoding:
-        if self.vision is None:
-            return Encoding(
-                error=f"the row has images but model {self.model_name!r} takes none here "
-                "(a text model, or an executor that runs no vision tower)"
-            )
         encoded = encode_image_row(
             self.vision, self.model_name, text, row.images, self.image_limits
         )
