@@ -122,9 +122,9 @@ class EngineCore:
             return self.tasks.add_score(request, prompt)
         if request.embed is not None:
             return self.tasks.add_embed(request, prompt)
-        real = None
+        real, images = None, ()
         if request.images:
-            real, problem = self._image_prompt(request, prompt)
+            real, images, problem = self._image_prompt(request, prompt)
             if problem is not None:
                 self.counts.failed += params.n
                 return [error_result(request, problem, i) for i in range(params.n)]
@@ -165,6 +165,7 @@ class EngineCore:
             page_size=self.config.page_size,
             max_model_len=self.max_model_len,
             real_prompt=real,
+            images=images,
         ):
             self.endings.watch(seq.seq_id, params)
             if compiled is not None:
@@ -173,19 +174,24 @@ class EngineCore:
         return []
 
     def _image_prompt(self, request: GenerationRequest, prompt: tuple[int, ...]):
-        """(the prompt as the model's tokens, None) for a request with images, or (None, why
-        it cannot run)."""
+        """(the prompt as the model's tokens, the images with their pixels, None) for a
+        request with images, or (None, (), why it cannot run). Pixels a job left to load are
+        loaded here: only requests in the engine hold them."""
         tower = self.loaded.vision
         if tower is None:
-            return None, f"model {self.loaded.name!r} takes no images (it has no vision tower)"
+            return None, (), f"model {self.loaded.name!r} takes no images (no vision tower)"
         problem = check_image_prompt(prompt, request.images)
         if problem is None:
             lengths = tower.image_lengths(len(request.images))
             if [image.length for image in request.images] != lengths:
                 problem = f"an image takes {lengths[0]} placeholder tokens with this model"
         if problem is not None:
-            return None, problem
-        return real_prompt(prompt, tower.image_token_id), None
+            return None, (), problem
+        try:
+            images = tuple(image.materialized() for image in request.images)
+        except Exception as exc:  # the loader's own one-line reason (a file gone, changed)
+            return None, (), " ".join(str(exc).split()) or type(exc).__name__
+        return real_prompt(prompt, tower.image_token_id), images, None
 
     def _adapter_slot(self, name: str) -> int | None:
         return None if self.lora is None else self.lora.slot(name)

@@ -15,7 +15,7 @@ image's features at those positions (`tower`), and the sampler sees the real ima
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -31,16 +31,23 @@ _WORDS = 8
 class ImageInput:
     """One image of a prompt: `pixel_values` (the processor's tensor for this image alone,
     batch dimension 1), its placeholders at `[offset, offset + length)`, `key` the sha256 of
-    the tensor (`pixel_key`)."""
+    the tensor (`pixel_key`).
+
+    A job keeps only the key and `load` (which makes the tensor again: decode and process)
+    while a row waits in its window; the engine loads the pixels when the request arrives
+    (`materialized`), so only the requests in the engine hold pixels, whatever the window."""
 
     key: bytes
     offset: int
     length: int
-    pixel_values: torch.Tensor
+    pixel_values: torch.Tensor | None = None
+    load: Callable[[], torch.Tensor] | None = None
 
     def __post_init__(self) -> None:
         if len(self.key) != 32:
             raise ValueError("ImageInput.key must be a 32-byte sha256 digest")
+        if (self.pixel_values is None) == (self.load is None):
+            raise ValueError("an ImageInput has exactly one of pixel_values and load")
         if self.offset < 0 or self.length <= 0:
             raise ValueError(
                 f"ImageInput needs offset >= 0 and length > 0, got {self.offset}, {self.length}"
@@ -49,6 +56,17 @@ class ImageInput:
     @property
     def end(self) -> int:
         return self.offset + self.length
+
+    def materialized(self) -> ImageInput:
+        """This image with its pixels in memory (loaded now when it has only `load`). Raises
+        what `load` raises, or ValueError when the pixels are not the ones keyed."""
+        if self.pixel_values is not None:
+            return self
+        assert self.load is not None
+        pixels = self.load()
+        if pixel_key(pixels) != self.key:
+            raise ValueError("the image changed after the job first read it")
+        return ImageInput(self.key, self.offset, self.length, pixels)
 
 
 def pixel_key(pixel_values: torch.Tensor) -> bytes:
@@ -72,10 +90,13 @@ def image_prompt(
     image_token_id: int,
     pixel_values: Sequence[torch.Tensor],
     lengths: Sequence[int],
+    loaders: Sequence[Callable[[], torch.Tensor]] | None = None,
 ) -> tuple[list[int], tuple[ImageInput, ...]]:
     """The engine's prompt for a processor's output: its image token positions, in order,
     `lengths[i]` consecutive ones per image `pixel_values[i]` (a tensor with batch dimension
-    1), replaced by content ids. Raises ValueError when they do not pair up."""
+    1), replaced by content ids. With `loaders`, the images keep `loaders[i]` (which make
+    `pixel_values[i]` again) instead of the tensors. Raises ValueError when they do not pair
+    up."""
     ids = [int(t) for t in token_ids]
     positions = [i for i, t in enumerate(ids) if t == image_token_id]
     if len(positions) != sum(lengths) or len(lengths) != len(pixel_values):
@@ -92,7 +113,10 @@ def image_prompt(
         taken += length
         key = pixel_key(pixels)
         ids[start : start + length] = placeholder_ids(key, length)
-        images.append(ImageInput(key, start, length, pixels))
+        if loaders is None:
+            images.append(ImageInput(key, start, length, pixels))
+        else:
+            images.append(ImageInput(key, start, length, load=loaders[len(images)]))
     return ids, tuple(images)
 
 

@@ -13,6 +13,7 @@ from vision_kit import TOKENS_PER_IMAGE, image_message, random_image, save_tiny_
 
 from astrai_batch.engine.vision.image_inputs import pixel_key, placeholder_ids
 from astrai_batch.engine.vision.loading import load_vision_model
+from astrai_batch.errors import ImageError
 from astrai_batch.io.image_sources import ImageLimits, ImageRef
 from astrai_batch.jobs.planning.image_encoding import encode_image_row
 
@@ -62,9 +63,24 @@ def test_prompt_and_pixels_equal_the_processors_own(tower, tmp_path):
     assert [tower.image_token_id if t < 0 else t for t in ids] == want
     assert [image.length for image in images] == [TOKENS_PER_IMAGE] * 2
     for i, image in enumerate(images):
+        assert image.pixel_values is None  # a row waiting in its window holds no pixels
+        image = image.materialized()
         assert torch.equal(image.pixel_values, reference["pixel_values"][i : i + 1])
         assert image.key == pixel_key(reference["pixel_values"][i : i + 1])
         assert list(ids[image.offset : image.end]) == placeholder_ids(image.key, image.length)
+
+
+def test_an_image_changed_or_gone_before_its_request_runs(tower, tmp_path):
+    path = tmp_path / "photo.png"
+    random_image(5).save(path)
+    text = tower.processor.apply_chat_template(image_message("Hi?"), add_generation_prompt=True)
+    _, (image,) = encode_image_row(tower, "tiny", text, [ImageRef(url=str(path))], ImageLimits())
+    random_image(6).save(path)
+    with pytest.raises(ValueError, match="the image changed after the job first read it"):
+        image.materialized()
+    path.unlink()
+    with pytest.raises(ImageError, match=r"photo\.png"):
+        image.materialized()
 
 
 def test_bad_images_are_the_rows_errors(tower, tmp_path):
