@@ -98,3 +98,60 @@ def test_bad_images_are_the_rows_errors(tower, tmp_path):
     # one image part in the chat for two images: the placeholders do not fit
     mismatch = encode_image_row(tower, "tiny", text, two, ImageLimits())
     assert isinstance(mismatch, str) and "\n" not in mismatch
+
+
+def test_the_planner_groups_rows_by_the_text_before_and_the_image(tower, tmp_path):
+    """Rows over two images, interleaved in the input: the window runs each image's rows
+    together (prefix order over content ids); every image row keeps its images."""
+    from astrai_batch.engine.sampling.params import SamplingParams
+    from astrai_batch.io import InputRow
+    from astrai_batch.jobs.planning.tokenize import PromptEncoder
+    from astrai_batch.jobs.planning.window import prepare_window
+
+    urls = [data_url(random_image(31)), data_url(random_image(32))]
+
+    def row(index, image, question):
+        content = [{"type": "text", "text": question}]
+        if image is None:
+            return InputRow(
+                index=index, id=f"r{index}", messages=({"role": "user", "content": question},)
+            )
+        content.insert(0, {"type": "image"})
+        return InputRow(
+            index=index,
+            id=f"r{index}",
+            messages=({"role": "user", "content": content},),
+            images=(ImageRef(url=urls[image]),),
+        )
+
+    rows = [
+        row(0, 0, "What is it?"),
+        row(1, 1, "What is it?"),
+        row(2, None, "Plain text."),
+        row(3, 0, "Which colours?"),
+        row(4, 1, "Which colours?"),
+        row(5, 0, "How many things?"),
+    ]
+    encoder = PromptEncoder(tower.processor.tokenizer, "tiny", vision=tower)
+    window = prepare_window(
+        0, 0, rows, encoder=encoder, base_params=SamplingParams(), page_size=4,
+        group_offset=0, grouping=True,
+    )  # fmt: skip
+    window.check_invariants()
+    assert all(r.error is None for r in window.rows)
+    order = [window.rows[p].id for p in window.order]
+    by_image = {"r0": 0, "r3": 0, "r5": 0, "r1": 1, "r4": 1}
+    image_runs = [by_image.get(rid) for rid in order]
+    # each image's rows are consecutive in the execution order
+    for image in (0, 1):
+        at = [i for i, value in enumerate(image_runs) if value == image]
+        assert at == list(range(at[0], at[0] + len(at)))
+    # the rows of one image carry the same content ids at the same positions
+    first = window.rows[0]
+    for i in (3, 5):
+        other = window.rows[i]
+        assert other.images[0].key == first.images[0].key
+        end = first.images[0].end
+        assert other.token_ids[:end] == first.token_ids[:end]
+    assert window.rows[1].token_ids[:end] != first.token_ids[:end]
+    assert [len(window.rows[i].images) for i in range(6)] == [1, 1, 0, 1, 1, 1]
