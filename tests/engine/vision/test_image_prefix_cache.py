@@ -9,7 +9,7 @@ import pytest
 import torch
 from vision_kit import TOKENS_PER_IMAGE, processed, random_image, save_tiny_llava
 
-from astrai_batch.engine import EngineConfig, GenerationRequest, SamplingParams
+from astrai_batch.engine import EngineConfig, GenerationRequest, SamplingParams, generate_sync
 from astrai_batch.engine.model.loader import load_model
 from astrai_batch.engine.vision.encoder_cache import EncoderCache
 from astrai_batch.engine.vision.image_inputs import (
@@ -18,6 +18,7 @@ from astrai_batch.engine.vision.image_inputs import (
     pixel_key,
     placeholder_ids,
 )
+from astrai_batch.errors import ConfigError
 
 PARAMS = SamplingParams(max_tokens=4)
 
@@ -121,3 +122,19 @@ def test_content_ids_name_the_pixels():
         image_prompt([5, 9, 9, 9, 6], 9, [pixels], [4])
     with pytest.raises(ValueError, match="not consecutive"):
         image_prompt([5, 9, 9, 6, 9, 9], 9, [pixels], [4])
+
+
+def test_the_engine_option_bounds_the_encoder_cache(loaded):
+    """encoder_cache_memory=0 keeps no features: a repeated image (prefix cache off) is
+    encoded again; the default keeps it."""
+    photo = random_image(13)
+    rows = [request(loaded, i, "What is shown?", [photo]) for i in range(2)]
+    for memory, encoded in ((0, 2), (2**20, 1)):
+        config = EngineConfig(
+            page_size=4, num_pages=64, enable_prefix_cache=False, encoder_cache_memory=memory
+        )
+        _, stats = generate_sync(loaded, rows, config)
+        assert stats.images_encoded == encoded
+        assert stats.images_encoded + stats.image_encodes_saved == 2
+    with pytest.raises(ConfigError, match="encoder_cache_memory must be a non-negative int"):
+        EngineConfig(encoder_cache_memory=-1)
