@@ -9,6 +9,7 @@ from typing import Any
 from astrai_batch.cache.layout import KV_LAYOUTS
 from astrai_batch.checks import require_positive_int
 from astrai_batch.engine.attention.backends import check_backend_name
+from astrai_batch.engine.vision.encoder_cache import DEFAULT_ENCODER_CACHE_BYTES
 from astrai_batch.errors import ConfigError
 
 
@@ -44,6 +45,9 @@ class EngineConfig:
     attention_backend: str = "auto"
     # decode-only steps replayed as CUDA graphs at bucketed shapes; None: on exactly on CUDA
     cuda_graphs: bool | None = None
+    # a vision-language model's image features kept by image content (`engine.vision.
+    # encoder_cache`, least recently used out past this many bytes); 0: none kept
+    encoder_cache_memory: int = DEFAULT_ENCODER_CACHE_BYTES
 
     def __post_init__(self) -> None:
         require_positive_int("page_size", self.page_size)
@@ -55,6 +59,9 @@ class EngineConfig:
             if value is not None:
                 require_positive_int(name, value)
         check_utilization(self.gpu_memory_utilization)
+        value = self.encoder_cache_memory
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ConfigError(f"encoder_cache_memory must be a non-negative int, got {value!r}")
         if not isinstance(self.enable_prefix_cache, bool):
             raise ConfigError(
                 f"enable_prefix_cache must be a bool, got {type(self.enable_prefix_cache).__name__}"

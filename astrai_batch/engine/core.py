@@ -43,6 +43,7 @@ from astrai_batch.engine.types import (
     as_token_tuple,
     error_result,
 )
+from astrai_batch.engine.vision.image_inputs import check_image_prompt, real_prompt
 
 
 class EngineCore:
@@ -101,6 +102,7 @@ class EngineCore:
         )
         self.counters = StepCounters()
         self._top_logprobs = 0  # requests that asked for top_logprobs (any: the check runs)
+        self._image_tokens_cached = 0  # finished requests' image tokens read from the cache
 
     # -- requests ------------------------------------------------------------------------
 
@@ -120,8 +122,14 @@ class EngineCore:
             return self.tasks.add_score(request, prompt)
         if request.embed is not None:
             return self.tasks.add_embed(request, prompt)
+        real, images = None, ()
+        if request.images:
+            real, images, problem = self._image_prompt(request, prompt)
+            if problem is not None:
+                self.counts.failed += params.n
+                return [error_result(request, problem, i) for i in range(params.n)]
         problem = why_never_fits(
-            prompt,
+            prompt if real is None else real,
             params.max_tokens,
             vocab_size=self.loaded.model.config.vocab_size,
             max_model_len=self.max_model_len,
@@ -156,12 +164,34 @@ class EngineCore:
             engine_seed=self.config.seed,
             page_size=self.config.page_size,
             max_model_len=self.max_model_len,
+            real_prompt=real,
+            images=images,
         ):
             self.endings.watch(seq.seq_id, params)
             if compiled is not None:
                 self.constraints.attach(seq.seq_id, compiled)
             self.scheduler.add(seq)
         return []
+
+    def _image_prompt(self, request: GenerationRequest, prompt: tuple[int, ...]):
+        """(the prompt as the model's tokens, the images with their pixels, None) for a
+        request with images, or (None, (), why it cannot run). Pixels a job left to load are
+        loaded here: only requests in the engine hold them."""
+        tower = self.loaded.vision
+        if tower is None:
+            return None, (), f"model {self.loaded.name!r} takes no images (no vision tower)"
+        problem = check_image_prompt(prompt, request.images)
+        if problem is None:
+            lengths = tower.image_lengths(len(request.images))
+            if [image.length for image in request.images] != lengths:
+                problem = f"an image takes {lengths[0]} placeholder tokens with this model"
+        if problem is not None:
+            return None, (), problem
+        try:
+            images = tuple(image.materialized() for image in request.images)
+        except Exception as exc:  # the loader's own one-line reason (a file gone, changed)
+            return None, (), " ".join(str(exc).split()) or type(exc).__name__
+        return real_prompt(prompt, tower.image_token_id), images, None
 
     def _adapter_slot(self, name: str) -> int | None:
         return None if self.lora is None else self.lora.slot(name)
@@ -253,6 +283,11 @@ class EngineCore:
         self.scheduler.finish(seq)
         self.counts.finished += 1
         self.constraints.release(seq.seq_id)
+        if seq.images and seq.sample_index == 0:  # a request's count, like its cached_tokens
+            cached = seq.cached_tokens or 0
+            self._image_tokens_cached += sum(
+                max(0, min(cached, image.end) - image.offset) for image in seq.images
+            )
         return self.endings.result(seq, reason)
 
     # -- statistics ------------------------------------------------------------------------
@@ -260,6 +295,7 @@ class EngineCore:
     def stats(self) -> EngineStats:
         counters = self.counters
         counters.read_timers()
+        encoder = self.runner.encoder_counts()
         return EngineStats(
             steps=counters.steps,
             prefill_tokens=self.scheduler.prefill_tokens,
@@ -274,6 +310,9 @@ class EngineCore:
             grammar_compile_seconds=self.constraints.compile_seconds,
             mask_fill_seconds=self.constraints.fill_seconds,
             mask_wait_seconds=self.constraints.wait_seconds,
+            images_encoded=encoder.encoded,
+            image_encodes_saved=encoder.reused,
+            image_tokens_cached=self._image_tokens_cached,
             cache=self.cache.stats(),
         )
 

@@ -168,6 +168,8 @@ def assemble_engine(
         step_sender=None if parallel is None else parallel.sender,
         probe_results=loaded.probe_results,
         query_heads=local_query_heads(loaded),
+        vision=loaded.vision,
+        encoder_cache_bytes=config.encoder_cache_memory,
     )
     if capture:  # every bucket now, before the first step: none is captured mid-job
         runner.decode_graphs.capture_up_front()

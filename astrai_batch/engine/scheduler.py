@@ -274,4 +274,5 @@ def chunk_for(item: ScheduledWork, cache: KVLayout) -> ScheduledChunk:
         seq.seq_id,
         version,
         seq.adapter,
+        images=seq.images,
     )

@@ -34,12 +34,17 @@ class GenerationRequest:
     score: ScoreRequest | None = None
     # an embedding request: no decode, `GenerationResult.embedding` (`embedding`)
     embed: EmbedRequest | None = None
+    # a vision-language model's images (`engine.vision.image_inputs.image_prompt`): their
+    # placeholder positions in `prompt_token_ids` hold the images' content ids
+    images: tuple = ()
 
     def __post_init__(self) -> None:
         # one answer comes back for a request that decodes nothing: a caller waiting for n
         # of them would wait forever
         if (self.score is not None or self.embed is not None) and self.params.n != 1:
             raise ValueError(f"a scoring or embedding request takes n=1, got n={self.params.n}")
+        if self.images and (self.score is not None or self.embed is not None):
+            raise ValueError("a scoring or embedding request takes no images")
 
 
 @dataclass(frozen=True)
@@ -88,6 +93,9 @@ class EngineStats:
     grammar_compile_seconds: float = 0.0
     mask_fill_seconds: float = 0.0  # filling grammar masks (worker thread, beside the forward)
     mask_wait_seconds: float = 0.0  # the step waited for masks after its forward
+    images_encoded: int = 0  # images run through a vision tower
+    image_encodes_saved: int = 0  # image features served by the encoder cache instead
+    image_tokens_cached: int = 0  # image placeholder tokens served from the prefix cache
 
     def to_dict(self) -> dict:
         out = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "cache"}
@@ -110,6 +118,9 @@ class EngineStats:
             grammar_compile_seconds=self.grammar_compile_seconds - other.grammar_compile_seconds,
             mask_fill_seconds=self.mask_fill_seconds - other.mask_fill_seconds,
             mask_wait_seconds=self.mask_wait_seconds - other.mask_wait_seconds,
+            images_encoded=self.images_encoded - other.images_encoded,
+            image_encodes_saved=self.image_encodes_saved - other.image_encodes_saved,
+            image_tokens_cached=self.image_tokens_cached - other.image_tokens_cached,
         )
 
 

@@ -84,6 +84,11 @@ STATS_SCHEMA = pa.schema(
         pa.field("grammars_compiled", pa.int64()),
         pa.field("grammar_compile_seconds", pa.float64()),
         pa.field("mask_fill_seconds", pa.float64()),
+        # vision-language models: images run through the vision tower, encodes the encoder
+        # cache saved, image placeholder tokens served from the prefix cache
+        pa.field("images_encoded", pa.int64()),
+        pa.field("image_encodes_saved", pa.int64()),
+        pa.field("image_tokens_cached", pa.int64()),
     ]
 )
 

@@ -80,6 +80,9 @@ class JobSummary:
             "grammars_compiled": totals.grammars_compiled,
             "grammar_compile_seconds": totals.grammar_compile_seconds,
             "mask_fill_seconds": totals.mask_fill_seconds,
+            "images_encoded": totals.images_encoded,
+            "image_encodes_saved": totals.image_encodes_saved,
+            "image_tokens_cached": totals.image_tokens_cached,
             # two rates of the tokens this process generated: over its whole wall time
             # (loading and writing included), and over the time it spent running rows (the
             # rate the progress lines show)

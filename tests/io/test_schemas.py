@@ -79,4 +79,7 @@ def test_stats_schema() -> None:
         ("grammars_compiled", "int64", True),
         ("grammar_compile_seconds", "double", True),
         ("mask_fill_seconds", "double", True),
+        ("images_encoded", "int64", True),
+        ("image_encodes_saved", "int64", True),
+        ("image_tokens_cached", "int64", True),
     ]

@@ -57,6 +57,9 @@ class LoadedModel:
     # dtype, torch's thread count): their results are functions of those, so further engines
     # over the same model skip them (`runner.model_runner`)
     probe_results: dict = field(default_factory=dict, repr=False)
+    # a vision-language model's vision half (`engine.vision.tower.VisionTower`); `model` is
+    # then its language half, run like any causal LM. None: a text model
+    vision: Any = None
 
     def __post_init__(self) -> None:
         for field_name in ("max_model_len", "num_layers", "num_kv_heads", "head_dim"):

@@ -7,6 +7,7 @@ looked for, with the library's own error chained underneath.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -33,8 +34,14 @@ from astrai_batch.engine.model.spec import (
     did_you_mean,
     resolve_model_spec,
 )
-from astrai_batch.engine.model.support import check_supported
-from astrai_batch.errors import ConfigError, ModelLoadError
+from astrai_batch.engine.model.support import (
+    check_supported,
+    is_vision_model,
+    language_config,
+)
+from astrai_batch.engine.model.support import describe_model as describe_config
+from astrai_batch.engine.vision.loading import load_vision_model
+from astrai_batch.errors import ConfigError, ModelLoadError, UnsupportedModelError
 
 # Tokenizers without a real limit report about 1e30; anything this large is not a limit.
 _SANE_TOKENIZER_MAX_LEN = 1 << 24
@@ -121,6 +128,11 @@ def load_model(
         max_model_len=max_model_len,
         on_stage=on_stage,
     )
+    if tensor_parallel_size != 1 and is_vision_model(prepared.config):
+        raise UnsupportedModelError(
+            f"{describe_config(prepared.config)} is a vision-language model: tensor "
+            "parallelism does not run one; leave --tensor-parallel-size at 1"
+        )
     if tensor_parallel_size != 1:
         from astrai_batch.engine.parallel.launch import load_parallel
 
@@ -134,13 +146,20 @@ def load_model(
         weights["device_map"] = {"": target_device}
     if on_stage is not None:
         on_stage(f"reading the weights of {model_spec.name} ({_weights_size(model_spec)})")
+    vision = None
     try:
-        model = AutoModelForCausalLM.from_pretrained(model_spec.location, **hub, **weights)
+        if is_vision_model(config):
+            model, vision = load_vision_model(model_spec.location, hub, weights)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(model_spec.location, **hub, **weights)
     except Exception as err:
         raise _load_error(model_spec, "weights", err) from err
     model.eval()
     model.requires_grad_(False)
-    return loaded_model(model, prepared.tokenizer, model_spec, prepared.context)
+    loaded = loaded_model(model, prepared.tokenizer, model_spec, prepared.context)
+    if vision is None:
+        return loaded
+    return dataclasses.replace(loaded, vision=vision, architecture=describe_config(config))
 
 
 class PreparedLoad(NamedTuple):
@@ -188,7 +207,7 @@ def prepare_load(
         raise _load_error(model_spec, "config", err, first_contact=True) from err
     check_supported(config)
     tokenizer = _load_tokenizer_at(model_spec, hub, first_contact=False)
-    context = _max_model_len(config, tokenizer, model_spec)
+    context = _max_model_len(language_config(config), tokenizer, model_spec)
     if max_model_len is not None:
         context = min(context, max_model_len)
     check_supported(config, max_model_len=context)  # still before any weights are read

@@ -99,6 +99,23 @@ RECURRENT_MODEL_TYPES: frozenset[str] = frozenset(RECURRENT_LAYER_KINDS)
 
 _MULTIMODAL_SUBCONFIGS = ("vision_config", "text_config", "audio_config")
 
+# Vision-language model types the engine runs: their language model (text_config) on the
+# paged path, checked like a text model, their vision tower by transformers
+# (`engine.vision.tower`); each with a tiny random-weight test against transformers
+# (tests/engine/vision/test_llava_exact.py).
+VISION_MODEL_TYPES: frozenset[str] = frozenset({"llava"})
+
+
+def is_vision_model(config: Any) -> bool:
+    return getattr(config, "model_type", None) in VISION_MODEL_TYPES
+
+
+def language_config(config: Any) -> Any:
+    """The config of the model's language part: a vision-language model's text config,
+    else the config itself."""
+    return config.text_config if is_vision_model(config) else config
+
+
 _ATTENTION_KINDS = frozenset({"full_attention", "sliding_attention"})
 
 # Rope scalings computed once at load from the config alone (transformers'
@@ -124,6 +141,14 @@ def unsupported_reason(config: Any) -> str | None:
     not only that it is missing from the list.
     """
     model_type = getattr(config, "model_type", None)
+    if is_vision_model(config):
+        reason = unsupported_reason(config.text_config)
+        return None if reason is None else f"its language model is not supported: {reason}"
+    if getattr(config, "vision_config", None) is not None:
+        return (
+            f"it is a vision-language model of a type the engine does not run "
+            f"(vision-language model types: {', '.join(sorted(VISION_MODEL_TYPES))})"
+        )
     for name in _MULTIMODAL_SUBCONFIGS:
         if getattr(config, name, None) is not None:
             return f"it is multimodal (the config has a {name})"
@@ -166,6 +191,7 @@ def unsupported_reason(config: Any) -> str | None:
 def exact_context_limit(config: Any) -> tuple[int, str] | None:
     """The longest context (in tokens) the engine runs this config exactly at, and why; None
     when no feature of the config limits it."""
+    config = language_config(config)
     limits: list[tuple[int, str]] = []
     for params in _rope_parameter_sets(config):
         rope_type = str(params.get("rope_type", params.get("type", "default")))

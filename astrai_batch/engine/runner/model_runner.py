@@ -55,6 +55,12 @@ from astrai_batch.engine.runner.invariant_norms import set_norm_tiling
 from astrai_batch.engine.runner.linear_check import refuse_variant_linears
 from astrai_batch.engine.runner.logit_spans import span_rows
 from astrai_batch.engine.runner.step_buffers import StepBuffers
+from astrai_batch.engine.vision.encoder_cache import (
+    DEFAULT_ENCODER_CACHE_BYTES,
+    EncoderCache,
+    EncoderCounts,
+)
+from astrai_batch.engine.vision.tower import VisionTower, step_embeddings
 
 
 class ScheduledChunk(NamedTuple):
@@ -78,6 +84,9 @@ class ScheduledChunk(NamedTuple):
     # (prompt positions: `engine.sampling.prompt_logprobs`); they come after every sampling
     # row in `ForwardOutput.logits`, in chunk order
     logit_span: tuple[int, int] | None = None
+    # the sequence's images (`engine.vision.image_inputs.ImageInput`): the runner puts their
+    # features at the placeholder positions this chunk covers
+    images: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -114,6 +123,8 @@ class ModelRunner:
         step_sender=None,
         probe_results: dict | None = None,
         query_heads: int | None = None,
+        vision: VisionTower | None = None,
+        encoder_cache_bytes: int = DEFAULT_ENCODER_CACHE_BYTES,
     ) -> None:
         if numerics not in NUMERICS:
             raise ValueError(f"numerics must be one of {NUMERICS}, got {numerics!r}")
@@ -197,6 +208,11 @@ class ModelRunner:
         self.staging = HostStaging(self.device)  # every per-step host-to-device copy
         self.buffers = StepBuffers(self.page_size)
         self.lora = find_bank(model)  # None: no adapters installed
+        # a vision-language model's tower and its features by image content (`engine.vision`)
+        self.vision = vision
+        self.encoder_cache = (
+            None if vision is None else EncoderCache(vision.encode, encoder_cache_bytes)
+        )
         self.decode_graphs = (
             None
             if graphs is None
@@ -222,9 +238,25 @@ class ModelRunner:
         adapters = None
         if self.lora is not None:
             adapters = ([c.adapter for c in chunks], [len(c.token_ids) for c in chunks])
+        embeds = None
+        if self.vision is not None:
+            ids = torch.as_tensor(step.token_ids).to(self.device)
+            embeds = step_embeddings(
+                chunks,
+                ids,
+                self.model.get_input_embeddings(),
+                self.encoder_cache,
+                self.vision.image_token_id,
+            )
         if self.step_sender is not None:  # the other ranks group the rows by adapter alike
             self.step_sender.send_step(step, None if adapters is None else adapters[0])
-        return self.forward_step(step, graphed=extra is None, adapters=adapters)
+        return self.forward_step(
+            step, graphed=extra is None and embeds is None, adapters=adapters, inputs_embeds=embeds
+        )
+
+    def encoder_counts(self) -> EncoderCounts:
+        """Images encoded and encodes saved so far (zeros for a text model)."""
+        return EncoderCounts() if self.encoder_cache is None else self.encoder_cache.counts
 
     @torch.inference_mode()
     def forward_step(
@@ -233,9 +265,11 @@ class ModelRunner:
         *,
         graphed: bool = True,
         adapters: tuple[list[int], list[int]] | None = None,
+        inputs_embeds: torch.Tensor | None = None,
     ) -> ForwardOutput:
         """The forward of a step's arrays (what a tensor-parallel rank receives).
-        `adapters`: each chunk's LoRA adapter slot and token count, with adapters installed."""
+        `adapters`: each chunk's LoRA adapter slot and token count, with adapters installed.
+        `inputs_embeds`: the step's input embeddings, where images are in it (`vision`)."""
         built = self._build_batch(step, graphed)
         timer = ForwardTimer(self.device)
         if callable(built):  # a decode-only step staged for its bucket's graph
@@ -249,8 +283,13 @@ class ModelRunner:
             if self.latent is not None:
                 self.latent.begin(*batch.latent_arrays)
                 batch = batch.plan
+            inputs = (
+                {"input_ids": input_ids.unsqueeze(0)}
+                if inputs_embeds is None
+                else {"inputs_embeds": inputs_embeds.unsqueeze(0)}
+            )
             outputs = self.model(
-                input_ids=input_ids.unsqueeze(0),
+                **inputs,
                 position_ids=positions.unsqueeze(0),
                 use_cache=False,
                 logits_to_keep=logit_rows,

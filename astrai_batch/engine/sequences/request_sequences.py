@@ -23,16 +23,22 @@ def request_sequences(
     engine_seed: int,
     page_size: int,
     max_model_len: int,
+    real_prompt: tuple[int, ...] | None = None,
+    images: tuple = (),
 ) -> Iterator[Sequence]:
     """The request's `params.n` sequences, lazily: each takes its id from `counts` as the
     caller gets it. An unseeded sample's seed comes from the engine seed, the request's seed
-    key and the sample index (see `GenerationRequest`)."""
+    key and the sample index (see `GenerationRequest`). `real_prompt`: the prompt with its
+    images' content ids back to the image token id (what the sampler's penalties and the
+    prompt-logprob targets see, as in transformers); None when it has no images. `images`:
+    the request's images with their pixels in memory (`ImageInput.materialized`)."""
+    seen = prompt if real_prompt is None else real_prompt
     params = request.params
     seed_key = request.request_id if request.seed_key is None else request.seed_key
     for sample_index in range(params.n):
         sampler = SequenceSampler(
             params,
-            prompt,
+            seen,
             sample_index=sample_index,
             eos_token_ids=eos_token_ids,
             fallback_seed=fallback_seed(engine_seed, seed_key, sample_index),
@@ -48,6 +54,7 @@ def request_sequences(
             page_size=page_size,
             max_model_len=max_model_len,
             adapter=adapter,
+            images=images,
         )
-        seq.targets = prompt_targets(prompt, params.prompt_logprobs)
+        seq.targets = prompt_targets(seen, params.prompt_logprobs)
         yield seq

@@ -38,6 +38,7 @@ class Sequence:
         "cached_tokens",
         "ends_by_text_or_grammar",
         "first_token_at",
+        "images",
         "length_limit",
         "logprobs",
         "num_computed",
@@ -68,8 +69,10 @@ class Sequence:
         page_size: int,
         max_model_len: int | None = None,
         adapter: int = 0,
+        images: tuple = (),
     ) -> None:
         self.seq_id = seq_id
+        self.images = images  # the request's images (`ImageInput`), in prompt order
         self.request_id = request_id
         self.sample_index = sample_index
         self.prompt_token_ids = prompt_token_ids

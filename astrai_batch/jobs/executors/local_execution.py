@@ -74,7 +74,10 @@ class JobExecution:
         self.progress = progress
         self.clock = clock
         self.encoder = PromptEncoder(
-            loaded.tokenizer, loaded.name, chat_template_kwargs=config.chat_template_kwargs
+            loaded.tokenizer,
+            loaded.name,
+            chat_template_kwargs=config.chat_template_kwargs,
+            vision=loaded.vision,
         )
         self.collector = SampleCollector()
         if embed is None and config.task == "embed":  # as the executor resolved it, if it did

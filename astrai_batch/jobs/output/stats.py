@@ -41,6 +41,9 @@ class WorkStats:
     grammars_compiled: int = 0  # distinct constraints compiled (each once per run)
     grammar_compile_seconds: float = 0.0
     mask_fill_seconds: float = 0.0  # filling grammar masks, beside the forward
+    images_encoded: int = 0  # images run through a vision tower
+    image_encodes_saved: int = 0  # images whose features the encoder cache served
+    image_tokens_cached: int = 0  # image placeholder tokens read from the prefix cache
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -69,12 +72,18 @@ class WorkStats:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> WorkStats:
         known = {f.name for f in dataclasses.fields(cls)}
+        # a checkpoint written before the image counters lacks them (zero: no images ran)
+        if isinstance(data, Mapping) and set(data) | _ADDED_LATER == known:
+            data = {**dict.fromkeys(_ADDED_LATER, 0), **data}
         if not isinstance(data, Mapping) or set(data) != known:
             raise CheckpointError(f"checkpoint stats entry is damaged: {data!r}")
         try:
             return cls(**data)
         except ValueError as exc:
             raise CheckpointError(f"checkpoint stats entry is damaged: {exc}") from exc
+
+
+_ADDED_LATER = frozenset({"images_encoded", "image_encodes_saved", "image_tokens_cached"})
 
 
 def total(stats: Iterable[WorkStats]) -> WorkStats:
@@ -120,6 +129,9 @@ def engine_stats(before: EngineStats, after: EngineStats, wall_seconds: float) -
         grammars_compiled=delta.grammars_compiled,
         grammar_compile_seconds=max(delta.grammar_compile_seconds, 0.0),
         mask_fill_seconds=max(delta.mask_fill_seconds, 0.0),
+        images_encoded=delta.images_encoded,
+        image_encodes_saved=delta.image_encodes_saved,
+        image_tokens_cached=delta.image_tokens_cached,
     )
 
 
@@ -143,6 +155,9 @@ def stats_row(window: int | None, stats: WorkStats) -> dict[str, Any]:
         "grammars_compiled": stats.grammars_compiled,
         "grammar_compile_seconds": stats.grammar_compile_seconds,
         "mask_fill_seconds": stats.mask_fill_seconds,
+        "images_encoded": stats.images_encoded,
+        "image_encodes_saved": stats.image_encodes_saved,
+        "image_tokens_cached": stats.image_tokens_cached,
     }
 
 

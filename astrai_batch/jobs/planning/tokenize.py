@@ -28,6 +28,8 @@ from typing import Any
 from astrai_batch.engine.model.support import has_chat_template, no_chat_template_message
 from astrai_batch.errors import AstraiBatchError, ConfigError
 from astrai_batch.io import InputRow
+from astrai_batch.io.image_sources import ImageLimits
+from astrai_batch.jobs.planning.image_encoding import encode_image_row
 
 ENCODE_BATCH_ROWS = 2048
 
@@ -40,6 +42,9 @@ class Encoding:
     error: str | None = None
     # the token ids of an OpenAI line's prompts after the first (`InputRow.extra_prompts`)
     extra: tuple[tuple[int, ...], ...] = ()
+    # a vision-language model's images of the row (`engine.vision.image_inputs.ImageInput`):
+    # their placeholders in `token_ids` hold content ids (`image_encoding`)
+    images: tuple = ()
 
     def __post_init__(self) -> None:
         if (self.token_ids is None) == (self.error is None):
@@ -72,7 +77,9 @@ class PromptEncoder:
     """Encodes `InputRow`s with one tokenizer; never raises for a bad row.
 
     `chat_template_kwargs` are the job-wide chat template variables; ConfigError when one
-    of them is an argument of ``apply_chat_template`` itself.
+    of them is an argument of ``apply_chat_template`` itself. `vision`: the model's
+    `VisionTower` (its processor prepares rows with images, its chat template renders every
+    chat row); None for a text model, where a row with images is an error.
     """
 
     def __init__(
@@ -81,10 +88,19 @@ class PromptEncoder:
         model_name: str,
         *,
         chat_template_kwargs: Mapping[str, Any] | None = None,
+        vision: Any = None,
+        image_limits: ImageLimits | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.model_name = model_name
-        self.has_chat_template = has_chat_template(tokenizer)
+        self.vision = vision
+        self.image_limits = image_limits or ImageLimits()
+        processor = None if vision is None else vision.processor
+        # a processor's own chat template (saved apart from the tokenizer's) renders chats
+        self._templater = (
+            processor if processor is not None and has_chat_template(processor) else tokenizer
+        )
+        self.has_chat_template = has_chat_template(self._templater)
         self._reserved = template_call_arguments(tokenizer)
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         problem = reserved_names_message(
@@ -115,6 +131,8 @@ class PromptEncoder:
                 text_or_error = self._render_chat(row)
                 if isinstance(text_or_error, Encoding):
                     results[position] = text_or_error
+                elif row.images:
+                    results[position] = self._encode_images(row, text_or_error)
                 else:
                     rendered.append((position, text_or_error))
         for items, special in ((plain, True), (rendered, False)):
@@ -152,7 +170,7 @@ class PromptEncoder:
         return self._render_chat(row)
 
     def _render_chat(self, row: InputRow) -> str | Encoding:
-        if row.images:
+        if row.images and self.vision is None:
             # a text tokenizer cannot place an image's tokens: never drop them silently
             return Encoding(error=text_only_message(self.model_name))
         if not self.has_chat_template:
@@ -165,7 +183,7 @@ class PromptEncoder:
             return Encoding(error=problem)
         try:
             tools = {"tools": [dict(tool) for tool in row.tools]} if row.tools else {}
-            text = self.tokenizer.apply_chat_template(
+            text = self._templater.apply_chat_template(
                 [dict(message) for message in row.messages or ()],
                 add_generation_prompt=True,
                 tokenize=False,
@@ -177,6 +195,14 @@ class PromptEncoder:
         if not isinstance(text, str):
             return Encoding(error=f"chat template returned {type(text).__name__}, not text")
         return text
+
+    def _encode_images(self, row: InputRow, text: str) -> Encoding:
+        encoded = encode_image_row(
+            self.vision, self.model_name, text, row.images, self.image_limits
+        )
+        if isinstance(encoded, str):
+            return Encoding(error=encoded)
+        return Encoding(token_ids=encoded[0], images=encoded[1])
 
     def _encode_texts(self, texts: list[str], add_special_tokens: bool) -> list[Encoding]:
         if not texts:

@@ -56,6 +56,7 @@ class PreparedRow:
     best_of: BestOf | None = None  # an OpenAI completions line's (`io.rows.BestOf`)
     # an OpenAI line's prompts after the first (`token_ids`): one engine request each
     extra_token_ids: tuple[tuple[int, ...], ...] = ()
+    images: tuple = ()  # a vision-language model's images (`engine.vision.ImageInput`)
 
     def __post_init__(self) -> None:
         runnable = self.token_ids is not None and self.params is not None
@@ -142,6 +143,7 @@ def row_requests(row: PreparedRow) -> list[GenerationRequest]:
             score=score,
             embed=row.embed,
             adapter=row.adapter,
+            images=row.images,
         )
         for prompt in range(row.num_prompts)
     ]
@@ -262,6 +264,11 @@ def prepare_window(
             staged.append((row, None, None, encoding.error))
             continue
         problem = unserved_model_message(row, served, adapters)
+        scoring_or_embedding = (
+            embed is not None or row.embedding is not None or row.index - start in scored
+        )
+        if problem is None and encoding.images and scoring_or_embedding:
+            problem = "a scoring or embedding row takes no images (generation rows do)"
         if problem is None and row.tool_choice == "auto" and tool_parser is None:
             problem = AUTO_TOOLS_MESSAGE
         if problem is None and row.embedding is not None and matryoshka is not None:
@@ -322,6 +329,7 @@ def prepare_window(
             embedding=row.embedding if error is None else None,
             best_of=row.best_of if error is None else None,
             extra_token_ids=extra.get(row.index, ()) if error is None else (),
+            images=encodings[position].images if error is None else (),
         )
         for position, (row, token_ids, params, error) in enumerate(staged)
     )

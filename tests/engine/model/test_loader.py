@@ -402,9 +402,14 @@ def test_supported_configs(config):
             "a recurrent state per sequence where the engine pages keys and values",
         ),
         (
-            transformers.LlavaConfig(),
-            "model type 'llava' is not supported: it is multimodal (the config has a "
-            "vision_config)",
+            transformers.Qwen2VLConfig(),
+            "model type 'qwen2_vl' is not supported: it is a vision-language model of a type "
+            "the engine does not run (vision-language model types: llava)",
+        ),
+        (
+            transformers.LlavaConfig(text_config={"model_type": "gpt2"}),
+            "model type 'llava' is not supported: its language model is not supported: only "
+            f"these model types are supported: {SUPPORTED_LIST}",
         ),
         (
             transformers.GPT2Config(),

@@ -20,6 +20,7 @@ QUESTIONS = [
 ]
 
 
+@pytest.mark.long
 def test_three_ranks_match_one_on_smollm2():
     single = load_model("smollm2-135m")
     tokenizer = single.tokenizer

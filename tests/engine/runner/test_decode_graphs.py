@@ -334,6 +334,7 @@ def test_engine_with_graph_path_gives_the_same_rows(
         assert core.stats().preemptions > 0
 
 
+@pytest.mark.long  # Triton interpreted on CPU: minutes (the kernel: tests/engine/attention)
 def test_graph_path_calls_the_eager_steps_cuda_kernel(tiny_llama_dir, monkeypatch):
     """With CUDA's invariant attention (Triton, interpreted here) the graphed decode calls the
     eager steps' kernel, at the bucket's padded shape: the same rows."""

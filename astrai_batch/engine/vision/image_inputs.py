@@ -1,0 +1,140 @@
+"""An image in a prompt, as the engine takes it: the processor's pixel tensor, where its
+placeholder tokens sit, and a key naming its content.
+
+The placeholder positions of an image do not carry the processor's image token id in the
+engine's prompt: they carry *content ids*, negative numbers drawn from the sha256 of the
+pixel tensor (`placeholder_ids`). A negative id is never a vocabulary token, so everything
+keyed by token ids (the prefix index's pages, the scheduler's page hashes, the planner's
+prefix order and statistics) tells two images apart by their pixels and sees one image in
+two rows as the same tokens: rows with the same text before the same image share its pages,
+with no structure besides the prefix index mapping tokens to pages. The runner puts the
+image's features at those positions (`tower`), and the sampler sees the real image token id
+(`real_prompt`), as transformers does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+# 30 bits of the digest per content id: 8 distinct ids per image, cycled over its tokens, so
+# a full page of an image's placeholders holds 240 bits of its hash (and the prefix tree's
+# path holds the rest of the image above it).
+_ID_BITS = 30
+_WORDS = 8
+
+
+@dataclass(frozen=True, eq=False)
+class ImageInput:
+    """One image of a prompt: `pixel_values` (the processor's tensor for this image alone,
+    batch dimension 1), its placeholders at `[offset, offset + length)`, `key` the sha256 of
+    the tensor (`pixel_key`).
+
+    A job keeps only the key and `load` (which makes the tensor again: decode and process)
+    while a row waits in its window; the engine loads the pixels when the request arrives
+    (`materialized`), so only the requests in the engine hold pixels, whatever the window."""
+
+    key: bytes
+    offset: int
+    length: int
+    pixel_values: torch.Tensor | None = None
+    load: Callable[[], torch.Tensor] | None = None
+
+    def __post_init__(self) -> None:
+        if len(self.key) != 32:
+            raise ValueError("ImageInput.key must be a 32-byte sha256 digest")
+        if (self.pixel_values is None) == (self.load is None):
+            raise ValueError("an ImageInput has exactly one of pixel_values and load")
+        if self.offset < 0 or self.length <= 0:
+            raise ValueError(
+                f"ImageInput needs offset >= 0 and length > 0, got {self.offset}, {self.length}"
+            )
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.length
+
+    def materialized(self) -> ImageInput:
+        """This image with its pixels in memory (loaded now when it has only `load`). Raises
+        what `load` raises, or ValueError when the pixels are not the ones keyed."""
+        if self.pixel_values is not None:
+            return self
+        assert self.load is not None
+        pixels = self.load()
+        if pixel_key(pixels) != self.key:
+            raise ValueError("the image changed after the job first read it")
+        return ImageInput(self.key, self.offset, self.length, pixels)
+
+
+def pixel_key(pixel_values: torch.Tensor) -> bytes:
+    """sha256 of a pixel tensor's dtype, shape and values: equal for equal processor outputs."""
+    tensor = pixel_values.detach().to("cpu").contiguous()
+    digest = hashlib.sha256(f"{tensor.dtype}:{tuple(tensor.shape)}:".encode())
+    digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+    return digest.digest()
+
+
+def placeholder_ids(key: bytes, length: int) -> list[int]:
+    """The content ids of an image's `length` placeholder positions (all negative)."""
+    words = [
+        int.from_bytes(key[4 * i : 4 * i + 4], "little") >> (32 - _ID_BITS) for i in range(_WORDS)
+    ]
+    return [-1 - words[j % _WORDS] for j in range(length)]
+
+
+def image_prompt(
+    token_ids: Sequence[int],
+    image_token_id: int,
+    pixel_values: Sequence[torch.Tensor],
+    lengths: Sequence[int],
+    loaders: Sequence[Callable[[], torch.Tensor]] | None = None,
+) -> tuple[list[int], tuple[ImageInput, ...]]:
+    """The engine's prompt for a processor's output: its image token positions, in order,
+    `lengths[i]` consecutive ones per image `pixel_values[i]` (a tensor with batch dimension
+    1), replaced by content ids. With `loaders`, the images keep `loaders[i]` (which make
+    `pixel_values[i]` again) instead of the tensors. Raises ValueError when they do not pair
+    up."""
+    ids = [int(t) for t in token_ids]
+    positions = [i for i, t in enumerate(ids) if t == image_token_id]
+    if len(positions) != sum(lengths) or len(lengths) != len(pixel_values):
+        raise ValueError(
+            f"the prompt has {len(positions)} image tokens where {len(pixel_values)} images "
+            f"take {sum(lengths)}"
+        )
+    images = []
+    taken = 0
+    for pixels, length in zip(pixel_values, lengths, strict=True):
+        start = positions[taken]
+        if positions[taken + length - 1] != start + length - 1:
+            raise ValueError("an image's placeholder tokens are not consecutive")
+        taken += length
+        key = pixel_key(pixels)
+        ids[start : start + length] = placeholder_ids(key, length)
+        if loaders is None:
+            images.append(ImageInput(key, start, length, pixels))
+        else:
+            images.append(ImageInput(key, start, length, load=loaders[len(images)]))
+    return ids, tuple(images)
+
+
+def real_prompt(prompt: Sequence[int], image_token_id: int) -> tuple[int, ...]:
+    """The prompt as transformers sees it: content ids back to the image token id."""
+    return tuple(image_token_id if t < 0 else t for t in prompt)
+
+
+def check_image_prompt(prompt: Sequence[int], images: Sequence[ImageInput]) -> str | None:
+    """Why a request's images do not match its prompt (a row error), or None when they do."""
+    previous_end = 0
+    for image in images:
+        if image.offset < previous_end or image.end > len(prompt):
+            return "the request's images overlap or lie past its prompt"
+        if list(prompt[image.offset : image.end]) != placeholder_ids(image.key, image.length):
+            return "an image's placeholder tokens do not carry its content ids"
+        previous_end = image.end
+    covered = sum(image.length for image in images)
+    if sum(1 for t in prompt if t < 0) != covered:
+        return "the prompt has content ids outside its images"
+    return None

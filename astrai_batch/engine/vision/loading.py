@@ -1,0 +1,29 @@
+"""Loading a vision-language model: the whole model by transformers' image-text class, its
+processor, then the split into the language model the engine runs and the vision tower."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from astrai_batch.engine.vision.tower import VisionTower, language_model
+
+
+def load_vision_model(location: str, hub: dict[str, Any], weights: dict[str, Any]):
+    """(the language model as a causal LM, its `VisionTower`). The processor is None when the
+    model directory has none (text prompts still run; image rows are refused)."""
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    vlm = AutoModelForImageTextToText.from_pretrained(location, **hub, **weights)
+    vlm.eval()
+    vlm.requires_grad_(False)
+    try:
+        processor = AutoProcessor.from_pretrained(location, **hub)
+    except (OSError, ValueError, TypeError):
+        processor = None
+    if processor is not None and not hasattr(processor, "image_processor"):
+        processor = None  # a tokenizer alone: no image preprocessing saved
+    with torch.inference_mode(False):
+        lm = language_model(vlm)
+    return lm, VisionTower(vlm, processor)

@@ -1,0 +1,70 @@
+"""A chat row with images as a vision-language model's prompt: the row's images decoded
+(`io.image_sources.load_image`), the model's own processor run on them and the rendered chat
+text (as `apply_chat_template(..., tokenize=True)` would: the template wrote the special
+tokens), and each image's placeholder tokens turned into its content ids
+(`engine.vision.image_inputs.image_prompt`), so the planner orders and groups rows by the
+text before an image and the image itself. A bad image is the row's error, in one line.
+
+Decoded images live only while their row is encoded: a row in its window keeps each image's
+key and how to load it again (its `ImageRef`), and the engine loads the pixels when the row's
+request arrives, so the requests in the engine (bounded by its waiting list and batch) are
+the only ones holding pixels. The cost: an image is decoded and preprocessed twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import partial
+from typing import Any
+
+import torch
+
+from astrai_batch.engine.vision.image_inputs import image_prompt
+from astrai_batch.errors import ImageError
+from astrai_batch.io.image_sources import ImageLimits, ImageRef, check_image_count, load_image
+
+
+def encode_image_row(
+    tower: Any, model_name: str, text: str, refs: Sequence[ImageRef], limits: ImageLimits
+) -> tuple[tuple[int, ...], tuple] | str:
+    """(the prompt's token ids with content ids, its `ImageInput`s), or the row's error. The
+    images keep a loader, not their pixels (`ImageInput.materialized`)."""
+    processor = tower.processor
+    if processor is None:
+        return (
+            f"model {model_name!r} has no image processor saved with it "
+            "(preprocessor_config.json), so its images cannot be prepared"
+        )
+    try:
+        check_image_count(len(refs), limits)
+        images = [load_image(ref, limits).image for ref in refs]
+    except ImageError as exc:
+        return str(exc)
+    try:
+        ids = processor(images=images, text=text, add_special_tokens=False)["input_ids"][0]
+        pixels = [image_pixels(processor, image) for image in images]
+    except Exception as exc:  # a processor may raise anything on odd input
+        return f"image processing failed: {_one_line(exc)}"
+    loaders = [partial(_reload, ref, limits, processor) for ref in refs]
+    try:
+        ids, inputs = image_prompt(
+            ids, tower.image_token_id, pixels, tower.image_lengths(len(images)), loaders
+        )
+    except ValueError as exc:
+        return f"the chat template's image placeholders do not fit the images: {exc}"
+    return tuple(ids), inputs
+
+
+def image_pixels(processor: Any, image: Any) -> torch.Tensor:
+    """One image's pixel tensor (batch dimension 1), as the processor makes it for a prompt
+    (its image processor, on this image alone)."""
+    return processor.image_processor(images=[image], return_tensors="pt")["pixel_values"]
+
+
+def _reload(ref: ImageRef, limits: ImageLimits, processor: Any) -> torch.Tensor:
+    return image_pixels(processor, load_image(ref, limits).image)
+
+
+def _one_line(exc: Exception) -> str:
+    text = " ".join(str(exc).split())
+    return text or type(exc).__name__

@@ -1,0 +1,157 @@
+"""A chat row's images prepared for a vision-language model: the same token ids and pixels
+as transformers' processor `apply_chat_template(..., tokenize=True)`, content ids at the
+placeholders, and a bad image (undecodable, missing, too many) the row's one-line error."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import pytest
+import torch
+from vision_kit import TOKENS_PER_IMAGE, image_message, random_image, save_tiny_llava
+
+from astrai_batch.engine.vision.image_inputs import pixel_key, placeholder_ids
+from astrai_batch.engine.vision.loading import load_vision_model
+from astrai_batch.errors import ImageError
+from astrai_batch.io.image_sources import ImageLimits, ImageRef
+from astrai_batch.jobs.planning.image_encoding import encode_image_row
+
+
+@pytest.fixture(scope="module")
+def tower(tmp_path_factory):
+    model_dir = save_tiny_llava(tmp_path_factory.mktemp("llava"))
+    _, tower = load_vision_model(str(model_dir), {}, {"dtype": torch.float32})
+    return tower
+
+
+def data_url(image, fmt="PNG") -> str:
+    buffer = io.BytesIO()
+    image.save(buffer, format=fmt)
+    return f"data:image/{fmt.lower()};base64,{base64.b64encode(buffer.getvalue()).decode()}"
+
+
+def test_prompt_and_pixels_equal_the_processors_own(tower, tmp_path):
+    photo, other = random_image(3), random_image(4, (20, 60))
+    path = tmp_path / "other.png"
+    other.save(path)
+    messages = image_message("Compare them.", images=2)
+    text = tower.processor.apply_chat_template(messages, add_generation_prompt=True)
+    refs = [ImageRef(url=data_url(photo)), ImageRef(url=str(path))]
+    encoded = encode_image_row(tower, "tiny", text, refs, ImageLimits())
+    assert not isinstance(encoded, str), encoded
+    ids, images = encoded
+    # transformers' own path: the template tokenized by the processor, images beside it
+    messages_with_images = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "image", "image": photo},
+                {"type": "image", "image": other},
+                {"type": "text", "text": "Compare them."},
+            ],
+        }
+    ]
+    reference = tower.processor.apply_chat_template(
+        messages_with_images,
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=True,
+        return_tensors="pt",
+    )
+    want = reference["input_ids"][0].tolist()
+    assert [tower.image_token_id if t < 0 else t for t in ids] == want
+    assert [image.length for image in images] == [TOKENS_PER_IMAGE] * 2
+    for i, image in enumerate(images):
+        assert image.pixel_values is None  # a row waiting in its window holds no pixels
+        image = image.materialized()
+        assert torch.equal(image.pixel_values, reference["pixel_values"][i : i + 1])
+        assert image.key == pixel_key(reference["pixel_values"][i : i + 1])
+        assert list(ids[image.offset : image.end]) == placeholder_ids(image.key, image.length)
+
+
+def test_an_image_changed_or_gone_before_its_request_runs(tower, tmp_path):
+    path = tmp_path / "photo.png"
+    random_image(5).save(path)
+    text = tower.processor.apply_chat_template(image_message("Hi?"), add_generation_prompt=True)
+    _, (image,) = encode_image_row(tower, "tiny", text, [ImageRef(url=str(path))], ImageLimits())
+    random_image(6).save(path)
+    with pytest.raises(ValueError, match="the image changed after the job first read it"):
+        image.materialized()
+    path.unlink()
+    with pytest.raises(ImageError, match=r"photo\.png"):
+        image.materialized()
+
+
+def test_bad_images_are_the_rows_errors(tower, tmp_path):
+    text = tower.processor.apply_chat_template(image_message("Hi?"), add_generation_prompt=True)
+    broken = "data:image/png;base64," + base64.b64encode(b"not a png at all").decode()
+    got = encode_image_row(tower, "tiny", text, [ImageRef(url=broken)], ImageLimits())
+    assert isinstance(got, str) and "\n" not in got and got.startswith("image ")
+    missing = encode_image_row(
+        tower, "tiny", text, [ImageRef(url=str(tmp_path / "gone.png"))], ImageLimits()
+    )
+    assert isinstance(missing, str) and "gone.png" in missing
+    two = [ImageRef(url=data_url(random_image(1)))] * 2
+    too_many = encode_image_row(tower, "tiny", text, two, ImageLimits(max_images_per_row=1))
+    assert too_many == "the row has 2 images, more than --max-images-per-row 1"
+    # one image part in the chat for two images: the placeholders do not fit
+    mismatch = encode_image_row(tower, "tiny", text, two, ImageLimits())
+    assert isinstance(mismatch, str) and "\n" not in mismatch
+
+
+def test_the_planner_groups_rows_by_the_text_before_and_the_image(tower, tmp_path):
+    """Rows over two images, interleaved in the input: the window runs each image's rows
+    together (prefix order over content ids); every image row keeps its images."""
+    from astrai_batch.engine.sampling.params import SamplingParams
+    from astrai_batch.io import InputRow
+    from astrai_batch.jobs.planning.tokenize import PromptEncoder
+    from astrai_batch.jobs.planning.window import prepare_window
+
+    urls = [data_url(random_image(31)), data_url(random_image(32))]
+
+    def row(index, image, question):
+        content = [{"type": "text", "text": question}]
+        if image is None:
+            return InputRow(
+                index=index, id=f"r{index}", messages=({"role": "user", "content": question},)
+            )
+        content.insert(0, {"type": "image"})
+        return InputRow(
+            index=index,
+            id=f"r{index}",
+            messages=({"role": "user", "content": content},),
+            images=(ImageRef(url=urls[image]),),
+        )
+
+    rows = [
+        row(0, 0, "What is it?"),
+        row(1, 1, "What is it?"),
+        row(2, None, "Plain text."),
+        row(3, 0, "Which colours?"),
+        row(4, 1, "Which colours?"),
+        row(5, 0, "How many things?"),
+    ]
+    encoder = PromptEncoder(tower.processor.tokenizer, "tiny", vision=tower)
+    window = prepare_window(
+        0, 0, rows, encoder=encoder, base_params=SamplingParams(), page_size=4,
+        group_offset=0, grouping=True,
+    )  # fmt: skip
+    window.check_invariants()
+    assert all(r.error is None for r in window.rows)
+    order = [window.rows[p].id for p in window.order]
+    by_image = {"r0": 0, "r3": 0, "r5": 0, "r1": 1, "r4": 1}
+    image_runs = [by_image.get(rid) for rid in order]
+    # each image's rows are consecutive in the execution order
+    for image in (0, 1):
+        at = [i for i, value in enumerate(image_runs) if value == image]
+        assert at == list(range(at[0], at[0] + len(at)))
+    # the rows of one image carry the same content ids at the same positions
+    first = window.rows[0]
+    for i in (3, 5):
+        other = window.rows[i]
+        assert other.images[0].key == first.images[0].key
+        end = first.images[0].end
+        assert other.token_ids[:end] == first.token_ids[:end]
+    assert window.rows[1].token_ids[:end] != first.token_ids[:end]
+    assert [len(window.rows[i].images) for i in range(6)] == [1, 1, 0, 1, 1, 1]

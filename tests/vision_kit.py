@@ -1,0 +1,122 @@
+"""Tiny random vision-language models saved as ordinary model directories (weights, tokenizer,
+processor), the images tests feed them, and transformers' greedy reference on the same
+processor output."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from conftest import build_tiny_tokenizer, tiny_config_kwargs
+
+IMAGE_TOKEN = "<image>"
+IMAGE_SIZE = 32
+PATCH = 8
+TOKENS_PER_IMAGE = (IMAGE_SIZE // PATCH) ** 2  # 16: the "default" strategy drops CLS
+
+# the fixture tokenizer's template, with content parts: an image part becomes <image>
+VISION_CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+    "{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}<image>{% else %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def save_tiny_llava(path: Path, seed: int = 7) -> Path:
+    """A LLaVA: a 2-layer CLIP vision tower (32x32 images, 8x8 patches) and the tiny Llama
+    decoder, random weights; its LlavaProcessor (CLIP image processor + the fixture
+    tokenizer with <image> added) saved beside."""
+    from transformers import (
+        CLIPImageProcessor,
+        CLIPVisionConfig,
+        LlamaConfig,
+        LlavaConfig,
+        LlavaForConditionalGeneration,
+        LlavaProcessor,
+    )
+
+    tokenizer = build_tiny_tokenizer()
+    tokenizer.add_special_tokens({"additional_special_tokens": [IMAGE_TOKEN]})
+    tokenizer.chat_template = VISION_CHAT_TEMPLATE
+    vision = CLIPVisionConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        image_size=IMAGE_SIZE,
+        patch_size=PATCH,
+        projection_dim=32,
+    )
+    config = LlavaConfig(
+        vision_config=vision,
+        text_config=LlamaConfig(**tiny_config_kwargs(tokenizer)),
+        image_token_id=tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
+        vision_feature_layer=-2,
+        vision_feature_select_strategy="default",
+        projector_hidden_act="gelu",
+    )
+    config.architectures = ["LlavaForConditionalGeneration"]
+    torch.manual_seed(seed)
+    model = LlavaForConditionalGeneration(config).to(torch.float32)
+    model.save_pretrained(path)
+    image_processor = CLIPImageProcessor(
+        size={"shortest_edge": IMAGE_SIZE}, crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}
+    )
+    processor = LlavaProcessor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        patch_size=PATCH,
+        vision_feature_select_strategy="default",
+        chat_template=VISION_CHAT_TEMPLATE,
+        num_additional_image_tokens=1,
+    )
+    processor.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def random_image(seed: int, size: tuple[int, int] = (40, 50)):
+    """An RGB PIL image of random pixels (width, height)."""
+    from PIL import Image
+
+    pixels = np.random.default_rng(seed).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+    return Image.fromarray(pixels, "RGB")
+
+
+def image_message(question: str, images: int = 1) -> list[dict]:
+    return [
+        {
+            "role": "user",
+            "content": [{"type": "image"}] * images + [{"type": "text", "text": question}],
+        }
+    ]
+
+
+def processed(processor, question: str, images: list) -> dict:
+    """The processor's output for a chat turn with `images` before `question`."""
+    prompt = processor.apply_chat_template(
+        image_message(question, len(images)), add_generation_prompt=True
+    )
+    return processor(images=images or None, text=prompt, return_tensors="pt")
+
+
+def hf_vlm_greedy(model_dir: Path, inputs: list[dict], max_new_tokens: int) -> list[list[int]]:
+    """transformers `generate` on each processor output alone, greedy, float32."""
+    from transformers import LlavaForConditionalGeneration
+
+    model = LlavaForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
+    outputs = []
+    with torch.inference_mode():
+        for batch in inputs:
+            out = model.generate(
+                **batch,
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                pad_token_id=model.config.text_config.pad_token_id,
+            )
+            outputs.append(out[0, batch["input_ids"].shape[1] :].tolist())
+    return outputs
