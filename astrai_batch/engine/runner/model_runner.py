@@ -20,8 +20,8 @@ from astrai_batch.engine.attention.block_plan import (
     RUN_SEGMENT_BLOCKS,
     block_tokens_for,
 )
-from astrai_batch.engine.attention.flash_block_types import FlashRules
-from astrai_batch.engine.attention.flash_probe import probe_flash_block
+from astrai_batch.engine.attention.flash_block_types import KEY_BLOCK, FlashRules
+from astrai_batch.engine.attention.flash_probe import invariant_tails
 from astrai_batch.engine.attention.host_staging import HostStaging
 from astrai_batch.engine.attention.kernels.interface import PagedKernel
 from astrai_batch.engine.attention.latent_pages import LatentPages
@@ -378,21 +378,20 @@ def _probed(memo: dict, key: tuple, probe):
 
 def _flash_rules(query_heads: int, pool: KVPool) -> FlashRules | None:
     """Where invariant attention can run in torch's CPU flash kernel (`flash_blocks`): on the
-    CPU, equal key and value sizes, and the probe passing for a key block of whole pages (the
-    shortest that does: fixed for the model, its pages and the machine); else None. (Not with
-    decode graphs either: their fixed-shape attention gives the block attention's bits.)"""
+    CPU, equal key and value sizes, and the probe passing; else None. (Not with decode graphs
+    either: their fixed-shape attention gives the block attention's bits.)"""
     key, value = pool.key_cache[0], pool.value_cache[0]
     kv_heads, head_dim = key.shape[1:]
-    if key.device.type != "cpu" or value.shape[-1] != head_dim:
+    whole_pages = KEY_BLOCK % pool.page_size == 0  # a query's blocks are whole pages
+    if key.device.type != "cpu" or value.shape[-1] != head_dim or not whole_pages:
         return None
     try:
-        found = probe_flash_block(head_dim, kv_heads, key.dtype, pool.page_size)
+        tails = invariant_tails(head_dim, kv_heads, key.dtype)
     except RuntimeError:  # the kernel does not take this dtype or head size here
         return None
-    if found is None:
+    if tails is None:
         return None
-    block, tails = found
-    return FlashRules(group=query_heads // kv_heads, tails=tails, block=block)
+    return FlashRules(group=query_heads // kv_heads, tails=tails)
 
 
 def _attention_rows(query_heads: int, pool: KVPool):
