@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import ctypes
 import importlib.util
-import json
 import logging
 import time
 from collections.abc import Sequence
@@ -35,7 +34,7 @@ from astrai_batch.bench.config import LLAMA_CPP
 from astrai_batch.bench.llama_cpp_plan import PlannedToken, prefill_plan, prefix_tree_tokens
 from astrai_batch.bench.prompts import BenchPrompts
 from astrai_batch.bench.rss import PeakRss
-from astrai_batch.bench.runs import SystemRun, check_generated
+from astrai_batch.bench.runs import SystemRun, check_generated, compact_json
 from astrai_batch.errors import AstraiBatchError, ConfigError
 
 LLAMA_CPP_WAVE = 64
@@ -235,6 +234,6 @@ def run_llama_cpp(peer: LlamaCppPeer, prompts: BenchPrompts, repeat: int | None)
         prompt_tokens=prompts.prompt_tokens,
         generated_tokens=check_generated(LLAMA_CPP, lengths, prompts.max_tokens),
         peak_rss_bytes=rss.peak_bytes,
-        system_config=json.dumps(peer.config(), sort_keys=True, separators=(",", ":")),
+        system_config=compact_json(peer.config()),
         token_ids=tuple(tuple(output) for output in outputs),
     )

@@ -18,7 +18,6 @@ back to its paged attention when it starts.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,7 +29,7 @@ from transformers.generation.configuration_utils import ContinuousBatchingConfig
 from astrai_batch.bench.config import HF_GENERATE, HF_GENERATE_BATCH, HF_GENERATE_BATCH_SIZES
 from astrai_batch.bench.prompts import BenchPrompts
 from astrai_batch.bench.rss import PeakRss
-from astrai_batch.bench.runs import SystemRun, check_generated
+from astrai_batch.bench.runs import SystemRun, check_generated, compact_json
 from astrai_batch.engine import EngineConfig, LoadedModel
 from astrai_batch.errors import AstraiBatchError
 
@@ -90,7 +89,7 @@ def run_hf_generate(
         prompt_tokens=prompts.prompt_tokens,
         generated_tokens=check_generated(HF_GENERATE, lengths, prompts.max_tokens),
         peak_rss_bytes=rss.peak_bytes,
-        system_config=_compact({**choice.to_dict(), "order": "by length", "padding": "left"}),
+        system_config=compact_json({**choice.to_dict(), "order": "by length", "padding": "left"}),
     )
 
 
@@ -165,7 +164,7 @@ def run_hf_generate_batch(
         prompt_tokens=prompts.prompt_tokens,
         generated_tokens=check_generated(HF_GENERATE_BATCH, lengths, prompts.max_tokens),
         peak_rss_bytes=rss.peak_bytes,
-        system_config=_compact(sizes),
+        system_config=compact_json(sizes),
     )
 
 
@@ -192,10 +191,6 @@ def _left_padded(
         input_ids[row, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
         attention_mask[row, width - len(ids) :] = 1
     return input_ids.to(device), attention_mask.to(device)
-
-
-def _compact(values: dict[str, object]) -> str:
-    return json.dumps(values, sort_keys=True, separators=(",", ":"))
 
 
 def _synchronize(device: torch.device) -> None:

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from astrai_batch.errors import AstraiBatchError
+
+
+def compact_json(values: dict) -> str:
+    """A run's `system_config`: its settings as one sorted, compact JSON object."""
+    return json.dumps(values, sort_keys=True, separators=(",", ":"))
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ from astrai_batch.bench.config import (
 from astrai_batch.bench.machine import MachineInfo, load_average
 from astrai_batch.bench.peers import PEER_ATTENTION
 from astrai_batch.bench.rss import PeakRss
+from astrai_batch.bench.runs import compact_json
 from astrai_batch.bench.score_bench import Row, ScoreWorkload, ideal_tokens, run_ours, run_peer
 from astrai_batch.engine import LoadedModel
 from astrai_batch.errors import AstraiBatchError
@@ -129,7 +130,7 @@ def _one_round(
         runs.append(
             {
                 **_run(ours_system(layout), repeat, wall, work, rss.peak_bytes, load),
-                "system_config": _compact(asdict(engine)),
+                "system_config": compact_json(asdict(engine)),
                 "prefill_tokens": stats.prefill_tokens,
                 "prefill_ratio": stats.prefill_tokens / work.ideal_prefill_tokens,
                 "cache_hit_rate": stats.cache.hit_rate,
@@ -153,7 +154,7 @@ def _one_round(
         runs.append(
             {
                 **_run(peer, repeat, wall, work, rss.peak_bytes, load),
-                "system_config": _compact(settings),
+                "system_config": compact_json(settings),
             }
         )
     return runs
@@ -211,7 +212,3 @@ def _largest_difference(ours: list[list[float]], theirs: list[list[float]]) -> f
         for mine, peer in zip(ours, theirs, strict=True)
         for a, b in zip(mine, peer, strict=True)
     )
-
-
-def _compact(values: dict[str, Any]) -> str:
-    return json.dumps(values, sort_keys=True, separators=(",", ":"))

@@ -17,11 +17,15 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from hf_layouts import write_saved_dataset
 from jobs.faults.job_kinds import JobKind, adapter_of, draw_kind, row_fields
 
 from astrai_batch.jobs.crash_points import POINTS
 
 INPUT_FORMATS = ("parquet", "parquet-dir", "jsonl", "jsonl.gz", "openai")
+# a directory of row groups is, for an odd seed, a `datasets` save_to_disk directory (Arrow
+# IPC shards, record batches as row groups): taken from the seed, so no other draw moves
+ROW_GROUP_DIRECTORIES = ("parquet-dir", "datasets-dir")
 OUTPUT_FORMATS = ("parquet", "parquet-dir", "openai-jsonl")
 PREFIXES = (
     "You are a helpful assistant. Answer briefly and precisely.",
@@ -96,6 +100,8 @@ def draw(seed: int, *, allow_ray: bool = True, allow_s3: bool = True) -> Matrix:
     row_groups: tuple[int, ...] = ()
     if input_format in ("parquet", "parquet-dir"):
         row_groups = _uneven_split(rng, rows, rng.randint(2, 5))
+    if input_format == "parquet-dir":
+        input_format = ROW_GROUP_DIRECTORIES[seed % 2]
     picks = rng.sample(range(rows), k=min(rows, rng.randint(0, 3) + rng.randint(0, 2)))
     cut = rng.randint(0, len(picks))
     bad, duplicates = tuple(sorted(picks[:cut])), tuple(sorted(p for p in picks[cut:] if p > 0))
@@ -184,7 +190,7 @@ def write_input(matrix: Matrix, directory: Path) -> Path:
     bad = set(matrix.bad_rows)
     fmt = matrix.input_format
     kind = matrix.kind
-    if fmt in ("parquet", "parquet-dir"):
+    if fmt in ("parquet", *ROW_GROUP_DIRECTORIES):
         fields = [
             {"id": r["id"], **row_fields(kind, i, None if i in bad else r["prompt"])}
             for i, r in enumerate(rows)
@@ -198,6 +204,10 @@ def write_input(matrix: Matrix, directory: Path) -> Path:
                     writer.write_table(table.slice(start, size), row_group_size=size)
                     start += size
             return path
+        if fmt == "datasets-dir":
+            return write_saved_dataset(
+                directory / "in", table, len(matrix.row_groups), min(matrix.row_groups)
+            )
         path = directory / "in"
         path.mkdir()
         start = 0

@@ -16,8 +16,9 @@ from jobs.faults.runner import Place, run_matrix
 # points only: a timed kill may come after a fast job has finished, so it is the soak's),
 # three input formats, the three output formats, both storages, both tasks beyond
 # generation (5 embeds, 64 scores on S3) and adapters picked per row (3 by an OpenAI line's
-# body.model, 69 by a Parquet column).
-LOCAL_SEEDS = (3, 5, 40, 64, 69)
+# body.model, 69 by a Parquet column); 33 reads a `datasets` save_to_disk directory (Arrow
+# shards) with bad and repeated rows.
+LOCAL_SEEDS = (3, 5, 40, 64, 69, 33)
 # Three workers on S3: killed after the stats file, resumed from its shards, then killed
 # once the job is done (the rerun is refused as a finished job's)
 RAY_SEED = 126
@@ -60,4 +61,4 @@ def test_a_drawn_ray_configuration_survives_its_faults(
 def test_the_draw_is_a_function_of_the_seed() -> None:
     assert [draw(seed) for seed in range(50)] == [draw(seed) for seed in range(50)]
     formats = {draw(seed).input_format for seed in range(50)}
-    assert formats == {"parquet", "parquet-dir", "jsonl", "jsonl.gz", "openai"}
+    assert formats == {"parquet", "parquet-dir", "datasets-dir", "jsonl", "jsonl.gz", "openai"}
