@@ -58,9 +58,9 @@ def use_cuda_kernels_on_cpu(monkeypatch) -> None:
     norm means) on the CPU, through Triton's interpreter (slow: keep to a few prompts)."""
     pytest.importorskip("triton")
     from astrai_batch.engine.attention.kernels.invariant_triton import invariant_attention
-    from astrai_batch.engine.runner import model_runner
+    from astrai_batch.engine.runner import invariant_plan
     from astrai_batch.engine.runner.norm_triton import mean_squares
 
     monkeypatch.setattr(
-        model_runner, "invariant_cuda_ops", lambda device: (invariant_attention, mean_squares)
+        invariant_plan, "invariant_cuda_ops", lambda device: (invariant_attention, mean_squares)
     )

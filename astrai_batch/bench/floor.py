@@ -27,7 +27,8 @@ from astrai_batch.bench.prompts import BenchPrompts
 from astrai_batch.bench.runs import SystemRun
 from astrai_batch.cache import KVPool
 from astrai_batch.engine import LoadedModel
-from astrai_batch.engine.runner.model_runner import ModelRunner, ScheduledChunk
+from astrai_batch.engine.runner.model_runner import ModelRunner
+from astrai_batch.engine.runner.scheduled_chunk import ScheduledChunk
 
 PREFILL_CHUNKS = (128, 256, 512, 1024)
 DECODE_BATCHES = (16, 32, 64, 128, 256)

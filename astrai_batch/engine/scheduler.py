@@ -30,7 +30,7 @@ from typing import NamedTuple
 
 from astrai_batch.cache import KVLayout
 from astrai_batch.engine.config import EngineConfig
-from astrai_batch.engine.runner.model_runner import ScheduledChunk
+from astrai_batch.engine.runner.scheduled_chunk import ScheduledChunk
 from astrai_batch.engine.sequences.sequence import Sequence, SequenceStatus
 
 

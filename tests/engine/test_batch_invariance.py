@@ -26,7 +26,7 @@ from astrai_batch.engine import EngineConfig
 from astrai_batch.engine.attention.flash_probe import invariant_tails
 from astrai_batch.engine.core import EngineCore
 from astrai_batch.engine.model.loader import load_model
-from astrai_batch.engine.runner import model_runner
+from astrai_batch.engine.runner import invariant_plan
 
 WATCHED = range(32)
 CROWD = range(64)
@@ -116,7 +116,7 @@ def test_rows_past_one_key_block_alone_equal_in_crowd(loaded, budget, num_pages)
 def test_alone_equals_in_crowd_in_the_block_attention(tiny_model_dir, monkeypatch, case):
     """Where the flash kernel's probe fails (and on CUDA) invariant attention runs in the
     block attention: the same promise there."""
-    monkeypatch.setattr(model_runner, "_flash_rules", lambda model, pool: None)
+    monkeypatch.setattr(invariant_plan, "_flash_rules", lambda model, pool: None)
     loaded = load_model(tiny_model_dir)
     watched = range(0, 32, 3)
     alone = alone_rows(loaded, page_size=8, watched=watched)
@@ -147,7 +147,7 @@ def test_a_kernel_refusing_the_shapes_leaves_the_block_attention(loaded, monkeyp
     def refuses(*args):
         raise RuntimeError("scaled_dot_product_attention_flash_attention: head size")
 
-    monkeypatch.setattr(model_runner, "invariant_tails", refuses)
+    monkeypatch.setattr(invariant_plan, "invariant_tails", refuses)
     loaded.probe_results.clear()
     try:
         core = EngineCore(loaded, EngineConfig(page_size=8, num_pages=64))
@@ -219,7 +219,7 @@ def test_kernels_that_do_not_run_here_leave_the_engine_loading(tiny_llama_dir, m
     def broken(*args):
         raise RuntimeError("PassManager::run failed")
 
-    monkeypatch.setattr(model_runner, "invariant_cuda_ops", lambda device: (broken, broken))
+    monkeypatch.setattr(invariant_plan, "invariant_cuda_ops", lambda device: (broken, broken))
     loaded = load_model(tiny_llama_dir)
     with caplog.at_level("WARNING"):
         core = EngineCore(loaded, EngineConfig(page_size=8, num_pages=64))

@@ -136,13 +136,13 @@ def test_invariant_experts_and_router_compute_what_transformers_does(name, tmp_p
 def test_the_start_up_probe_judges_the_experts(tmp_path, monkeypatch):
     """Without the invariant experts (transformers' grouped GEMM over the step's routed rows)
     the engine's start-up probe sees a row change in a crowd and refuses in one line."""
-    from astrai_batch.engine.runner import model_runner
+    from astrai_batch.engine.runner import invariant_plan
     from astrai_batch.errors import NumericsUnavailableError
 
     model_type, overrides, _ = CASES["qwen3-moe"]
     loaded = load_model(save_tiny(tmp_path / "qwen3-moe", model_type, overrides))
-    monkeypatch.setattr(model_runner, "set_expert_tiling", lambda *args: 0)
-    monkeypatch.setattr(model_runner, "refuse_variant_linears", lambda model: None)
+    monkeypatch.setattr(invariant_plan, "set_expert_tiling", lambda *args: 0)
+    monkeypatch.setattr(invariant_plan, "refuse_variant_linears", lambda model: None)
     with pytest.raises(NumericsUnavailableError) as caught:
         run_capturing(loaded, [], EngineConfig(page_size=8, num_pages=64))
     assert "changed in a crowd" in str(caught.value)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from astrai_batch.engine.runner.scheduled_chunk import ScheduledChunk
 from astrai_batch.errors import ConfigError
 
 # Of MemAvailable at start. The CPU pool becomes resident as its pages are written (lazy
@@ -141,7 +142,7 @@ def profile_step_peaks(
     as large as it gets) and of the worst decode (`worst_decode_chunks`, the cascade off so
     nothing is shared), each over a scratch pool freed afterwards (`measure_peak`)."""
     from astrai_batch.cache.kv_pool import KVPool
-    from astrai_batch.engine.runner.model_runner import ModelRunner, ScheduledChunk
+    from astrai_batch.engine.runner.model_runner import ModelRunner
 
     device = torch.device(pool_args["device"])
     page_size = pool_args["page_size"]
@@ -191,8 +192,6 @@ def worst_decode_chunks(max_num_seqs: int, max_model_len: int, page_size: int):
     allows, `max_num_seqs` decodes at position `max_model_len - 1`. Every sequence's table
     names the same pages, so the scratch pool is one context long; what is measured is the
     gathers, which copy each sequence's context whoever else reads it."""
-    from astrai_batch.engine.runner.model_runner import ScheduledChunk
-
     pages = -(-max_model_len // page_size)
     table = range(pages)
     chunks = [

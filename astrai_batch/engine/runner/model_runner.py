@@ -8,7 +8,7 @@ their sequence's last known token.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -16,12 +16,6 @@ import numpy as np
 import torch
 
 from astrai_batch.cache.kv_pool import KVPool
-from astrai_batch.engine.attention.block_plan import (
-    RUN_SEGMENT_BLOCKS,
-    block_tokens_for,
-)
-from astrai_batch.engine.attention.flash_block_types import KEY_BLOCK, FlashRules
-from astrai_batch.engine.attention.flash_probe import invariant_tails
 from astrai_batch.engine.attention.host_staging import HostStaging
 from astrai_batch.engine.attention.kernels.interface import PagedKernel
 from astrai_batch.engine.attention.latent_pages import LatentPages
@@ -34,7 +28,6 @@ from astrai_batch.engine.attention.paged_attention import (
 from astrai_batch.engine.attention.score_features import WindowPlans, score_features
 from astrai_batch.engine.attention.step_arrays import StepArrays
 from astrai_batch.engine.lora.bank import find_bank
-from astrai_batch.engine.numerics.blas_rows import ROWS_AT_LEAST_TWO, attention_row_scheme
 from astrai_batch.engine.runner.attention_batches import (
     block_batch,
     flash_block_batch,
@@ -44,16 +37,9 @@ from astrai_batch.engine.runner.attention_batches import (
 )
 from astrai_batch.engine.runner.decode_graphs import DecodeGraphs, GraphSpec
 from astrai_batch.engine.runner.forward_timer import ForwardTimer
-from astrai_batch.engine.runner.invariant_cuda import invariant_cuda_ops, runnable
-from astrai_batch.engine.runner.invariant_experts import set_expert_tiling
-from astrai_batch.engine.runner.invariant_linear import (
-    gemm_shapes,
-    row_schemes_for,
-    set_row_tiling,
-)
-from astrai_batch.engine.runner.invariant_norms import set_norm_tiling
-from astrai_batch.engine.runner.linear_check import refuse_variant_linears
+from astrai_batch.engine.runner.invariant_plan import plan_numerics
 from astrai_batch.engine.runner.logit_spans import span_rows
+from astrai_batch.engine.runner.scheduled_chunk import ScheduledChunk
 from astrai_batch.engine.runner.step_buffers import StepBuffers
 from astrai_batch.engine.vision.encoder_cache import (
     DEFAULT_ENCODER_CACHE_BYTES,
@@ -61,32 +47,6 @@ from astrai_batch.engine.vision.encoder_cache import (
     EncoderCounts,
 )
 from astrai_batch.engine.vision.tower import VisionTower, step_embeddings
-
-
-class ScheduledChunk(NamedTuple):
-    """Compute `token_ids` at positions [start, start + len) of one sequence.
-
-    A named tuple, not a dataclass: a step makes one per scheduled sequence, and a frozen
-    dataclass's field-by-field `__init__` cost a few microseconds each at 256 sequences.
-    """
-
-    token_ids: Sequence[int]
-    start: int
-    pages: Sequence[int]  # the sequence's page table, covering at least start + len tokens
-    wants_logits: bool  # the chunk ends at the sequence's last known token
-    # The sequence and its page table's version (`KVCacheManager.pages_version`): the runner
-    # keeps the table between steps and rewrites it only when the version changes. None: the
-    # table is written for this step only.
-    seq_key: Hashable | None = None
-    pages_version: int | None = None
-    adapter: int = 0  # the sequence's LoRA adapter slot (`lora.bank`); 0: the base model
-    # rows [first, stop) of this chunk whose logits are wanted besides the sampling row
-    # (prompt positions: `engine.sampling.prompt_logprobs`); they come after every sampling
-    # row in `ForwardOutput.logits`, in chunk order
-    logit_span: tuple[int, int] | None = None
-    # the sequence's images (`engine.vision.image_inputs.ImageInput`): the runner puts their
-    # features at the placeholder positions this chunk covers
-    images: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -154,47 +114,11 @@ class ModelRunner:
             self.latent = LatentPages(model, pool.key_cache, pool.page_size, query_heads)
             attention_pool = self.latent.expanded
         self.attention_pool = attention_pool
-        # the BLAS's invariant GEMM row counts, probed once (raises where there are none)
-        self.gemm_rows = ROWS_AT_LEAST_TWO
-        # the flash kernel's invariant shapes when invariant attention runs in it (the CPU)
-        self.flash: FlashRules | None = None
-        self.invariant_kernel = None  # CUDA's invariant attention (`invariant_triton`)
-        if numerics == "invariant":
-            refuse_variant_linears(model)  # quantized layers: invariant, or refused
-            memo = {} if probe_results is None else probe_results
-            param = next(model.parameters())
-            where = (torch.get_num_threads(), param.device.type, param.dtype)
-            shapes = tuple(gemm_shapes(model))
-            # raises where no scheme exists
-            scheme = _probed(memo, ("linear rows", shapes, where), lambda: row_schemes_for(model))
-            set_row_tiling(model, True, scheme)
-            set_expert_tiling(model, True, scheme)  # MoE: each expert's GEMM, the router's
-            heads = (*_heads_key(query_heads, attention_pool), where)
-            # CUDA: attention and norm reductions in a construction-fixed order (Triton)
-            ops = invariant_cuda_ops(param.device)
-            if ops[0] is not None:
-                ops = _probed(
-                    memo,
-                    ("triton", heads),
-                    lambda: runnable(ops, model, attention_pool, query_heads),
-                )
-            self.invariant_kernel, mean_squares = ops
-            if mean_squares is not None or param.device.type != "cpu":
-                set_norm_tiling(model, True, mean_squares)
-            flash_fits = self.features.softcap is None  # the flash kernel cannot softcap
-            if graphs is None and self.invariant_kernel is None and flash_fits:
-                self.flash = _probed(
-                    memo, ("flash", heads), lambda: _flash_rules(query_heads, attention_pool)
-                )
-            if self.flash is None and self.invariant_kernel is None:
-                key = ("block attention rows", heads)
-                self.gemm_rows = _probed(
-                    memo, key, lambda: _attention_rows(query_heads, attention_pool)
-                )
-        else:
-            set_row_tiling(model, False)
-            set_expert_tiling(model, False)
-            set_norm_tiling(model, False)
+        # the invariant scheme's GEMM rows, CPU flash rules and CUDA kernel (`invariant_plan`)
+        plan = plan_numerics(
+            model, attention_pool, numerics, query_heads, self.features, graphs, probe_results
+        )
+        self.gemm_rows, self.flash, self.invariant_kernel = plan
         self.numerics = numerics
         # tensor parallelism, rank 0: each step's arrays go to the other ranks (`parallel`)
         self.step_sender = step_sender
@@ -361,48 +285,3 @@ class LatentStep(NamedTuple):
 
     plan: object
     latent_arrays: tuple[torch.Tensor, torch.Tensor]
-
-
-def _heads_key(query_heads: int, pool: KVPool) -> tuple:
-    """The attention shapes a probe result holds for."""
-    heads = (query_heads, *pool.key_cache[0].shape[1:])
-    return (*heads, pool.value_cache[0].shape[-1], pool.page_size)
-
-
-def _probed(memo: dict, key: tuple, probe):
-    """`probe()`'s result, run once per key of the loaded model's memo."""
-    if key not in memo:
-        memo[key] = probe()
-    return memo[key]
-
-
-def _flash_rules(query_heads: int, pool: KVPool) -> FlashRules | None:
-    """Where invariant attention can run in torch's CPU flash kernel (`flash_blocks`): on the
-    CPU, equal key and value sizes, and the probe passing; else None. (Not with decode graphs
-    either: their fixed-shape attention gives the block attention's bits.)"""
-    key, value = pool.key_cache[0], pool.value_cache[0]
-    kv_heads, head_dim = key.shape[1:]
-    whole_pages = KEY_BLOCK % pool.page_size == 0  # a query's blocks are whole pages
-    if key.device.type != "cpu" or value.shape[-1] != head_dim or not whole_pages:
-        return None
-    try:
-        tails = invariant_tails(head_dim, kv_heads, key.dtype)
-    except RuntimeError:  # the kernel does not take this dtype or head size here
-        return None
-    if tails is None:
-        return None
-    return FlashRules(group=query_heads // kv_heads, tails=tails)
-
-
-def _attention_rows(query_heads: int, pool: KVPool):
-    """The block attention's GEMM row scheme, probed up to its largest GEMM: a prefill run
-    segment's rows or 1024 cascade members, times the query heads per KV head (this rank's
-    query heads over its KV heads)."""
-    kv_heads, head_dim = pool.key_cache[0].shape[1:]
-    group = query_heads // kv_heads
-    block = block_tokens_for(pool.page_size)
-    max_rows = group * max(RUN_SEGMENT_BLOCKS * block, 1024)
-    value_dim = pool.value_cache[0].shape[-1]
-    return attention_row_scheme(
-        head_dim, value_dim, block, max_rows, pool.key_cache[0].device, pool.key_cache[0].dtype
-    )

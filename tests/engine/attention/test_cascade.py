@@ -10,7 +10,8 @@ from astrai_batch.cache import KVPool
 from astrai_batch.engine.attention.cascade import partition_decodes
 from astrai_batch.engine.attention.cascade_plan import plan_cascade
 from astrai_batch.engine.attention.host_staging import HostStaging
-from astrai_batch.engine.runner.model_runner import ModelRunner, ScheduledChunk
+from astrai_batch.engine.runner.model_runner import ModelRunner
+from astrai_batch.engine.runner.scheduled_chunk import ScheduledChunk
 
 
 def test_partition_groups_by_shared_leading_pages():

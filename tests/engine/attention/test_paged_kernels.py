@@ -24,7 +24,8 @@ from astrai_batch.engine.attention.paged_attention import BATCH_KWARG, paged_att
 from astrai_batch.engine.config import EngineConfig
 from astrai_batch.engine.core import EngineCore
 from astrai_batch.engine.model.loader import load_model
-from astrai_batch.engine.runner.model_runner import ModelRunner, ScheduledChunk
+from astrai_batch.engine.runner.model_runner import ModelRunner
+from astrai_batch.engine.runner.scheduled_chunk import ScheduledChunk
 from astrai_batch.engine.sampling.params import SamplingParams
 from astrai_batch.engine.types import GenerationRequest
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from astrai_batch.engine.attention.kernels.paged_kv_metadata import paged_kv_metadata
-from astrai_batch.engine.runner.model_runner import ScheduledChunk
+from astrai_batch.engine.runner.scheduled_chunk import ScheduledChunk
 from astrai_batch.engine.runner.step_buffers import StepBuffers
 
 

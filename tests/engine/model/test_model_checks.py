@@ -13,7 +13,8 @@ from conftest import build_tiny_tokenizer, tiny_config_kwargs
 from astrai_batch.cache import KVPool
 from astrai_batch.engine.model.loader import load_model
 from astrai_batch.engine.model.support import check_supported, exact_context_limit
-from astrai_batch.engine.runner.model_runner import ModelRunner, ScheduledChunk
+from astrai_batch.engine.runner.model_runner import ModelRunner
+from astrai_batch.engine.runner.scheduled_chunk import ScheduledChunk
 from astrai_batch.errors import ConfigError, ModelLoadError, UnsupportedModelError
 
 LONGROPE_128K = transformers.Phi3Config(

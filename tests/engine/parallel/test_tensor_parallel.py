@@ -87,21 +87,21 @@ def test_each_rank_plans_attention_rows_from_its_own_query_heads(single, sharded
     rank (not the model's 4 heads over the rank's 1 KV head); the block attention's GEMM
     probe is sized from the same group."""
     from astrai_batch.engine.core import EngineCore
-    from astrai_batch.engine.runner import model_runner
+    from astrai_batch.engine.runner import invariant_plan
 
     for loaded in (single, sharded):
         core = EngineCore(loaded, CONFIG, invariance_probe=False)
         assert core.runner.flash is None or core.runner.flash.group == 2
         core.close()
     seen = []
-    monkeypatch.setattr(model_runner, "_flash_rules", lambda heads, pool: None)
-    real = model_runner.attention_row_scheme
+    monkeypatch.setattr(invariant_plan, "_flash_rules", lambda heads, pool: None)
+    real = invariant_plan.attention_row_scheme
 
     def spy(head_dim, value_dim, block, max_rows, device, dtype):
         seen.append(max_rows)
         return real(head_dim, value_dim, block, max_rows, device, dtype)
 
-    monkeypatch.setattr(model_runner, "attention_row_scheme", spy)
+    monkeypatch.setattr(invariant_plan, "attention_row_scheme", spy)
     sharded.probe_results.clear()
     single.probe_results.clear()
     EngineCore(sharded, CONFIG, invariance_probe=False).close()

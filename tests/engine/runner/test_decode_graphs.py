@@ -42,10 +42,11 @@ from astrai_batch.engine.attention.static_decode import StaticDecodeBatch, stati
 from astrai_batch.engine.core import EngineCore
 from astrai_batch.engine.model.loader import load_model
 from astrai_batch.engine.numerics.blas_rows import attention_row_scheme
-from astrai_batch.engine.runner import model_runner
+from astrai_batch.engine.runner import invariant_plan
 from astrai_batch.engine.runner.decode_graphs import GraphSpec, resolve_cuda_graphs
 from astrai_batch.engine.runner.graph_buckets import GraphBuckets
-from astrai_batch.engine.runner.model_runner import ModelRunner, ScheduledChunk
+from astrai_batch.engine.runner.model_runner import ModelRunner
+from astrai_batch.engine.runner.scheduled_chunk import ScheduledChunk
 from astrai_batch.errors import ConfigError
 
 PAGE = 16
@@ -299,7 +300,7 @@ def block_attention_everywhere(monkeypatch, loaded):
     """Engines without graphs run the block attention too, as on CUDA: the graphs' promise is
     the eager block attention's bits (a CPU engine without graphs may run invariant attention
     in the flash kernel, other bits, equally invariant: `test_flash_blocks`)."""
-    monkeypatch.setattr(model_runner, "_flash_rules", lambda model, pool: None)
+    monkeypatch.setattr(invariant_plan, "_flash_rules", lambda model, pool: None)
     loaded.probe_results.clear()
     yield
     loaded.probe_results.clear()
@@ -354,7 +355,7 @@ def test_graph_path_calls_the_eager_steps_cuda_kernel(tiny_llama_dir, monkeypatc
 
 @pytest.mark.slow
 def test_smollm2_with_graph_path_gives_the_same_rows(monkeypatch):
-    monkeypatch.setattr(model_runner, "_flash_rules", lambda model, pool: None)
+    monkeypatch.setattr(invariant_plan, "_flash_rules", lambda model, pool: None)
     smollm2 = load_model("smollm2-135m")  # 9 query heads on 3 KV heads, head size 64
     prompts = invariance_prompts(smollm2.model.config.vocab_size, 12, seed=9)
     requests = [

@@ -11,7 +11,7 @@ from astrai_batch.engine import EngineConfig, GenerationRequest, SamplingParams
 from astrai_batch.engine.attention.host_staging import HostStaging
 from astrai_batch.engine.core import EngineCore
 from astrai_batch.engine.model.loader import load_model
-from astrai_batch.engine.runner import model_runner
+from astrai_batch.engine.runner import invariant_plan
 
 PARAMS = SamplingParams(max_tokens=3, ignore_eos=True)
 
@@ -46,7 +46,7 @@ def test_invariant_steps_copy_what_they_need(loaded) -> None:
 
 
 def test_invariant_steps_in_the_block_attention_copy_what_they_need(loaded, monkeypatch):
-    monkeypatch.setattr(model_runner, "_flash_rules", lambda model, pool: None)
+    monkeypatch.setattr(invariant_plan, "_flash_rules", lambda model, pool: None)
     loaded.probe_results.clear()
     core = EngineCore(loaded, EngineConfig(num_pages=32), invariance_probe=False)
     loaded.probe_results.clear()

@@ -19,7 +19,7 @@ from astrai_batch.cache import make_layout
 from astrai_batch.engine.attention.cascade import partition_decodes, partition_rows
 from astrai_batch.engine.attention.step_arrays import StepArrays, to_device
 from astrai_batch.engine.config import EngineConfig
-from astrai_batch.engine.runner.model_runner import ScheduledChunk
+from astrai_batch.engine.runner.scheduled_chunk import ScheduledChunk
 from astrai_batch.engine.runner.step_buffers import StepBuffers
 from astrai_batch.engine.scheduler import Scheduler, chunk_for
 from astrai_batch.engine.sequences.sequence import Sequence

@@ -14,7 +14,8 @@ from astrai_batch.engine.runner.memory_budget import (
     profile_step_peaks,
     worst_decode_chunks,
 )
-from astrai_batch.engine.runner.model_runner import ModelRunner, ScheduledChunk
+from astrai_batch.engine.runner.model_runner import ModelRunner
+from astrai_batch.engine.runner.scheduled_chunk import ScheduledChunk
 
 SEQS, CONTEXT, PAGE = 6, 192, 16
 
