@@ -5,7 +5,8 @@ Run: PYTHONPATH=/path/to/llama-cpp-python:. .venv/bin/python scripts/bench_llama
      [--threads 2] [--no-throughput] [--no-chats]
 
 SmolLM2-135M from its packaged GGUF (Q4_1): our engine dequantizes it; llama.cpp
-(llama-cpp-python, the `llama-cpp` extra, `bench/llama_cpp_peer`) runs it as it is. The
+(llama-cpp-python, the `llama-cpp` extra, `bench/llama_cpp_peer`) runs it as it is, in a process
+of its own (`bench/llama_cpp_process`: in ours, it slowed our later runs). The
 shared-prefix workload, greedy, end of sequence ignored; after one warm-up of each, every
 round runs, in this order: ours with the default options (`--dtype auto`: bfloat16 where the
 CPU has native bf16 dot products; invariant numerics), ours `--dtype float32`, ours
@@ -33,7 +34,8 @@ import torch
 
 from astrai_batch.bench.config import BenchConfig
 from astrai_batch.bench.greedy_agreement import agreement
-from astrai_batch.bench.llama_cpp_peer import LlamaCppPeer, gguf_path, run_llama_cpp
+from astrai_batch.bench.llama_cpp_peer import gguf_path
+from astrai_batch.bench.llama_cpp_process import LlamaCppProcess
 from astrai_batch.bench.ours import run_ours
 from astrai_batch.bench.prompts import BenchPrompts, load_prompts
 from astrai_batch.bench.roofline import gemm_peak, roofline
@@ -97,14 +99,14 @@ def main() -> None:
     prompts = load_prompts(config, models["float32"].tokenizer, models["float32"].name)
     chats = None if args.no_chats else _chat_prompts(models["float32"], args.chat_max_tokens)
     if not args.no_throughput:
-        peer = LlamaCppPeer(gguf_path(MODEL), prompts, threads)
+        peer = LlamaCppProcess(gguf_path(MODEL), prompts, threads)
         print(f"llama-cpp: {json.dumps(peer.config())}", flush=True)
         try:
             _throughput(models, default_dtype, prompts, peer, args.repeat)
         finally:
             peer.close()
     if chats is not None:
-        peer = LlamaCppPeer(gguf_path(MODEL), chats, threads)  # its context sized for them
+        peer = LlamaCppProcess(gguf_path(MODEL), chats, threads)  # its context sized for them
         try:
             _chat_agreement(models, default_dtype, chats, peer)
         finally:
@@ -132,7 +134,7 @@ def _throughput(models, default_dtype, prompts: BenchPrompts, peer, repeat: int)
     warmup = prompts.head(4, 4)
     for dtype, engine in systems.values():
         run_ours(models[dtype], warmup, engine, None)
-    run_llama_cpp(peer, warmup, None)
+    peer.run(warmup, None)
     walls: dict[str, list[float]] = {name: [] for name in (*systems, "llama-cpp")}
     for round_ in range(repeat):
         runs = {}
@@ -141,7 +143,7 @@ def _throughput(models, default_dtype, prompts: BenchPrompts, peer, repeat: int)
             line = roofline(models[dtype].model, run, peaks[dtype], prompts.num_prompts).line()
             runs[name] = run
             print(f"round {round_ + 1} {name}: {_rate(run)}; {line}", flush=True)
-        runs["llama-cpp"] = run_llama_cpp(peer, prompts, round_)
+        runs["llama-cpp"] = peer.run(prompts, round_)
         print(f"round {round_ + 1} llama-cpp: {_rate(runs['llama-cpp'])}", flush=True)
         reference = runs["ours --dtype float32"].token_ids
         for name, run in runs.items():
@@ -192,7 +194,7 @@ def _chat_agreement(models, default_dtype, chats: BenchPrompts, peer) -> None:
         flush=True,
     )
     outputs = {f"ours default ({default_dtype})": run_ours(models[default_dtype], chats, engine, 0)}
-    outputs["llama-cpp Q4_1"] = run_llama_cpp(peer, chats, 0)
+    outputs["llama-cpp Q4_1"] = peer.run(chats, 0)
     for name, run in outputs.items():
         print(f"  {name} vs float32: {_agree(chats.prompt_token_ids, run.token_ids, reference)}")
 

@@ -2,10 +2,12 @@
 
 Run: .venv/bin/python scripts/profile_numerics.py [--workload shared-prefix] [--threads 1]
      [--num-system-prompts 2] [--questions-per-prompt 8] [--max-tokens 16] [--top 14]
+     [--dtype float32|bfloat16|auto]
 
-SmolLM2-135M float32 on the CPU, the bench workload's prompts, greedy, EOS ignored; the engine
-core is stepped directly (no job around it). For each mode it prints the wall time and the
-operators with the most self CPU time (the aten operators the model's forward calls).
+SmolLM2-135M (float32 unless --dtype says otherwise) on the CPU, the bench workload's prompts,
+greedy, EOS ignored; the engine core is stepped directly (no job around it). For each mode it
+prints the wall time and the operators with the most self CPU time (the aten operators the
+model's forward calls).
 """
 
 from __future__ import annotations
@@ -43,9 +45,10 @@ def main() -> None:
     parser.add_argument("--questions-per-prompt", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--top", type=int, default=14)
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "auto"))
     args = parser.parse_args()
     set_cpu_threads(args.threads)
-    loaded = load_model("smollm2-135m", dtype="float32")
+    loaded = load_model("smollm2-135m", dtype=args.dtype)
     config = BenchConfig(
         model="smollm2-135m",
         workload=args.workload,

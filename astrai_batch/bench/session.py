@@ -28,7 +28,8 @@ from astrai_batch.bench.config import (
 )
 from astrai_batch.bench.floor import measure_floor
 from astrai_batch.bench.greedy_agreement import agreement
-from astrai_batch.bench.llama_cpp_peer import LlamaCppPeer, gguf_path, run_llama_cpp
+from astrai_batch.bench.llama_cpp_peer import gguf_path
+from astrai_batch.bench.llama_cpp_process import LlamaCppProcess
 from astrai_batch.bench.machine import MachineInfo, load_average, machine_info
 from astrai_batch.bench.ours import run_ours
 from astrai_batch.bench.peers import (
@@ -61,7 +62,7 @@ class _Peers:
     """What the peers hold across rounds: the hf-generate batch size, llama.cpp's context."""
 
     hf_batch: BatchSizeChoice
-    llama_cpp: LlamaCppPeer | None = None
+    llama_cpp: LlamaCppProcess | None = None  # in a process of its own (`llama_cpp_process`)
 
 
 def run_bench(config: BenchConfig, progress: Progress) -> BenchOutcome:
@@ -111,7 +112,7 @@ def _measure(
     peers = _Peers(BatchSizeChoice(config.hf_generate_batch_size or WARMUP_PROMPTS))
     try:
         if LLAMA_CPP in config.peers:
-            peers.llama_cpp = LlamaCppPeer(
+            peers.llama_cpp = LlamaCppProcess(
                 gguf_path(config.model), prompts, torch.get_num_threads()
             )
             progress(f"{LLAMA_CPP}: {peers.llama_cpp.path.name}, {peers.llama_cpp.config()}")
@@ -193,7 +194,7 @@ def _one_round(
         elif peer == HF_GENERATE_BATCH:
             run = run_hf_generate_batch(loaded, prompts, config.engine, pool_pages, repeat)
         elif peer == LLAMA_CPP and peers.llama_cpp is not None:
-            run = run_llama_cpp(peers.llama_cpp, prompts, repeat)
+            run = peers.llama_cpp.run(prompts, repeat)
         else:
             raise AstraiBatchError(f"peer {peer} cannot run the generation workload; a bug")
         yield MeasuredRun(run, load, _agreement_columns(prompts, reference, run))

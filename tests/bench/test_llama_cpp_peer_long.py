@@ -97,3 +97,29 @@ def test_bench_runs_llama_cpp_beside_ours_with_its_agreement(tmp_path: Path) -> 
     assert peer["greedy_leading_agreement"] <= peer["greedy_agreement"]
     assert "llama-cpp greedy agreement with astrai: " in result.stderr
     assert "astrai roofline: " in result.stderr
+
+
+def test_the_peer_in_its_own_process_gives_the_in_process_tokens() -> None:
+    """`LlamaCppProcess` (what `bench` and scripts/bench_llama_cpp.py run) returns the run a
+    `LlamaCppPeer` in this process makes: same tokens, the peer's config, its own timing."""
+    from astrai_batch.bench.llama_cpp_peer import run_llama_cpp
+    from astrai_batch.bench.llama_cpp_process import LlamaCppProcess
+
+    config = BenchConfig(model=MODEL, num_system_prompts=2, questions_per_prompt=2, max_tokens=4)
+    tokenizer, _ = load_tokenizer(MODEL)
+    prompts = load_prompts(config, tokenizer, MODEL)
+    path = gguf_path(MODEL)
+    peer = LlamaCppPeer(path, prompts, threads=1)
+    try:
+        here = run_llama_cpp(peer, prompts, 0)
+    finally:
+        peer.close()
+    child = LlamaCppProcess(path, prompts, threads=1)
+    try:
+        there = child.run(prompts, 0)
+        assert child.config() == json.loads(here.system_config)
+    finally:
+        child.close()
+    assert there.token_ids == here.token_ids
+    assert there.generated_tokens == here.generated_tokens == 4 * prompts.num_prompts
+    assert there.wall_seconds > 0 and there.peak_rss_bytes > 0
