@@ -115,3 +115,36 @@ def test_binary_and_path_string_cells(llava_dir, tmp_path):
             assert json.loads(result.stdout.strip().splitlines()[-1])["images_encoded"] == 2
         else:
             check_rows(llava_dir, output, {"p": ("Where?", [two])})
+
+
+def test_image_limits_reach_the_vision_model(llava_dir, tmp_path):
+    """--max-image-pixels and --max-images-per-row fail their rows on a vision model (the
+    local executor's encoder takes the job's limits: the first load and the engine's reload)."""
+    small, big = random_image(51, (20, 20)), random_image(52, (40, 50))
+    pair = [{"bytes": png(small), "path": None}, {"bytes": png(small), "path": None}]
+    cell = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    table = pa.table(
+        {
+            "id": ["small", "big", "pair"],
+            "prompt": ["Q?", "Q?", "Q?"],
+            "img": pa.array(
+                [[{"bytes": png(small), "path": "small.png"}],
+                 [{"bytes": png(big), "path": "big.png"}], pair],
+                type=pa.list_(cell),
+            ),
+        }
+    )  # fmt: skip
+    source, output = tmp_path / "in.parquet", tmp_path / "out.parquet"
+    pq.write_table(table, source)
+    result = run_cli(
+        "run", source, output, "--model", llava_dir, "--image-column", "img",
+        "--max-tokens", MAX_TOKENS, "--kv-cache-memory", "8MiB", "--save-tokens", "--quiet",
+        "--max-image-pixels", 1000, "--max-images-per-row", 1,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    got = check_rows(llava_dir, output, {"small": ("Q?", [small])})
+    assert got["big"]["error"] == (
+        f"image big.png ({len(png(big)):,} bytes) has more pixels (40x50 = 2,000) than "
+        "--max-image-pixels 1,000"
+    )
+    assert got["pair"]["error"] == "the row has 2 images, more than --max-images-per-row 1"
