@@ -26,6 +26,7 @@ from astrai_batch.jobs.plan_tasks import (
     score_lines,
     task_embed_request,
 )
+from astrai_batch.jobs.planning.image_encoding import weightless_tower
 from astrai_batch.jobs.planning.prefix_stats import PrefixStats, PrefixStatsBuilder
 from astrai_batch.jobs.planning.shard_prediction import ShardPrediction, predict_shards
 from astrai_batch.jobs.planning.sharding import KeyedRow
@@ -198,7 +199,14 @@ def plan_input(
     )
     embed = task_embed_request(task, pooling, dimensions, location)
     scores = ScorePrefillBuilder(page_size, top) if task == "score" else None
-    encoder = PromptEncoder(tokenizer, model, chat_template_kwargs=chat_template_kwargs)
+    encoder = PromptEncoder(
+        tokenizer,
+        model,
+        chat_template_kwargs=chat_template_kwargs,
+        # a vision model's rows with images are planned as run plans them (config and
+        # processor: placeholders and content ids), with no weights loaded
+        vision=weightless_tower(location, trust_remote_code),
+    )
     if source.shape == "messages" and not encoder.has_chat_template:
         raise UnsupportedModelError(no_chat_template_message(model))
     if workers is not None and workers < 1:

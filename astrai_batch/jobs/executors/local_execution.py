@@ -78,6 +78,8 @@ class JobExecution:
             loaded.name,
             chat_template_kwargs=config.chat_template_kwargs,
             vision=loaded.vision,
+            # the job's limits reach the first load and the engine's reload (`_reload`)
+            image_limits=config.image_limits(),
         )
         self.collector = SampleCollector()
         if embed is None and config.task == "embed":  # as the executor resolved it, if it did

@@ -39,6 +39,7 @@ from astrai_batch.jobs.executors.ray_stages import (
     ChunkReader,
     Router,
     ignored_names,
+    ray_images_refused,
     summaries_of,
     summarize_batch,
 )
@@ -94,7 +95,10 @@ class RayExecutor:
             config.model, revision=config.revision, trust_remote_code=config.trust_remote_code
         )
         encoder = PromptEncoder(
-            tokenizer, config.model, chat_template_kwargs=config.chat_template_kwargs
+            tokenizer,
+            config.model,
+            chat_template_kwargs=config.chat_template_kwargs,
+            images_refused=ray_images_refused(config, tokenizer_source),
         )
         if source.shape == "messages" and not encoder.has_chat_template:
             raise ConfigError(no_chat_template_message(config.model))

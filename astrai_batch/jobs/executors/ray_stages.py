@@ -25,6 +25,7 @@ from astrai_batch.io import InputSource
 from astrai_batch.jobs.options.config import JobConfig
 from astrai_batch.jobs.options.openai_options import served_names
 from astrai_batch.jobs.planning.embed_rows import job_embed_request, read_matryoshka
+from astrai_batch.jobs.planning.image_encoding import ray_images_message, vision_model_at
 from astrai_batch.jobs.planning.sharding import (
     GroupSummary,
     KeyedRow,
@@ -85,11 +86,14 @@ class ChunkReader:
         from astrai_batch.jobs.planning.tokenize import PromptEncoder
 
         config = self.config
-        tokenizer, _ = load_tokenizer(
+        tokenizer, location = load_tokenizer(
             config.model, revision=config.revision, trust_remote_code=config.trust_remote_code
         )
         encoder = PromptEncoder(
-            tokenizer, self.model_name, chat_template_kwargs=config.chat_template_kwargs
+            tokenizer,
+            self.model_name,
+            chat_template_kwargs=config.chat_template_kwargs,
+            images_refused=ray_images_refused(config, location),
         )
         out: list[dict[str, Any]] = []
         for chunk in batch.column("id").to_pylist():
@@ -121,6 +125,14 @@ class ChunkReader:
                 for row in window.rows
             )
         return pa.Table.from_pylist(out, schema=KEYED_SCHEMA)
+
+
+def ray_images_refused(config: Any, location: str) -> str | None:
+    """The row error for images under Ray on a vision model (its workers load the language
+    model only), or None for a text model (whose own message says it reads text only)."""
+    if vision_model_at(location, config.trust_remote_code):
+        return ray_images_message(config.model)
+    return None
 
 
 def ignored_names(batch: pa.Table) -> pa.Table:

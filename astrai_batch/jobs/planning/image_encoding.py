@@ -65,6 +65,54 @@ def _reload(ref: ImageRef, limits: ImageLimits, processor: Any) -> torch.Tensor:
     return image_pixels(processor, load_image(ref, limits).image)
 
 
+def vision_model_at(location: str, trust_remote_code: bool = False) -> bool:
+    """Whether the model whose files are at `location` (a directory or hub cache entry, as
+    `load_tokenizer` gives it) is a vision-language model the engine runs."""
+    return _vision_config(location, trust_remote_code) is not None
+
+
+def weightless_tower(location: str, trust_remote_code: bool = False) -> Any:
+    """A vision model's `VisionTower` without weights (its config and processor only), for
+    planning a job's prompts where no model is loaded (`plan`): its image placeholders and
+    content ids are the run's; it encodes nothing. None for a text model."""
+    from types import SimpleNamespace
+
+    from transformers import AutoProcessor
+
+    from astrai_batch.engine.vision.tower import VisionTower
+
+    config = _vision_config(location, trust_remote_code)
+    if config is None:
+        return None
+    try:
+        processor = AutoProcessor.from_pretrained(location, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError, TypeError):
+        processor = None
+    if processor is not None and not hasattr(processor, "image_processor"):
+        processor = None  # as the loader: a tokenizer alone prepares no images
+    return VisionTower(SimpleNamespace(config=config), processor)
+
+
+def _vision_config(location: str, trust_remote_code: bool) -> Any:
+    from transformers import AutoConfig
+
+    from astrai_batch.engine.model.support import is_vision_model
+
+    try:
+        config = AutoConfig.from_pretrained(location, trust_remote_code=trust_remote_code)
+    except Exception:  # GGUF or an unreadable config: text models only; the loader reports
+        return None
+    return config if is_vision_model(config) else None
+
+
+def ray_images_message(model_name: str) -> str:
+    """A row with images under `--executor ray` on a vision model: not run yet."""
+    return (
+        f"rows with images do not run under --executor ray yet (its workers do not load "
+        f"the vision tower of {model_name!r}); run them with --executor local"
+    )
+
+
 def _one_line(exc: Exception) -> str:
     text = " ".join(str(exc).split())
     return text or type(exc).__name__

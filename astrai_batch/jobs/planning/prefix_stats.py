@@ -161,7 +161,11 @@ class PrefixStatsBuilder:
         """Add one row (the prompt's token ids as the engine will prefill them)."""
         try:
             packed = array(_TOKEN_TYPECODE, token_ids)
-        except (OverflowError, TypeError) as exc:
+        except OverflowError:
+            # an image's content ids (`engine.vision.image_inputs`: -2**31..-1) as uint32:
+            # 2**31 and above, where no vocabulary id is, so pages keep them apart exactly
+            packed = _with_content_ids(token_ids, self._rows)
+        except TypeError as exc:
             raise InputError(
                 f"row {self._rows}: token ids must be integers in [0, {_MAX_TOKEN_ID}]"
             ) from exc
@@ -286,3 +290,10 @@ def ideal_prefix_stats(
     builder = PrefixStatsBuilder(page_size, top)
     builder.add_all(rows)
     return builder.result()
+
+
+def _with_content_ids(token_ids: Sequence[int], row: int) -> array:
+    try:
+        return array(_TOKEN_TYPECODE, [t + 2**32 if -(2**31) <= t < 0 else t for t in token_ids])
+    except (OverflowError, TypeError) as exc:
+        raise InputError(f"row {row}: token ids must be integers in [0, {_MAX_TOKEN_ID}]") from exc

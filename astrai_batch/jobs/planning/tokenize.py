@@ -90,11 +90,15 @@ class PromptEncoder:
         chat_template_kwargs: Mapping[str, Any] | None = None,
         vision: Any = None,
         image_limits: ImageLimits | None = None,
+        images_refused: str | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.vision = vision
         self.image_limits = image_limits or ImageLimits()
+        # the error of a row with images where no vision tower is loaded: a text model's, or
+        # the limitation of a path that does not load a vision model's tower (Ray, plan)
+        self.images_refused = images_refused or text_only_message(model_name)
         processor = None if vision is None else vision.processor
         # a processor's own chat template (saved apart from the tokenizer's) renders chats
         self._templater = (
@@ -172,7 +176,7 @@ class PromptEncoder:
     def _render_chat(self, row: InputRow) -> str | Encoding:
         if row.images and self.vision is None:
             # a text tokenizer cannot place an image's tokens: never drop them silently
-            return Encoding(error=text_only_message(self.model_name))
+            return Encoding(error=self.images_refused)
         if not self.has_chat_template:
             return Encoding(error=no_chat_template_message(self.model_name))
         own = row.chat_template_kwargs or {}

@@ -257,7 +257,7 @@ def test_builder_rejects_bad_arguments_and_tokens() -> None:
     builder.add([1, 2])
     message = r"^row 1: token ids must be integers in \[0, 4294967295\]$"
     with pytest.raises(InputError, match=message):
-        builder.add([3, -1])
+        builder.add([3, -(2**31) - 1])  # below the content ids (-2**31..-1)
     with pytest.raises(InputError, match=message):
         builder.add([2**32])
     assert builder.result().rows == 1  # a rejected row is not counted
