@@ -79,7 +79,9 @@ def plan_flash_step(
     dtype: torch.dtype,
     staging: HostStaging,
     window: int | None = None,
+    share: bool = True,
 ) -> tuple[list[FlashCall], FlashMerge | None]:
+    """`share` False: no block is read once for several decodes (the cascade off)."""
     block = rules.block
 
     def tail(keys: int) -> int:
@@ -114,7 +116,7 @@ def plan_flash_step(
             elements.append(
                 _Element(rows[has], positions[has], b * block, keys, table, slots, True)
             )
-    decodes = DecodeBlocks(rules.tails, block, blocks, page_size, window)
+    decodes = DecodeBlocks(rules.tails, block, blocks, page_size, window, share)
     d = step.decodes
     if len(d):
         positions = step.context_start[d]

@@ -29,8 +29,12 @@ class DecodeBlocks:
         blocks: int,
         page_size: int,
         window: int | None = None,
+        share: bool = True,
     ) -> None:
         self.tails = tails
+        # read a block several decodes share once for all (the cascade); off, each decode
+        # reads its own copy, as when their pages differ (the memory plan's worst step)
+        self.share = share
         self.block = block  # keys per block (`FlashRules.block`)
         self.window = window  # a windowed layer's: keys <= position - window are masked
         self.per_block = block // page_size  # pages per key block
@@ -75,7 +79,7 @@ class DecodeBlocks:
         owned = tables[owner]
         pages = np.take_along_axis(owned, columns, axis=1)
         group, sizes = _same_pages(block_of, pages)
-        alone = sizes[group] == 1
+        alone = sizes[group] == 1 if self.share else np.ones(len(group), dtype=bool)
         slots = index[owner] * self.blocks + block_of
         self.parts.append(
             (

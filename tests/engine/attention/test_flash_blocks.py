@@ -348,6 +348,23 @@ def test_short_shared_prefixes_are_read_once_in_short_blocks() -> None:
     assert own == [(64, 16)]  # block 4 (pages 16-19, two of them own) and the tail
     assert sum(c.elements * c.keys for c in calls) == 4 * 64 + 8 * 128  # 3,072 at 512
     assert_each_block_once(step, calls, merge, block=64)
+    # sharing off (the cascade off: the memory plan's worst decode step): each decode reads
+    # its own blocks, as when no pages are shared
+    rules = FlashRules(GROUP, tuple(t for t in MEASURED_TAILS if t <= 64), 64)
+    calls, merge = plan_flash_step(step, PAGE, rules, torch.float32, staging, share=False)
+    assert all(c.tokens == 1 for c in calls)
+    assert sum(c.elements * c.keys for c in calls) == 8 * 6 * 64
+    assert_each_block_once(step, calls, merge, block=64)
+
+
+def test_below_float32_the_probe_keeps_the_kernels_own_block() -> None:
+    """A bfloat16 block's output is rounded before the fold: only 512-key blocks, whose
+    contexts under 512 keys are one call, as transformers' attention over the whole prompt."""
+    assert flash_probe.block_candidates(torch.float32) == (64, 128, 256, 512)
+    assert flash_probe.block_candidates(torch.bfloat16) == (512,)
+    assert flash_probe.block_candidates(torch.float16) == (512,)
+    found = probe_flash_block(DIM, KV_HEADS, torch.bfloat16, PAGE)
+    assert found is None or found[0] == 512
 
 
 # (sequence, first pages it takes from sequence 2): prefixes of 288 tokens (across the
@@ -402,7 +419,7 @@ def test_the_probe_takes_the_first_candidate_of_whole_pages_that_passes(page) ->
     want = next(
         (
             (b, t)
-            for b in flash_probe.BLOCK_CANDIDATES
+            for b in flash_probe.block_candidates(torch.float32)
             if b % page == 0 and (t := invariant_tails(DIM, KV_HEADS, torch.float32, b))
         ),
         None,
