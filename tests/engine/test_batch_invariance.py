@@ -23,7 +23,7 @@ from invariance_kit import (
 )
 
 from astrai_batch.engine import EngineConfig
-from astrai_batch.engine.attention.flash_probe import invariant_tails
+from astrai_batch.engine.attention.flash_probe import probe_flash_block
 from astrai_batch.engine.core import EngineCore
 from astrai_batch.engine.model.loader import load_model
 from astrai_batch.engine.runner import invariant_plan
@@ -130,10 +130,11 @@ def test_the_cpu_engine_runs_attention_in_the_flash_kernel_where_its_probe_passe
     config = loaded.model.config
     kv_heads = config.num_key_value_heads
     head_dim = config.hidden_size // config.num_attention_heads
-    tails = invariant_tails(head_dim, kv_heads, next(loaded.model.parameters()).dtype)
-    assert (core.runner.flash is None) == (tails is None)
-    if tails is not None:
-        assert core.runner.flash.tails == tails
+    dtype = next(loaded.model.parameters()).dtype
+    found = probe_flash_block(head_dim, kv_heads, dtype, page_size=8)
+    assert (core.runner.flash is None) == (found is None)
+    if found is not None:  # the shortest key block that keeps the rules, with its tails
+        assert (core.runner.flash.block, core.runner.flash.tails) == found
         assert core.runner.flash.group == config.num_attention_heads // kv_heads
 
 
@@ -147,7 +148,7 @@ def test_a_kernel_refusing_the_shapes_leaves_the_block_attention(loaded, monkeyp
     def refuses(*args):
         raise RuntimeError("scaled_dot_product_attention_flash_attention: head size")
 
-    monkeypatch.setattr(invariant_plan, "invariant_tails", refuses)
+    monkeypatch.setattr(invariant_plan, "probe_flash_block", refuses)
     loaded.probe_results.clear()
     try:
         core = EngineCore(loaded, EngineConfig(page_size=8, num_pages=64))

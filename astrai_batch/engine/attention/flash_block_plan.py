@@ -5,14 +5,19 @@ and folds them in order with an online softmax; it splits queries into blocks of
 256 rows, each block's scores and probabilities x values one MKL GEMM. A query's result is
 therefore the same in every call when:
 
-1. the key length is whole blocks of `KEY_BLOCK` (512) and a *tail* from the probed set: the
+Keys are cut into blocks of `rules.block` (B: 64, 128, 256 or 512, the shortest the probe
+found invariant for the model here, fixed at engine start, never chosen by a step); a call
+reads at most one block, so the kernel runs it as one of its own blocks. Then:
+
+1. the key length is whole blocks of B and a *tail* from the probed set: the
    split is by position, never by the call; blocks past a query's own keys are fully
    masked, and a fully masked block changes nothing (its probabilities are exact zeros, its
    rescale factor exp(0) = 1, and the P x V GEMM adds exact zeros, the masked keys and
    values being finite). Within a block, masked keys add exact zeros to the sums too, but
    the BLAS sums a P x V GEMM's keys in chunks set by its length (MKL here: a last block of
    256 or 320 keys sums otherwise than one of 512), so only tail lengths whose rows equal
-   the 512-key ones are used (`flash_probe`: 64, 128, 192, 384, 448 and 512 here);
+   the full block's are used (`flash_probe`: for B = 512, 64, 128, 192, 384, 448 and 512
+   on AMD Zen);
 2. every query block has a row count the BLAS treats like a large one: the call's query rows
    are padded with zero rows to a multiple of `ROW_MULTIPLE` (the last block's remainder is
    then 0 or at least 4; MKL computes the trailing rows of 1-3-row remainders with other
@@ -21,10 +26,10 @@ therefore the same in every call when:
 
 `flash_probe` checks these on the engine's CPU at start.
 
-A query whose keys fit one block (position < 512) takes the kernel's output as it is: one call
+A query whose keys fit one block (position < B) takes the kernel's output as it is: one call
 per prefill chunk, one per class of decodes with the same key length. A longer query never
 lets the kernel fold its blocks: each of its blocks is an element of its own (keys
-[512 b, 512 b + length)), whose output and log-sum-exp land in the step's merge slots, and
+[B b, B b + length)), whose output and log-sum-exp land in the step's merge slots, and
 `flash_blocks.fold_blocks` folds them in block order, so a query's bits never depend on
 which element computed a block. That lets decodes sharing a prefix's full blocks read them
 once: such a block is one element whose query rows are every sharer's (the cascade's saving).
@@ -46,7 +51,6 @@ import numpy as np
 import torch
 
 from astrai_batch.engine.attention.flash_block_types import (
-    KEY_BLOCK,
     FlashCall,
     FlashMerge,
     FlashRules,
@@ -75,12 +79,16 @@ def plan_flash_step(
     dtype: torch.dtype,
     staging: HostStaging,
     window: int | None = None,
+    share: bool = True,
 ) -> tuple[list[FlashCall], FlashMerge | None]:
+    """`share` False: no block is read once for several decodes (the cascade off)."""
+    block = rules.block
+
     def tail(keys: int) -> int:
-        return int(key_lengths(np.array([keys]), rules.tails)[0])
+        return int(key_lengths(np.array([keys]), rules.tails, block)[0])
 
     last = step.context_start + step.num_tokens - 1
-    blocks = int(last.max()) // KEY_BLOCK + 1 if len(last) else 1  # merge slots per query
+    blocks = int(last.max()) // block + 1 if len(last) else 1  # merge slots per query
     elements: list[_Element] = []
     merge_rows: list[np.ndarray] = []
     count = 0  # longer queries so far
@@ -88,7 +96,7 @@ def plan_flash_step(
         n, start, table = int(step.num_tokens[c]), int(step.context_start[c]), step.page_tables[c]
         rows = step.token_start[c] + np.arange(n)
         positions = start + np.arange(n)
-        one = positions < KEY_BLOCK
+        one = positions < block
         if one.any():
             keys = tail(int(positions[one].max()) + 1)
             elements.append(_Element(rows[one], positions[one], 0, keys, table, rows[one], False))
@@ -99,27 +107,27 @@ def plan_flash_step(
         index = np.arange(count, count + len(rows))
         count += len(rows)
         floor = positions - window + 1 if window is not None else np.zeros_like(positions)
-        for b in range(max(int(floor[0]), 0) // KEY_BLOCK, int(positions[-1]) // KEY_BLOCK + 1):
-            has = (positions >= b * KEY_BLOCK) & (floor < (b + 1) * KEY_BLOCK)
+        for b in range(max(int(floor[0]), 0) // block, int(positions[-1]) // block + 1):
+            has = (positions >= b * block) & (floor < (b + 1) * block)
             if not has.any():
                 continue
-            keys = tail(min(int(positions[has].max()) + 1 - b * KEY_BLOCK, KEY_BLOCK))
+            keys = tail(min(int(positions[has].max()) + 1 - b * block, block))
             slots = index[has] * blocks + b
             elements.append(
-                _Element(rows[has], positions[has], b * KEY_BLOCK, keys, table, slots, True)
+                _Element(rows[has], positions[has], b * block, keys, table, slots, True)
             )
-    decodes = DecodeBlocks(rules.tails, blocks, page_size, window)
+    decodes = DecodeBlocks(rules.tails, block, blocks, page_size, window, share)
     d = step.decodes
     if len(d):
         positions = step.context_start[d]
-        longer = positions >= KEY_BLOCK
+        longer = positions >= block
         index = np.full(len(d), -1)
         index[longer] = np.arange(count, count + int(longer.sum()))
         count += int(longer.sum())
         merge_rows.append(step.token_start[d][longer])
         decodes.add(step.token_start[d], positions, step.page_tables[d], index)
     for b, rows, positions, slots, table in decodes.shared:
-        elements.append(_Element(rows, positions, b * KEY_BLOCK, KEY_BLOCK, table, slots, True))
+        elements.append(_Element(rows, positions, b * block, block, table, slots, True))
     calls = _calls(elements, page_size, rules.group, dtype, staging, window)
     calls += decodes.calls(page_size, rules.group, dtype, staging)
     merge = None

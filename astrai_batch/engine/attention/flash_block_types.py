@@ -12,8 +12,26 @@ import torch
 
 from astrai_batch.engine.attention.page_gather import PageGatherer
 
-KEY_BLOCK = 512  # torch's CPU flash kernel's key split (`kv_split_size`)
-TAIL_STEP = 64  # candidate last-block lengths: multiples of this up to KEY_BLOCK
+KERNEL_BLOCK = 512  # torch's CPU flash kernel's own key split (`kv_split_size`)
+# the key blocks the probe judges, shortest first: a call never reads more than one block,
+# so each is a single block of the kernel's; shorter blocks let decodes share shorter
+# prefixes (a block whose pages several decodes share is read once for all of them)
+BLOCK_CANDIDATES = (64, 128, 256, KERNEL_BLOCK)
+
+
+def block_candidates(dtype: torch.dtype) -> tuple[int, ...]:
+    """The blocks the probe may pick for `dtype`. Below float32 only the kernel's own: the
+    kernel returns a block's output in the query's dtype, so each extra block of a query
+    adds a rounding (to 8 bits of mantissa in bfloat16) before the fold, where transformers'
+    one call over the whole context folds the kernel's 512-key splits in float32; that drift
+    left granite's and olmo2's bfloat16 greedy tokens in 3 of 7 rows with 64-key blocks.
+    In float32 the rounding is the fold's own order of sums, within the tests' agreement."""
+    if dtype.is_floating_point and torch.finfo(dtype).bits >= 32:
+        return BLOCK_CANDIDATES
+    return (KERNEL_BLOCK,)
+
+
+TAIL_STEP = 64  # candidate last-block lengths: multiples of this up to the block
 ROW_MULTIPLE = 4  # query rows per call padded to a multiple of this
 
 
@@ -22,6 +40,7 @@ class FlashRules(NamedTuple):
 
     group: int  # query heads per KV head
     tails: tuple[int, ...]  # last-block key lengths with the full block's bits, ascending
+    block: int = KERNEL_BLOCK  # keys per block: fixed for the model and machine, never by step
 
 
 class FlashCall(NamedTuple):
@@ -31,7 +50,7 @@ class FlashCall(NamedTuple):
     elements: int
     tokens: int
     query_rows: int  # group * tokens, padded up to a multiple of ROW_MULTIPLE
-    keys: int  # whole KEY_BLOCKs and a probed tail (one block: elements of a longer query)
+    keys: int  # a probed tail of at most one block (a longer query: one element per block)
     page_tables: torch.Tensor  # [elements, pages covering `keys`], padded with page 0
     mask: torch.Tensor  # [elements, 1, query_rows or 1, keys]: 0, or -inf past the query
     slots: torch.Tensor  # [elements * tokens] output rows, or merge slots when `merged`
@@ -63,10 +82,10 @@ def padded_rows(rows: int) -> int:
     return -(-rows // ROW_MULTIPLE) * ROW_MULTIPLE
 
 
-def key_lengths(contexts: np.ndarray, tails: tuple[int, ...]) -> np.ndarray:
-    """Keys a call reads for sequences of `contexts` tokens: whole blocks, then the shortest
-    probed tail that holds the rest."""
-    full = (contexts - 1) // KEY_BLOCK
-    rest = contexts - full * KEY_BLOCK
+def key_lengths(contexts: np.ndarray, tails: tuple[int, ...], block: int) -> np.ndarray:
+    """Keys a call reads for sequences of `contexts` tokens: whole `block`s, then the
+    shortest probed tail that holds the rest."""
+    full = (contexts - 1) // block
+    rest = contexts - full * block
     table = np.array(tails)
-    return full * KEY_BLOCK + table[np.searchsorted(table, rest)]
+    return full * block + table[np.searchsorted(table, rest)]

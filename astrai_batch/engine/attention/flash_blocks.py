@@ -1,5 +1,6 @@
 """Batch-invariant attention in torch's CPU flash kernel: one call per class of elements (a
-prefill chunk, decodes with the same key length), keys in fixed 512-key blocks by position.
+prefill chunk, decodes with the same key length), keys in fixed blocks of 64-512 keys by
+position (the length probed at start).
 
 Why a query's result is the same alone or in any crowd, as a decode or inside a prefill
 chunk, is in `flash_block_plan` (the three rules the plan keeps); `flash_probe` checks them

@@ -11,7 +11,6 @@ import numpy as np
 import torch
 
 from astrai_batch.engine.attention.flash_block_types import (
-    KEY_BLOCK,
     FlashCall,
     key_lengths,
     padded_rows,
@@ -24,11 +23,21 @@ class DecodeBlocks:
     is (one block), and every block of the longer ones (merge slots)."""
 
     def __init__(
-        self, tails: tuple[int, ...], blocks: int, page_size: int, window: int | None = None
+        self,
+        tails: tuple[int, ...],
+        block: int,
+        blocks: int,
+        page_size: int,
+        window: int | None = None,
+        share: bool = True,
     ) -> None:
         self.tails = tails
+        # read a block several decodes share once for all (the cascade); off, each decode
+        # reads its own copy, as when their pages differ (the memory plan's worst step)
+        self.share = share
+        self.block = block  # keys per block (`FlashRules.block`)
         self.window = window  # a windowed layer's: keys <= position - window are masked
-        self.per_block = KEY_BLOCK // page_size  # pages per key block
+        self.per_block = block // page_size  # pages per key block
         self.blocks = blocks  # merge slots per longer query
         self.parts: list[tuple] = []  # (rows, positions, key starts, keys, tables, slots, merged)
         # a block whose pages several decodes share: (block, rows, positions, slots, table)
@@ -38,9 +47,10 @@ class DecodeBlocks:
         self, rows: np.ndarray, positions: np.ndarray, tables: np.ndarray, merge_index: np.ndarray
     ) -> None:
         """Decodes at `positions`; `merge_index[i]` is decode i's merge query (or -1)."""
-        one = positions < KEY_BLOCK
+        block = self.block
+        one = positions < block
         if one.any():
-            keys = key_lengths(positions[one] + 1, self.tails)
+            keys = key_lengths(positions[one] + 1, self.tails, block)
             zero = np.zeros(int(one.sum()), dtype=np.int64)
             self.parts.append(
                 (rows[one], positions[one], zero, keys, tables[one], rows[one], False)
@@ -49,34 +59,34 @@ class DecodeBlocks:
             return
         rows, positions, tables = rows[~one], positions[~one], tables[~one]
         index = merge_index[~one]
-        last = positions // KEY_BLOCK  # each decode's last block: its tail
-        starts = last * KEY_BLOCK
-        keys = key_lengths(positions + 1 - starts, self.tails)
+        last = positions // block  # each decode's last block: its tail
+        starts = last * block
+        keys = key_lengths(positions + 1 - starts, self.tails, block)
         self.parts.append((rows, positions, starts, keys, tables, index * self.blocks + last, True))
         # full blocks first .. last - 1 (first: 0, or the window's first block), one
         # (decode, block) pair each
         first = np.zeros_like(last)
         if self.window is not None:
-            first = np.minimum(np.maximum(positions - self.window + 1, 0) // KEY_BLOCK, last)
+            first = np.minimum(np.maximum(positions - self.window + 1, 0) // block, last)
         counts = last - first
         owner = np.repeat(np.arange(len(rows)), counts)
-        block = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
-        block += first[owner]
+        block_of = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+        block_of += first[owner]
         if not len(owner):
             return
         per_block = self.per_block
-        columns = block[:, None] * per_block + np.arange(per_block)[None, :]
+        columns = block_of[:, None] * per_block + np.arange(per_block)[None, :]
         owned = tables[owner]
         pages = np.take_along_axis(owned, columns, axis=1)
-        group, sizes = _same_pages(block, pages)
-        alone = sizes[group] == 1
-        slots = index[owner] * self.blocks + block
+        group, sizes = _same_pages(block_of, pages)
+        alone = sizes[group] == 1 if self.share else np.ones(len(group), dtype=bool)
+        slots = index[owner] * self.blocks + block_of
         self.parts.append(
             (
                 rows[owner][alone],
                 positions[owner][alone],
-                block[alone] * KEY_BLOCK,
-                np.full(int(alone.sum()), KEY_BLOCK),
+                block_of[alone] * block,
+                np.full(int(alone.sum()), block),
                 owned[alone],
                 slots[alone],
                 True,
@@ -87,7 +97,7 @@ class DecodeBlocks:
             first = owner[members[0]]
             self.shared.append(
                 (
-                    int(block[members[0]]),
+                    int(block_of[members[0]]),
                     rows[owner[members]],
                     positions[owner[members]],
                     slots[members],

@@ -85,9 +85,10 @@ def flash_block_batch(
     gatherer: PageGatherer,
     rules: FlashRules,
     window: int | None = None,
+    share: bool = True,
 ) -> FlashBlockBatch:
     dtype = pool.key_cache[0].dtype
-    calls, merge = plan_flash_step(step, pool.page_size, rules, dtype, staging, window)
+    calls, merge = plan_flash_step(step, pool.page_size, rules, dtype, staging, window, share)
     return FlashBlockBatch(
         key_cache=pool.key_cache,
         value_cache=pool.value_cache,

@@ -10,8 +10,8 @@ import torch
 
 from astrai_batch.cache.kv_pool import KVPool
 from astrai_batch.engine.attention.block_plan import RUN_SEGMENT_BLOCKS, block_tokens_for
-from astrai_batch.engine.attention.flash_block_types import KEY_BLOCK, FlashRules
-from astrai_batch.engine.attention.flash_probe import invariant_tails
+from astrai_batch.engine.attention.flash_block_types import FlashRules
+from astrai_batch.engine.attention.flash_probe import probe_flash_block
 from astrai_batch.engine.numerics.blas_rows import ROWS_AT_LEAST_TWO, attention_row_scheme
 from astrai_batch.engine.runner.invariant_cuda import invariant_cuda_ops, runnable
 from astrai_batch.engine.runner.invariant_experts import set_expert_tiling
@@ -92,20 +92,21 @@ def _probed(memo: dict, key: tuple, probe):
 
 def _flash_rules(query_heads: int, pool: KVPool) -> FlashRules | None:
     """Where invariant attention can run in torch's CPU flash kernel (`flash_blocks`): on the
-    CPU, equal key and value sizes, and the probe passing; else None. (Not with decode graphs
-    either: their fixed-shape attention gives the block attention's bits.)"""
+    CPU, equal key and value sizes, and the probe passing for a key block of whole pages (the
+    shortest that does: fixed for the model, its pages and the machine); else None. (Not with
+    decode graphs either: their fixed-shape attention gives the block attention's bits.)"""
     key, value = pool.key_cache[0], pool.value_cache[0]
     kv_heads, head_dim = key.shape[1:]
-    whole_pages = KEY_BLOCK % pool.page_size == 0  # a query's blocks are whole pages
-    if key.device.type != "cpu" or value.shape[-1] != head_dim or not whole_pages:
+    if key.device.type != "cpu" or value.shape[-1] != head_dim:
         return None
     try:
-        tails = invariant_tails(head_dim, kv_heads, key.dtype)
+        found = probe_flash_block(head_dim, kv_heads, key.dtype, pool.page_size)
     except RuntimeError:  # the kernel does not take this dtype or head size here
         return None
-    if tails is None:
+    if found is None:
         return None
-    return FlashRules(group=query_heads // kv_heads, tails=tails)
+    block, tails = found
+    return FlashRules(group=query_heads // kv_heads, tails=tails, block=block)
 
 
 def _attention_rows(query_heads: int, pool: KVPool):

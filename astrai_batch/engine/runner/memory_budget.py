@@ -140,7 +140,9 @@ def profile_step_peaks(
     """(prefill, decode): the peak bytes of the largest prefill (`max_num_batched_tokens`
     tokens over up to `max_num_seqs` sequences, all wanting logits, so the LM head's output is
     as large as it gets) and of the worst decode (`worst_decode_chunks`, the cascade off so
-    nothing is shared), each over a scratch pool freed afterwards (`measure_peak`)."""
+    nothing is shared: no block attention's cascade, no flash key block read once for
+    several decodes, whatever the probed block), each over a scratch pool freed afterwards
+    (`measure_peak`)."""
     from astrai_batch.cache.kv_pool import KVPool
     from astrai_batch.engine.runner.model_runner import ModelRunner
 

@@ -255,7 +255,9 @@ class ModelRunner:
         if self.invariant_kernel is not None:
             return invariant_kernel_batch(step, pool, self.staging, self.invariant_kernel)
         if self.flash is not None:
-            return flash_block_batch(step, pool, self.staging, self.gatherer, self.flash, window)
+            return flash_block_batch(
+                step, pool, self.staging, self.gatherer, self.flash, window, self.use_cascade
+            )
         features = self.features
         if (
             self.numerics == "invariant"

@@ -32,7 +32,7 @@ from astrai_batch.engine.attention import flash_probe
 from astrai_batch.engine.attention.flash_block_plan import plan_flash_step
 from astrai_batch.engine.attention.flash_block_types import FlashBlockBatch, FlashRules
 from astrai_batch.engine.attention.flash_blocks import flash_block_attention, flash_kernel
-from astrai_batch.engine.attention.flash_probe import invariant_tails
+from astrai_batch.engine.attention.flash_probe import invariant_tails, probe_flash_block
 from astrai_batch.engine.attention.host_staging import HostStaging
 from astrai_batch.engine.attention.page_gather import PageGatherer
 from astrai_batch.engine.attention.step_arrays import StepArrays
@@ -48,9 +48,11 @@ def run_step(
     seen: list | None = None,
     window: int | None = None,
     sinks: torch.Tensor | None = None,
+    block: int = 512,
 ) -> dict[tuple[int, int], torch.Tensor]:
     """chunks: (sequence, start, length) -> {(sequence, position): output row}; with a
-    sliding `window` and per-head `sinks`, as a windowed layer's plan computes them."""
+    sliding `window` and per-head `sinks`, as a windowed layer's plan computes them, in
+    key blocks of `block`."""
     width = max(len(pool.tables[s]) for s, _, _ in chunks)
     tables = np.zeros((len(chunks), width), dtype=np.int64)
     starts, queries = [], []
@@ -74,9 +76,9 @@ def run_step(
         longest_context=max(s + n for _, s, n in chunks),
     )
     staging = HostStaging("cpu")
-    rules = FlashRules(GROUP, tails)
+    rules = FlashRules(GROUP, tails, block)
     calls, merge = plan_flash_step(step, PAGE, rules, torch.float32, staging, window)
-    assert_each_block_once(step, calls, merge, window)
+    assert_each_block_once(step, calls, merge, window, block)
     if seen is not None:
         seen.extend(calls)
     batch = FlashBlockBatch(
@@ -99,7 +101,9 @@ def run_step(
     return got
 
 
-def assert_each_block_once(step: StepArrays, calls, merge, window: int | None = None) -> None:
+def assert_each_block_once(
+    step: StepArrays, calls, merge, window: int | None = None, block: int = 512
+) -> None:
     """Every query within one block gets its output from exactly one call; every longer
     query's every block (and nothing past its last, nor wholly before its window) from
     exactly one element."""
@@ -110,25 +114,24 @@ def assert_each_block_once(step: StepArrays, calls, merge, window: int | None = 
         [t + np.arange(n) for t, n in zip(step.token_start, step.num_tokens, strict=True)]
     )
     direct = sorted(x for c in calls if not c.merged for x in c.slots.tolist())
-    assert direct == sorted(rows[positions < 512].tolist())
+    assert direct == sorted(rows[positions < block].tolist())
     merged = sorted(x for c in calls if c.merged for x in c.slots.tolist())
     want = []
     if merge is not None:
         at = dict(zip(rows.tolist(), positions.tolist(), strict=True))
         for i, row in enumerate(merge.rows.tolist()):
-            first = 0 if window is None else max(at[row] - window + 1, 0) // 512
-            want += [i * merge.blocks + b for b in range(first, at[row] // 512 + 1)]
-        assert sorted(merge.rows.tolist()) == sorted(rows[positions >= 512].tolist())
+            first = 0 if window is None else max(at[row] - window + 1, 0) // block
+            want += [i * merge.blocks + b for b in range(first, at[row] // block + 1)]
+        assert sorted(merge.rows.tolist()) == sorted(rows[positions >= block].tolist())
     assert merged == sorted(want)
 
 
-@pytest.fixture(scope="module")
-def tails_here() -> tuple[int, ...]:
-    tails = invariant_tails(DIM, KV_HEADS, torch.float32)
+def probed_tails(block: int = 512) -> tuple[int, ...]:
+    tails = invariant_tails(DIM, KV_HEADS, torch.float32, block)
     if tails is None:
         pytest.skip(
-            "torch's CPU flash kernel is not row-invariant on this CPU: the engine "
-            "keeps the block attention here (tested in test_batch_invariance)"
+            f"torch's CPU flash kernel is not row-invariant in {block}-key blocks on this CPU: "
+            "the engine keeps another block or the block attention here"
         )
     return tails
 
@@ -137,42 +140,64 @@ CHUNKS = [(0, 0, 5), (2, 100, 200), (4, 511, 1), (5, 0, 513), (6, 699, 1), (7, 1
 
 
 @pytest.mark.parametrize(
-    ("window", "sinks"),
-    [(None, None), (None, SINKS), (40, None), (300, SINKS), (600, SINKS)],
-    ids=["full", "sinks", "window-40", "window-300-sinks", "window-600-sinks"],
+    ("window", "sinks", "block"),
+    [
+        (None, None, 512),
+        (None, SINKS, 512),
+        (40, None, 512),
+        (300, SINKS, 512),
+        (600, SINKS, 512),
+        (None, None, 64),
+        (300, SINKS, 64),
+    ],
+    ids=[
+        "full",
+        "sinks",
+        "window-40",
+        "window-300-sinks",
+        "window-600-sinks",
+        "block64",
+        "block64-window-300-sinks",
+    ],
 )
-def test_outputs_match_a_float64_brute_force(window, sinks) -> None:
+def test_outputs_match_a_float64_brute_force(window, sinks, block) -> None:
     pool = Pool(seed=1)
-    got = run_step(pool, CHUNKS, window=window, sinks=sinks)
+    tails = tuple(t for t in MEASURED_TAILS if t <= block)  # a shorter block's tails: <= it
+    got = run_step(pool, CHUNKS, tails, window=window, sinks=sinks, block=block)
     for (seq, p), row in got.items():
         want = brute_force(pool, seq, p, window, sinks)
         torch.testing.assert_close(row.double(), want, atol=2e-6, rtol=1e-5)
 
 
-@pytest.mark.parametrize("seed", range(3))
-def test_windowed_queries_with_sinks_have_the_same_bits_alone_and_in_crowds(tails_here, seed):
-    """Windows of 100 (inside a block) and 700 (across two): alone vs random crowds."""
+@pytest.mark.parametrize(("seed", "block"), [(0, 512), (1, 512), (2, 64)])
+def test_windowed_queries_with_sinks_have_the_same_bits_alone_and_in_crowds(seed, block):
+    """Windows of 100 (inside a 512-key block) and 700 (across two), 300 across 64-key
+    blocks: alone vs random crowds."""
+    tails = probed_tails(block)
     window = (100, 700, 300)[seed]
     pool = Pool(seed=seed)
     alone = {}
     for seq, n in enumerate(LENGTHS):
-        alone.update(run_step(pool, [(seq, 0, n)], tails_here, window=window, sinks=SINKS))
+        alone.update(run_step(pool, [(seq, 0, n)], tails, window=window, sinks=SINKS, block=block))
     rng = random.Random(seed)
     for step in random_steps(rng):
-        got = run_step(pool, step, tails_here, window=window, sinks=SINKS)
+        got = run_step(pool, step, tails, window=window, sinks=SINKS, block=block)
         for key, row in got.items():
             assert torch.equal(row, alone[key]), f"seed {seed}: {key} differs in step {step}"
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_a_query_has_the_same_bits_alone_and_in_random_crowds(tails_here, seed) -> None:
+@pytest.mark.parametrize(
+    ("seed", "block"), [(0, 512), (1, 512), (2, 512), (3, 64), (4, 128), (5, 256)]
+)
+def test_a_query_has_the_same_bits_alone_and_in_random_crowds(seed, block) -> None:
+    tails = probed_tails(block)
     pool = Pool(seed=seed)
     alone = {}
     for seq, n in enumerate(LENGTHS):
-        alone.update(run_step(pool, [(seq, 0, n)], tails_here))
+        alone.update(run_step(pool, [(seq, 0, n)], tails, block=block))
     rng = random.Random(seed)
     for step in random_steps(rng):
-        for key, row in run_step(pool, step, tails_here).items():
+        for key, row in run_step(pool, step, tails, block=block).items():
             assert torch.equal(row, alone[key]), f"seed {seed}: {key} differs in step {step}"
 
 
@@ -226,16 +251,18 @@ def test_the_plan_splits_long_queries_into_blocks_and_shares_whole_prefix_blocks
     assert (calls[4].mask[:, 0, 0] == 0).sum(dim=1).tolist() == [76, 89]
 
 
-def test_decodes_sharing_whole_blocks_have_their_bits_alone(tails_here) -> None:
+@pytest.mark.parametrize("block", [512, 64])
+def test_decodes_sharing_whole_blocks_have_their_bits_alone(block) -> None:
+    tails = probed_tails(block)
     pool = Pool(seed=7)
     alone = {}
     for seq, n in enumerate(LENGTHS):
-        alone.update(run_step(pool, [(seq, 0, n)], tails_here))
+        alone.update(run_step(pool, [(seq, 0, n)], tails, block=block))
     rng = random.Random(7)
     calls: list = []
     for _ in range(12):  # every sequence decodes at once, within its last 200 positions
         step = [(seq, n - 1 - rng.randrange(min(n, 200)), 1) for seq, n in enumerate(LENGTHS)]
-        for key, row in run_step(pool, step, tails_here, calls).items():
+        for key, row in run_step(pool, step, tails, calls, block=block).items():
             assert torch.equal(row, alone[key]), f"{key} differs in step {step}"
     shared = [c for c in calls if c.merged and c.tokens > 1]
     assert len(shared) >= 12  # every step shares block 0 of 1100 and 1500, some block 1
@@ -276,3 +303,127 @@ def test_the_probe_keeps_only_tails_with_the_full_blocks_bits(monkeypatch) -> No
     monkeypatch.setattr(flash_probe, "flash_kernel", lambda: chunked)
     tails = invariant_tails(DIM, KV_HEADS, torch.float32)
     assert tails is not None and 448 not in tails and 512 in tails
+
+
+def decode_step(tables: np.ndarray, positions: list[int]) -> StepArrays:
+    """One decode per row of `tables`, at `positions`."""
+    n = len(positions)
+    return StepArrays(
+        *(np.zeros(n, dtype=np.int64),) * 4,
+        token_start=np.arange(n),
+        num_tokens=np.ones(n, dtype=np.int64),
+        context_start=np.array(positions),
+        page_tables=tables,
+        decodes=np.arange(n),
+        longest_context=max(positions) + 1,
+    )
+
+
+def test_short_shared_prefixes_are_read_once_in_short_blocks() -> None:
+    """Eight decodes at 320..348 sharing a 288-token prefix (18 pages): in 512-key blocks
+    each reads its own 384 keys; in 64-key blocks blocks 0-3 (256 prefix keys) are one
+    element each with all eight queries, and each decode reads only blocks 4 and 5."""
+    rng = np.random.default_rng(3)
+    tables = np.zeros((8, 24), dtype=np.int64)
+    tables[:, :22] = rng.permutation(np.arange(1, 200))[: 8 * 22].reshape(8, 22)
+    tables[:, :18] = tables[0, :18]
+    positions = [320 + 4 * i for i in range(8)]
+    step = decode_step(tables, positions)
+    staging = HostStaging("cpu")
+
+    def plan(block):
+        tails = tuple(t for t in MEASURED_TAILS if t <= block)
+        rules = FlashRules(GROUP, tails, block)
+        return plan_flash_step(step, PAGE, rules, torch.float32, staging)
+
+    calls, merge = plan(512)
+    assert merge is None and [(c.keys, c.elements, c.tokens) for c in calls] == [(384, 8, 1)]
+    calls, merge = plan(64)
+    assert merge.blocks == 6 and merge.rows.tolist() == list(range(8))
+    shared = [c for c in calls if c.tokens > 1]
+    assert [(c.keys, c.elements, c.tokens, c.query_rows) for c in shared] == [(64, 4, 8, 24)]
+    assert shared[0].page_tables.tolist() == tables[0, :16].reshape(4, 4).tolist()
+    assert (shared[0].mask == 0).all()
+    own = sorted((c.keys, c.elements) for c in calls if c.tokens == 1)
+    assert own == [(64, 16)]  # block 4 (pages 16-19, two of them own) and the tail
+    assert sum(c.elements * c.keys for c in calls) == 4 * 64 + 8 * 128  # 3,072 at 512
+    assert_each_block_once(step, calls, merge, block=64)
+    # sharing off (the cascade off: the memory plan's worst decode step): each decode reads
+    # its own blocks, as when no pages are shared
+    rules = FlashRules(GROUP, tuple(t for t in MEASURED_TAILS if t <= 64), 64)
+    calls, merge = plan_flash_step(step, PAGE, rules, torch.float32, staging, share=False)
+    assert all(c.tokens == 1 for c in calls)
+    assert sum(c.elements * c.keys for c in calls) == 8 * 6 * 64
+    assert_each_block_once(step, calls, merge, block=64)
+
+
+def test_below_float32_the_probe_keeps_the_kernels_own_block() -> None:
+    """A bfloat16 block's output is rounded before the fold: only 512-key blocks, whose
+    contexts under 512 keys are one call, as transformers' attention over the whole prompt."""
+    assert flash_probe.block_candidates(torch.float32) == (64, 128, 256, 512)
+    assert flash_probe.block_candidates(torch.bfloat16) == (512,)
+    assert flash_probe.block_candidates(torch.float16) == (512,)
+    found = probe_flash_block(DIM, KV_HEADS, torch.bfloat16, PAGE)
+    assert found is None or found[0] == 512
+
+
+# (sequence, first pages it takes from sequence 2): prefixes of 288 tokens (across the
+# 256-key boundary), 64 (exactly one 64-key block), 128, 144 and 48 (under one 64-key block)
+SHORT_PREFIXES = {3: 18, 4: 4, 5: 8, 6: 9, 7: 3}
+
+
+@pytest.mark.parametrize("block", [64, 128])
+def test_short_shared_prefixes_have_their_bits_alone_in_crowds(block) -> None:
+    """Prefixes around the short blocks' boundaries, shared by decodes (read once) and by
+    chunked prefills: every row's bits alone."""
+    tails = probed_tails(block)
+    pool = Pool(seed=11)
+    for seq, pages in SHORT_PREFIXES.items():
+        pool.tables[seq][:pages] = pool.tables[2][:pages]
+    alone = {}
+    for seq, n in enumerate(LENGTHS):
+        alone.update(run_step(pool, [(seq, 0, n)], tails, block=block))
+    rng = random.Random(11)
+    calls: list = []
+    steps = [
+        [(seq, min(n, 300) - 1 - rng.randrange(min(n, 40)), 1) for seq, n in enumerate(LENGTHS)]
+        for _ in range(4)
+    ] + random_steps(rng)
+    for step in steps:
+        for key, row in run_step(pool, step, tails, calls, block=block).items():
+            assert torch.equal(row, alone[key]), f"{key} differs in step {step}"
+    assert any(c.merged and c.tokens > 1 and c.keys == block for c in calls[:20])
+
+
+def test_the_probe_picks_the_shortest_block_that_keeps_the_rules(monkeypatch) -> None:
+    real = flash_kernel()
+
+    def short_calls_uneven(q, k, v, **kwargs):  # small calls over 64 keys come out otherwise
+        out, lse = real(q, k, v, **kwargs)
+        if k.shape[2] == 64 and q.shape[2] < 16:
+            out = out + 1e-6
+        return out, lse
+
+    monkeypatch.setattr(flash_probe, "flash_kernel", lambda: short_calls_uneven)
+    found = probe_flash_block(DIM, KV_HEADS, torch.float32, PAGE)
+    if found is None or invariant_tails(DIM, KV_HEADS, torch.float32, 128) is None:
+        pytest.skip("this CPU's kernel keeps no 128-key block: nothing to choose between")
+    assert found[0] == 128 and found[1] == invariant_tails(DIM, KV_HEADS, torch.float32, 128)
+    assert found[1][-1] == 128
+
+
+@pytest.mark.parametrize("page", [16, 128, 24])
+def test_the_probe_takes_the_first_candidate_of_whole_pages_that_passes(page) -> None:
+    """The block is a function of the shapes, dtype, pages and machine alone: the first of
+    the candidates (shortest first) that holds whole pages and passes."""
+    want = next(
+        (
+            (b, t)
+            for b in flash_probe.block_candidates(torch.float32)
+            if b % page == 0 and (t := invariant_tails(DIM, KV_HEADS, torch.float32, b))
+        ),
+        None,
+    )
+    assert probe_flash_block(DIM, KV_HEADS, torch.float32, page) == want
+    if page == 24:
+        assert want is None
