@@ -33,8 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from conftest import build_tiny_tokenizer
-from vision_kit import IMAGE_TOKEN, VISION_CHAT_TEMPLATE, image_message, random_image
+from vision_kit import image_message, random_image, save_llava
 
 from astrai_batch.engine import (
     EngineConfig,
@@ -51,28 +50,10 @@ PATCH = 32
 
 def save_bench_llava(path: Path, seed: int = 0) -> Path:
     """The benchmark's LLaVA (see the module docstring) and its processor, saved to `path`."""
-    from transformers import (
-        CLIPImageProcessor,
-        CLIPVisionConfig,
-        LlamaConfig,
-        LlavaConfig,
-        LlavaForConditionalGeneration,
-        LlavaProcessor,
+    vision = dict(
+        hidden_size=384, intermediate_size=1536, num_hidden_layers=6, num_attention_heads=6
     )
-
-    tokenizer = build_tiny_tokenizer()
-    tokenizer.add_special_tokens({"additional_special_tokens": [IMAGE_TOKEN]})
-    tokenizer.chat_template = VISION_CHAT_TEMPLATE
-    vision = CLIPVisionConfig(
-        hidden_size=384,
-        intermediate_size=1536,
-        num_hidden_layers=6,
-        num_attention_heads=6,
-        image_size=IMAGE_SIZE,
-        patch_size=PATCH,
-        projection_dim=384,
-    )
-    text = LlamaConfig(
+    text = dict(
         vocab_size=49152,
         hidden_size=576,
         intermediate_size=1536,
@@ -80,36 +61,10 @@ def save_bench_llava(path: Path, seed: int = 0) -> Path:
         num_attention_heads=9,
         num_key_value_heads=3,
         max_position_embeddings=2048,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
         tie_word_embeddings=True,
+        initializer_range=0.02,  # transformers' default, not the tiny tests' wide one
     )
-    config = LlavaConfig(
-        vision_config=vision,
-        text_config=text,
-        image_token_id=tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
-        vision_feature_layer=-2,
-        vision_feature_select_strategy="default",
-        projector_hidden_act="gelu",
-    )
-    config.architectures = ["LlavaForConditionalGeneration"]
-    torch.manual_seed(seed)
-    LlavaForConditionalGeneration(config).to(torch.float32).save_pretrained(path)
-    processor = LlavaProcessor(
-        image_processor=CLIPImageProcessor(
-            size={"shortest_edge": IMAGE_SIZE},
-            crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE},
-        ),
-        tokenizer=tokenizer,
-        patch_size=PATCH,
-        vision_feature_select_strategy="default",
-        chat_template=VISION_CHAT_TEMPLATE,
-        num_additional_image_tokens=1,
-    )
-    processor.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+    return save_llava(path, vision, text, IMAGE_SIZE, PATCH, seed)
 
 
 def job_rows(rows: int, images: int) -> list[tuple[int, str]]:

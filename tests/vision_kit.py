@@ -30,6 +30,21 @@ def save_tiny_llava(path: Path, seed: int = 7) -> Path:
     """A LLaVA: a 2-layer CLIP vision tower (32x32 images, 8x8 patches) and the tiny Llama
     decoder, random weights; its LlavaProcessor (CLIP image processor + the fixture
     tokenizer with <image> added) saved beside."""
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2)
+    return save_llava(path, vision, None, IMAGE_SIZE, PATCH, seed)
+
+
+def save_llava(
+    path: Path,
+    vision: dict,
+    text: dict | None,
+    image_size: int,
+    patch: int,
+    seed: int,
+) -> Path:
+    """A LLaVA of the given CLIP tower sizes (`vision`: hidden, intermediate, layers, heads)
+    and Llama decoder (`text`: LlamaConfig arguments over the tiny decoder's; None: the tiny
+    decoder), random weights, its processor (the fixture tokenizer with <image> added)."""
     from transformers import (
         CLIPImageProcessor,
         CLIPVisionConfig,
@@ -42,18 +57,12 @@ def save_tiny_llava(path: Path, seed: int = 7) -> Path:
     tokenizer = build_tiny_tokenizer()
     tokenizer.add_special_tokens({"additional_special_tokens": [IMAGE_TOKEN]})
     tokenizer.chat_template = VISION_CHAT_TEMPLATE
-    vision = CLIPVisionConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        image_size=IMAGE_SIZE,
-        patch_size=PATCH,
-        projection_dim=32,
+    tower = CLIPVisionConfig(
+        **vision, image_size=image_size, patch_size=patch, projection_dim=vision["hidden_size"]
     )
     config = LlavaConfig(
-        vision_config=vision,
-        text_config=LlamaConfig(**tiny_config_kwargs(tokenizer)),
+        vision_config=tower,
+        text_config=LlamaConfig(**{**tiny_config_kwargs(tokenizer), **(text or {})}),
         image_token_id=tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
         vision_feature_layer=-2,
         vision_feature_select_strategy="default",
@@ -64,12 +73,12 @@ def save_tiny_llava(path: Path, seed: int = 7) -> Path:
     model = LlavaForConditionalGeneration(config).to(torch.float32)
     model.save_pretrained(path)
     image_processor = CLIPImageProcessor(
-        size={"shortest_edge": IMAGE_SIZE}, crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}
+        size={"shortest_edge": image_size}, crop_size={"height": image_size, "width": image_size}
     )
     processor = LlavaProcessor(
         image_processor=image_processor,
         tokenizer=tokenizer,
-        patch_size=PATCH,
+        patch_size=patch,
         vision_feature_select_strategy="default",
         chat_template=VISION_CHAT_TEMPLATE,
         num_additional_image_tokens=1,
