@@ -4,6 +4,8 @@ processor output."""
 
 from __future__ import annotations
 
+import base64
+import io
 from pathlib import Path
 
 import numpy as np
@@ -129,3 +131,10 @@ def hf_vlm_greedy(model_dir: Path, inputs: list[dict], max_new_tokens: int) -> l
             )
             outputs.append(out[0, batch["input_ids"].shape[1] :].tolist())
     return outputs
+
+
+def png_data_url(image) -> str:
+    """A PIL image as a `data:image/png;base64,...` URL (what OpenAI image parts carry)."""
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()

@@ -6,14 +6,13 @@ one-line error and the job goes on; the stats count one vision-tower run per dis
 from __future__ import annotations
 
 import base64
-import io
 import json
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 from jobs.jobkit import run_cli, write_jsonl
-from vision_kit import TOKENS_PER_IMAGE, hf_vlm_greedy, random_image, save_tiny_llava
+from vision_kit import TOKENS_PER_IMAGE, hf_vlm_greedy, png_data_url, random_image, save_tiny_llava
 
 MAX_TOKENS = 6
 
@@ -21,12 +20,6 @@ MAX_TOKENS = 6
 @pytest.fixture(scope="module")
 def llava_dir(tmp_path_factory) -> Path:
     return save_tiny_llava(tmp_path_factory.mktemp("llava"))
-
-
-def data_url(image) -> str:
-    buffer = io.BytesIO()
-    image.save(buffer, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
 def chat_line(custom_id: str, question: str, url: str | None) -> dict:
@@ -62,10 +55,10 @@ def test_openai_image_lines_run_exactly_and_a_broken_image_fails_its_row(llava_d
     other.save(local)
     broken = "data:image/png;base64," + base64.b64encode(b"\x89PNG but not really").decode()
     rows = [
-        ("same-1", "What is shown?", data_url(photo), photo),
+        ("same-1", "What is shown?", png_data_url(photo), photo),
         ("local", "Describe the picture.", str(local), other),
         ("broken", "What is shown?", broken, None),
-        ("same-2", "What is shown? Answer briefly.", data_url(photo), photo),
+        ("same-2", "What is shown? Answer briefly.", png_data_url(photo), photo),
         ("text", "Just text, no picture.", None, None),
     ]
     source = write_jsonl(tmp_path / "in.jsonl", [chat_line(c, q, u) for c, q, u, _ in rows])

@@ -6,14 +6,12 @@ vision tower, fails those rows with a line naming that limitation while text row
 
 from __future__ import annotations
 
-import base64
-import io
 import json
 from pathlib import Path
 
 import pytest
 from jobs.jobkit import engine_args, read_rows, run_cli, write_jsonl
-from vision_kit import processed, random_image, save_tiny_llava
+from vision_kit import png_data_url, processed, random_image, save_tiny_llava
 
 PAGE = 16
 
@@ -23,16 +21,10 @@ def llava_dir(tmp_path_factory) -> Path:
     return save_tiny_llava(tmp_path_factory.mktemp("llava"))
 
 
-def data_url(image) -> str:
-    buffer = io.BytesIO()
-    image.save(buffer, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
-
-
 def chat(custom_id: str, question: str, image=None) -> dict:
     content = [{"type": "text", "text": question}]
     if image is not None:
-        content.insert(0, {"type": "image_url", "image_url": {"url": data_url(image)}})
+        content.insert(0, {"type": "image_url", "image_url": {"url": png_data_url(image)}})
     return {
         "custom_id": custom_id,
         "method": "POST",
