@@ -65,7 +65,8 @@ def gemm_peak(model: torch.nn.Module) -> float:
     On the CPU it is measured in a child process (`spawn`, the same torch thread count): on a
     2-vCPU Sapphire Rapids (torch 2.13, bfloat16) the engine's next runs in a process that had
     merely allocated this measurement's tensors took 24-26 s where they had taken 12-14 s, for
-    reasons not yet found; a bench must not change what it measures."""
+    reasons not yet found; a bench must not change what it measures. (`spawn` re-imports the
+    caller's `__main__`: a script calling this needs an `if __name__ == "__main__"` guard.)"""
     param = next(model.parameters())
     shapes = sorted(set(body_and_head(model)[0]))
     if param.device.type != "cpu":

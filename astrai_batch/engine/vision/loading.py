@@ -13,17 +13,24 @@ from astrai_batch.engine.vision.tower import VisionTower, language_model
 def load_vision_model(location: str, hub: dict[str, Any], weights: dict[str, Any]):
     """(the language model as a causal LM, its `VisionTower`). The processor is None when the
     model directory has none (text prompts still run; image rows are refused)."""
-    from transformers import AutoModelForImageTextToText, AutoProcessor
+    from transformers import AutoModelForImageTextToText
 
     vlm = AutoModelForImageTextToText.from_pretrained(location, **hub, **weights)
     vlm.eval()
     vlm.requires_grad_(False)
-    try:
-        processor = AutoProcessor.from_pretrained(location, **hub)
-    except (OSError, ValueError, TypeError):
-        processor = None
-    if processor is not None and not hasattr(processor, "image_processor"):
-        processor = None  # a tokenizer alone: no image preprocessing saved
+    processor = load_image_processor(location, hub)
     with torch.inference_mode(False):
         lm = language_model(vlm)
     return lm, VisionTower(vlm, processor)
+
+
+def load_image_processor(location: str, hub: dict[str, Any]) -> Any:
+    """The model's processor, or None when it has none that prepares images (a tokenizer
+    alone: text prompts still run; image rows are refused)."""
+    from transformers import AutoProcessor
+
+    try:
+        processor = AutoProcessor.from_pretrained(location, **hub)
+    except (OSError, ValueError, TypeError):
+        return None
+    return processor if hasattr(processor, "image_processor") else None

@@ -75,6 +75,9 @@ class RayExecutor:
     config: JobConfig
     # --task embed: the job's request, its pooling resolved on the driver as a local run does
     embed: EmbedRequest | None = field(default=None, init=False)
+    # a vision model's rows with images: their row error (the workers load no vision tower),
+    # decided once on the driver from the model's config
+    images_refused: str | None = field(default=None, init=False)
 
     def mark(self) -> ExecutorMark:
         return ExecutorMark("ray", self.config.workers, SHARDING_VERSION)
@@ -94,11 +97,12 @@ class RayExecutor:
         tokenizer, tokenizer_source = load_tokenizer(
             config.model, revision=config.revision, trust_remote_code=config.trust_remote_code
         )
+        self.images_refused = ray_images_refused(config, tokenizer_source)
         encoder = PromptEncoder(
             tokenizer,
             config.model,
             chat_template_kwargs=config.chat_template_kwargs,
-            images_refused=ray_images_refused(config, tokenizer_source),
+            images_refused=self.images_refused,
         )
         if source.shape == "messages" and not encoder.has_chat_template:
             raise ConfigError(no_chat_template_message(config.model))
@@ -126,7 +130,8 @@ class RayExecutor:
         with ray_errors_in_one_line():
             owns_ray = start_ray(ray, self.config)
             try:
-                pending = (source, store, before, schema, total_rows, progress, self.embed)
+                pending = (source, store, before, schema, total_rows, progress)
+                pending += (self.embed, self.images_refused)
                 _run_pending(ray, self.config, *pending)
             finally:
                 if owns_ray:
@@ -187,6 +192,7 @@ def _run_pending(
     total_rows: int,
     progress: Progress,
     embed: EmbedRequest | None,
+    images_refused: str | None,
 ) -> None:
     import ray.data
 
@@ -199,7 +205,7 @@ def _run_pending(
     # Ray Data's default of 200 shuffle partitions is sized for large clusters; a partition
     # per CPU keeps a small job from spending its time scheduling empty tasks.
     partitions = max(1, int(cpus))
-    reader = ChunkReader(source, config, chunk_rows, config.model, embed)
+    reader = ChunkReader(source, config, chunk_rows, config.model, embed, images_refused)
     keyed = (
         ray.data.range(chunks, override_num_blocks=chunks)
         .map_batches(reader, batch_size=1, batch_format="pyarrow")

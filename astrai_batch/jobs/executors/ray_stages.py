@@ -80,20 +80,21 @@ class ChunkReader:
     chunk_rows: int
     model_name: str
     embed: EmbedRequest | None = None  # --task embed: the job's request (pooling resolved)
+    images_refused: str | None = None  # rows with images: the driver's `ray_images_refused`
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         from astrai_batch.engine import load_tokenizer
         from astrai_batch.jobs.planning.tokenize import PromptEncoder
 
         config = self.config
-        tokenizer, location = load_tokenizer(
+        tokenizer, _ = load_tokenizer(
             config.model, revision=config.revision, trust_remote_code=config.trust_remote_code
         )
         encoder = PromptEncoder(
             tokenizer,
             self.model_name,
             chat_template_kwargs=config.chat_template_kwargs,
-            images_refused=ray_images_refused(config, location),
+            images_refused=self.images_refused,
         )
         out: list[dict[str, Any]] = []
         for chunk in batch.column("id").to_pylist():

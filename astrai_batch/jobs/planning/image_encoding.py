@@ -77,19 +77,13 @@ def weightless_tower(location: str, trust_remote_code: bool = False) -> Any:
     content ids are the run's; it encodes nothing. None for a text model."""
     from types import SimpleNamespace
 
-    from transformers import AutoProcessor
-
+    from astrai_batch.engine.vision.loading import load_image_processor
     from astrai_batch.engine.vision.tower import VisionTower
 
     config = _vision_config(location, trust_remote_code)
     if config is None:
         return None
-    try:
-        processor = AutoProcessor.from_pretrained(location, trust_remote_code=trust_remote_code)
-    except (OSError, ValueError, TypeError):
-        processor = None
-    if processor is not None and not hasattr(processor, "image_processor"):
-        processor = None  # as the loader: a tokenizer alone prepares no images
+    processor = load_image_processor(location, {"trust_remote_code": trust_remote_code})
     return VisionTower(SimpleNamespace(config=config), processor)
 
 
