@@ -1,15 +1,21 @@
 """What a drawn configuration's job computes beyond plain generation: a task (`--task score`
-or `embed`) and LoRA adapters that rows pick one by one.
+or `embed`), LoRA adapters that rows pick one by one, and images in rows.
 
-Drawn from a stream of its own (`draw_kind`), so the formats, executors and faults each seed
+Drawn from streams of their own (`draw_kind`), so the formats, executors and faults each seed
 drew before these dimensions existed are unchanged. Score and embed run on the local executor
 and write Parquet only, so they are drawn only where the rest allows them; adapters go with
-generation (on either executor, and an OpenAI line picks one by `body.model`).
+generation (on either executor, and an OpenAI line picks one by `body.model`). Images go with
+plain generation on the local executor (Ray refuses image rows), on a tiny LLaVA built once
+beside the test model: rows cycle three images (so the encoder and prefix caches are hit
+across a resume), and some bad rows carry an undecodable image instead of a bad prompt.
 """
 
 from __future__ import annotations
 
+import base64
+import io
 import random
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,9 +27,11 @@ ADAPTER_NAMES = ("a", "b")
 class JobKind:
     task: str = "generate"  # "generate" | "score" | "embed"
     adapters: bool = False  # rows cycle adapter a, the base model, adapter b
+    images: bool = False  # rows carry one of three images, on a tiny LLaVA
 
     def describe(self) -> str:
-        return f"task {self.task}{', LoRA a/base/b' if self.adapters else ''}"
+        extras = (", LoRA a/base/b" if self.adapters else "") + (", images" if self.images else "")
+        return f"task {self.task}{extras}"
 
 
 def draw_kind(seed: int, *, uses_ray: bool, input_format: str, output_format: str) -> JobKind:
@@ -31,7 +39,14 @@ def draw_kind(seed: int, *, uses_ray: bool, input_format: str, output_format: st
     task = "generate"
     if not uses_ray and input_format != "openai" and output_format != "openai-jsonl":
         task = rng.choice(("generate", "generate", "score", "embed"))
-    return JobKind(task, adapters=task == "generate" and rng.random() < 0.3)
+    adapters = task == "generate" and rng.random() < 0.3
+    images = (
+        task == "generate"
+        and not adapters
+        and not uses_ray
+        and random.Random(f"job-images-{seed}").random() < 0.3
+    )
+    return JobKind(task, adapters=adapters, images=images)
 
 
 def adapter_of(index: int) -> str | None:
@@ -48,9 +63,43 @@ def row_fields(kind: JobKind, index: int, prompt: Any) -> dict[str, Any]:
     return fields
 
 
-def kind_args(kind: JobKind, model: Path) -> list[str]:
+def image_png(index: int) -> bytes:
+    """Row `index`'s image: one of three random PNGs (40x50, 48x36, 32x32)."""
+    from vision_kit import random_image
+
+    sizes = ((40, 50), (48, 36), (32, 32))
+    buffer = io.BytesIO()
+    random_image(100 + index % 3, sizes[index % 3]).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+BROKEN_PNG = b"\x89PNG\r\n\x1a\n but not an image"
+
+
+def data_url(data: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(data).decode()
+
+
+def kind_model(kind: JobKind, model: Path) -> Path:
+    """The model a job of `kind` runs: a tiny LLaVA (made once beside `model`) for images."""
+    if not kind.images:
+        return model
+    from vision_kit import save_tiny_llava
+
+    path = model.parent / f"{model.name}-fault-llava"
+    if not (path / "config.json").is_file():
+        temp = model.parent / f".{path.name}.tmp"
+        shutil.rmtree(temp, ignore_errors=True)
+        save_tiny_llava(temp)
+        temp.rename(path)
+    return path
+
+
+def kind_args(kind: JobKind, model: Path, input_format: str) -> list[str]:
     """The job options of `kind` (adapters made once beside the model directory)."""
     args = [] if kind.task == "generate" else ["--task", kind.task]
+    if kind.images and input_format != "openai":  # OpenAI lines name theirs in image_url parts
+        args += ["--image-column", "image"]
     if kind.adapters:
         for name, path in ensure_adapters(model).items():
             args += ["--lora", f"{name}={path}"]

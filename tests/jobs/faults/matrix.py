@@ -18,7 +18,15 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 from hf_layouts import write_saved_dataset
-from jobs.faults.job_kinds import JobKind, adapter_of, draw_kind, row_fields
+from jobs.faults.job_kinds import (
+    BROKEN_PNG,
+    JobKind,
+    adapter_of,
+    data_url,
+    draw_kind,
+    image_png,
+    row_fields,
+)
 
 from astrai_batch.jobs.crash_points import POINTS
 
@@ -184,17 +192,35 @@ def records(matrix: Matrix) -> list[dict[str, Any]]:
     return out
 
 
+def completions_line(matrix: Matrix, index: int) -> bool:
+    """Every fourth OpenAI line is a completions line of two prompts (and has no image)."""
+    return matrix.input_format == "openai" and index % 4 == 1
+
+
+def image_rows(matrix: Matrix) -> tuple[list[int], list[int]]:
+    """An image job's rows with an undecodable image, and its good rows with an image."""
+    several = {i for i in range(matrix.rows) if completions_line(matrix, i)}
+    broken = [i for i in matrix.bad_rows[::2] if i not in several]
+    good = [i for i in range(matrix.rows) if i not in matrix.bad_rows and i not in several]
+    return broken, good
+
+
 def write_input(matrix: Matrix, directory: Path) -> Path:
     """The input in the matrix's format under `directory`; returns INPUT's path."""
     rows = records(matrix)
-    bad = set(matrix.bad_rows)
-    fmt = matrix.input_format
     kind = matrix.kind
+    # an image job's bad rows alternate: an undecodable image beside a good prompt, a bad prompt
+    broken = set(matrix.bad_rows[::2]) if kind.images else set()
+    bad_prompt = set(matrix.bad_rows) - broken
+    fmt = matrix.input_format
     if fmt in ("parquet", *ROW_GROUP_DIRECTORIES):
         fields = [
-            {"id": r["id"], **row_fields(kind, i, None if i in bad else r["prompt"])}
+            {"id": r["id"], **row_fields(kind, i, None if i in bad_prompt else r["prompt"])}
             for i, r in enumerate(rows)
         ]
+        if kind.images:
+            for i, row in enumerate(fields):
+                row["image"] = BROKEN_PNG if i in broken else image_png(i)
         table = pa.Table.from_pylist(fields)
         if fmt == "parquet":
             path = directory / "in.parquet"
@@ -220,24 +246,35 @@ def write_input(matrix: Matrix, directory: Path) -> Path:
         if fmt == "openai":
             # every fourth line a completions line of two prompts: one output line behind
             # two engine requests, finished (and checkpointed) only once both are in
-            several = i % 4 == 1
+            several = completions_line(matrix, i)
+            content: Any = row["prompt"]
+            if kind.images and not several:
+                image = BROKEN_PNG if i in broken else image_png(i)
+                content = [
+                    {"type": "image_url", "image_url": {"url": data_url(image)}},
+                    {"type": "text", "text": row["prompt"]},
+                ]
             body: dict[str, Any] = (
                 {"prompt": [row["prompt"], f"{row['prompt']} Explain."]}
                 if several
-                else {"messages": [{"role": "user", "content": row["prompt"]}]}
+                else {"messages": [{"role": "user", "content": content}]}
             )
             # body.model names an adapter, or is left out (the base model); any other name
             # is a row error (the job serves --model or --served-model-name)
             if kind.adapters and adapter_of(i) is not None:
                 body["model"] = adapter_of(i)
-            if i in bad:
+            if i in bad_prompt or (several and i in broken):
                 body["prompt" if several else "messages"] = 17
             url = "/v1/completions" if several else "/v1/chat/completions"
             lines.append({"custom_id": row["id"], "method": "POST", "url": url, "body": body})
         else:
-            lines.append(
-                {"id": row["id"], **row_fields(kind, i, 17 if i in bad else row["prompt"])}
-            )
+            line = {
+                "id": row["id"],
+                **row_fields(kind, i, 17 if i in bad_prompt else row["prompt"]),
+            }
+            if kind.images:
+                line["image"] = data_url(BROKEN_PNG if i in broken else image_png(i))
+            lines.append(line)
     text = "".join(json.dumps(line) + "\n" for line in lines)
     if fmt == "jsonl.gz":
         path = directory / "in.jsonl.gz"

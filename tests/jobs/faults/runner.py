@@ -25,8 +25,8 @@ from typing import Any
 
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
-from jobs.faults.job_kinds import kind_args
-from jobs.faults.matrix import Matrix, write_input
+from jobs.faults.job_kinds import kind_args, kind_model
+from jobs.faults.matrix import Matrix, image_rows, write_input
 
 from astrai_batch.jobs.crash_points import CRASH_ENV
 
@@ -37,6 +37,7 @@ SENTINEL_TEXT = b"the user's own file: never touched\n"
 REFUSED = "holds rows finished by --executor "
 EXISTS = "already exists; pass --overwrite to replace it"
 OUR_LINES = ("astrai-batch: ", "Error: ")
+UNDECODABLE = "is not an image Pillow can decode"
 
 
 class Mismatch(AssertionError):
@@ -99,9 +100,9 @@ def command(
 ) -> list[str]:
     args = [
         sys.executable, "-m", "astrai_batch.cli", "run", source, output,
-        "--model", str(model), "--kv-cache-memory", "8MiB", "--quiet",
+        "--model", str(kind_model(matrix.kind, model)), "--kv-cache-memory", "8MiB", "--quiet",
         "--output-format", matrix.output_format, "--checkpoint-rows", str(matrix.checkpoint_rows),
-        *kind_args(matrix.kind, model),
+        *kind_args(matrix.kind, model, matrix.input_format),
     ]  # fmt: skip
     if matrix.group_window is not None:
         args += ["--group-window", str(matrix.group_window)]
@@ -165,13 +166,15 @@ def _run(
         matrix.output_format
     ]
     reference = Place(pafs.LocalFileSystem(), str(reference_dir))
-    code, _, err = attempt(
+    code, out, err = attempt(
         command(matrix, model, str(local_input), reference.uri(out_name), "local", None),
         None,
         None,
     )
     if code != 0:
         raise Mismatch(f"the uninterrupted reference run exited {code}: {err.strip()[-400:]}")
+    if matrix.kind.images:
+        _check_images(matrix, json.loads(out.strip().splitlines()[-1]), reference, out_name)
     # The configuration's own place: the input, a file of the user's, then the job.
     inputs = _upload(local_input, place)
     place.write(SENTINEL, SENTINEL_TEXT)
@@ -229,6 +232,19 @@ def _run(
         raise Mismatch("no attempt completed the job")
     _compare(matrix, reference, place, out_name)
     _check_leftovers(matrix, place, out_name, inputs)
+
+
+def _check_images(matrix: Matrix, summary: dict, reference: Place, out_name: str) -> None:
+    """The reference run of an image job really ran its images: one tower run per distinct
+    image of its good rows, and each undecodable image its own row's error."""
+    broken, good = image_rows(matrix)
+    distinct = len({i % 3 for i in good})
+    if summary["images_encoded"] != distinct:
+        raise Mismatch(f"images_encoded {summary['images_encoded']}, expected {distinct}")
+    rows = _normalized(reference, out_name, matrix.output_format)
+    errors = sum(UNDECODABLE in json.dumps(row) for row in rows)
+    if errors != len(broken):
+        raise Mismatch(f"{errors} rows name an undecodable image, expected {len(broken)}")
 
 
 def _check_refusal(err: str, output: str, outcome: Outcome) -> None:

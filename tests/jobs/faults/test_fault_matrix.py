@@ -14,10 +14,11 @@ from jobs.faults.runner import Place, run_matrix
 
 # Drawn once and kept because together they pass every crash point of a local run (crash
 # points only: a timed kill may come after a fast job has finished, so it is the soak's),
-# three input formats, the three output formats, both storages, both tasks beyond
-# generation (5 embeds, 64 scores on S3) and adapters picked per row (3 by an OpenAI line's
-# body.model, 69 by a Parquet column); 33 reads a `datasets` save_to_disk directory (Arrow
-# shards) with bad and repeated rows.
+# four input formats, the three output formats, both storages, both tasks beyond
+# generation (5 embeds, 64 scores on S3) and adapters picked per row (3, by an OpenAI line's
+# body.model); 69 (a Parquet image column) and 33 (a `datasets` save_to_disk directory of
+# Arrow shards with bad and repeated rows, on S3) run images on a tiny LLaVA, undecodable
+# ones among them.
 LOCAL_SEEDS = (3, 5, 40, 64, 69, 33)
 # Three workers on S3: killed after the stats file, resumed from its shards, then killed
 # once the job is done (the rerun is refused as a finished job's)
@@ -62,3 +63,14 @@ def test_the_draw_is_a_function_of_the_seed() -> None:
     assert [draw(seed) for seed in range(50)] == [draw(seed) for seed in range(50)]
     formats = {draw(seed).input_format for seed in range(50)}
     assert formats == {"parquet", "parquet-dir", "datasets-dir", "jsonl", "jsonl.gz", "openai"}
+
+
+def test_images_are_drawn_only_for_local_plain_generation() -> None:
+    drawn = [draw(seed) for seed in range(200)]
+    with_images = [m for m in drawn if m.kind.images]
+    assert 15 <= len(with_images) <= 45  # 0.3 of local generation without adapters
+    assert {m.input_format for m in with_images} == {
+        "parquet", "parquet-dir", "datasets-dir", "jsonl", "jsonl.gz", "openai"
+    }  # fmt: skip
+    for m in with_images:
+        assert not m.uses_ray and m.kind.task == "generate" and not m.kind.adapters, m.describe()
