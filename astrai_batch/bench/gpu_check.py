@@ -41,7 +41,7 @@ from astrai_batch.bench.machine import machine_info
 from astrai_batch.bench.ours import run_ours
 from astrai_batch.bench.peers import BatchSizeChoice, run_hf_generate, run_hf_generate_batch
 from astrai_batch.bench.prompts import BenchPrompts, random_shared_prefix_ids
-from astrai_batch.bench.random_models import TINY, ModelShape, build_model
+from astrai_batch.bench.random_models import GEMMA2_WINDOWED, TINY, ModelShape, build_model
 from astrai_batch.bench.tp_check import tensor_parallel_check
 from astrai_batch.engine.config import EngineConfig
 from astrai_batch.engine.model.loaded import LoadedModel
@@ -70,7 +70,9 @@ def run_gpu_check(
     if "bench_shared_prefix" in only:
         run.step("bench_shared_prefix", lambda: _bench(plan, target))
     if "cuda_graphs" in only:
-        run.step("cuda_graphs", lambda: _graphs(plan, target))
+        run.step("cuda_graphs", lambda: _graphs(plan, target, plan.bench_shape))
+        # windows and softcapping reach the graphed decode's attention per layer and call
+        run.step("cuda_graphs_windowed", lambda: _graphs(plan, target, GEMMA2_WINDOWED))
     if "batch_invariance" in only:
         run.step(
             "batch_invariance",
@@ -262,9 +264,9 @@ def _host(plan: CheckPlan, device: torch.device) -> dict:
     return result
 
 
-def _graphs(plan: CheckPlan, device: torch.device) -> dict:
+def _graphs(plan: CheckPlan, device: torch.device, shape: ModelShape) -> dict:
     return graphs_on_off(
-        plan.bench_shape,
+        shape,
         plan.bench_dtype,
         _shared_prefix_prompts(plan),
         plan.bench_tokens,

@@ -9,6 +9,7 @@ float noise, so token-for-token comparisons test the engine, not rounding.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -38,13 +39,28 @@ class ModelShape:
     num_key_value_heads: int
     max_position_embeddings: int
     initializer_range: float
+    model_type: str = "llama"
+    overrides: tuple[tuple[str, Any], ...] = ()  # config fields beyond a Llama's
 
 
 # The test suite's tiny model; SmolLM2-135M's shape; a Llama-3.2-1B-like shape.
 TINY = ModelShape("tiny", 384, 64, 128, 2, 4, 2, 1024, 0.3)
 SMOLLM2_135M = ModelShape("smollm2-135m-shape", 49152, 576, 1536, 30, 9, 3, 8192, 0.1)
 LLAMA_1B = ModelShape("llama-1b-shape", 32000, 2048, 8192, 16, 32, 8, 8192, 0.05)
-SHAPES = {shape.name: shape for shape in (TINY, SMOLLM2_135M, LLAMA_1B)}
+# the tiny shape as a Gemma 2: every other layer windowed, attention and final softcapping
+GEMMA2_WINDOWED = ModelShape(
+    "gemma2-windowed-tiny",
+    *(384, 64, 128, 2, 4, 2, 1024, 0.3),
+    model_type="gemma2",
+    overrides=(
+        ("head_dim", 16),
+        ("query_pre_attn_scalar", 16),
+        ("sliding_window", 16),
+        ("attn_logit_softcapping", 50.0),
+        ("final_logit_softcapping", 30.0),
+    ),
+)
+SHAPES = {shape.name: shape for shape in (TINY, SMOLLM2_135M, LLAMA_1B, GEMMA2_WINDOWED)}
 
 
 def build_tokenizer(vocab_size: int = TINY.vocab_size):
@@ -78,11 +94,13 @@ def build_tokenizer(vocab_size: int = TINY.vocab_size):
 def build_model(
     shape: ModelShape, *, device: str | torch.device = "cpu", dtype=torch.float32, seed: int = 0
 ) -> LoadedModel:
-    """A randomly initialised Llama of `shape` on `device`, ready for the engine."""
-    from transformers import AutoModelForCausalLM, LlamaConfig
+    """A randomly initialised model of `shape` (a Llama unless it names another type) on
+    `device`, ready for the engine."""
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     tokenizer = build_tokenizer(shape.vocab_size)
-    config = LlamaConfig(
+    config = AutoConfig.for_model(
+        shape.model_type,
         vocab_size=shape.vocab_size,
         hidden_size=shape.hidden_size,
         intermediate_size=shape.intermediate_size,
@@ -95,6 +113,7 @@ def build_model(
         pad_token_id=tokenizer.pad_token_id,
         tie_word_embeddings=False,
         initializer_range=shape.initializer_range,
+        **dict(shape.overrides),
     )
     torch.manual_seed(seed)
     with torch.device(device):

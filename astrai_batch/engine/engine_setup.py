@@ -78,13 +78,6 @@ def assemble_engine(
             )
         backend = "sdpa"
     capture = resolve_cuda_graphs(config.cuda_graphs, param.device, backend=backend)
-    if features.any:  # decode graphs replay full-attention units: such models decode eagerly
-        if config.cuda_graphs:
-            raise ConfigError(
-                "cuda_graphs cannot run this model: the graphed decode does not apply "
-                f"{features.names()}; use --no-cuda-graphs"
-            )
-        capture = static_decode = False
     if loaded.kv_latent:  # the graphed decode reads per-head pages
         if config.cuda_graphs:
             raise ConfigError(

@@ -46,6 +46,7 @@ def test_every_step_wrote_its_file_with_a_verdict(check_dir: Path) -> None:
         "exactness_tiny_bfloat16",
         "bench_shared_prefix",
         "cuda_graphs",
+        "cuda_graphs_windowed",
         "batch_invariance",
         "host_overhead",
         "attention_backends",
@@ -118,6 +119,10 @@ def test_graph_path_gives_the_eager_tokens(check_dir: Path) -> None:
     assert on["captured"] is False and on["captures"] == 0  # CPU: the static path, eager
     assert on["bucketed_steps_all_runs"] > 0
     assert "captured" not in result["graphs_off"]
+    windowed = read(check_dir, "cuda_graphs_windowed")
+    assert windowed["model"] == "gemma2-windowed-tiny"
+    assert windowed["passed"] is True and windowed["same_tokens_rows"] == 4
+    assert windowed["graphs_on"]["bucketed_steps_all_runs"] > 0
 
 
 def test_rows_alone_and_in_a_crowd_have_the_same_logits(check_dir: Path) -> None:

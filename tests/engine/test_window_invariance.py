@@ -168,8 +168,8 @@ def test_the_cuda_kernel_applies_windows_and_softcapping(tmp_path, monkeypatch):
 
 
 def test_paths_that_do_not_apply_the_features_are_refused_in_one_line(tmp_path, monkeypatch):
-    """A named paged kernel, or CUDA graphs asked for, on a windowed softcapped model: one
-    line naming what they lack; `auto` falls back to the engine's own attention."""
+    """A named paged kernel on a windowed softcapped model: one line naming what it lacks;
+    `auto` falls back to the engine's own attention."""
     from astrai_batch.engine import engine_setup
 
     loaded = load_model(save_tiny(tmp_path / "gemma2", *MODELS["gemma2-softcap-window-24"]))
@@ -184,14 +184,8 @@ def test_paths_that_do_not_apply_the_features_are_refused_in_one_line(tmp_path, 
     )
     parts = engine_setup.assemble_engine(loaded, EngineConfig(page_size=8, num_pages=16))
     assert parts.attention_backend == "sdpa" and parts.runner.attention_kernel is None
-    monkeypatch.setattr(engine_setup, "resolve_cuda_graphs", lambda *a, **k: True)
-    with pytest.raises(ConfigError) as err:
-        engine_setup.assemble_engine(
-            loaded, EngineConfig(page_size=8, num_pages=16, cuda_graphs=True)
-        )
-    assert str(err.value) == (
-        "cuda_graphs cannot run this model: the graphed decode does not apply a sliding "
-        "window (24 tokens) and attention logit softcapping (2.0); use --no-cuda-graphs"
+    # the decode graphs apply all three (`runner/test_decode_graphs_features`)
+    parts = engine_setup.assemble_engine(
+        loaded, EngineConfig(page_size=8, num_pages=16), static_decode=True
     )
-    parts = engine_setup.assemble_engine(loaded, EngineConfig(page_size=8, num_pages=16))
-    assert parts.runner.decode_graphs is None  # asked for by no one: eager decodes
+    assert parts.runner.decode_graphs is not None

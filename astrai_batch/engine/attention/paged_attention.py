@@ -106,7 +106,8 @@ def paged_attention(
     sinks = kwargs.get("s_aux")
     if isinstance(batch, WindowPlans):  # the plan for this layer's window (or full)
         batch = batch.plan(window)
-    takes_window = isinstance(batch, InvariantKernelBatch)  # the window comes per call
+    # the window comes per call
+    takes_window = isinstance(batch, (InvariantKernelBatch, StaticDecodeBatch))
     binds = window is not None and window < batch.longest_context
     if binds and not takes_window and window != _window(batch):
         raise RuntimeError(
@@ -114,7 +115,7 @@ def paged_attention(
             f"sequence, and this step's {type(batch).__name__} was planned without it"
         )
     if (softcap is not None or sinks is not None) and not isinstance(
-        batch, (BlockBatch, FlashBlockBatch, InvariantKernelBatch)
+        batch, (BlockBatch, FlashBlockBatch, InvariantKernelBatch, StaticDecodeBatch)
     ):
         raise RuntimeError(
             f"the {type(batch).__name__} attention path applies no sinks or softcapping"
@@ -160,7 +161,7 @@ def paged_attention(
         out = batch.kernel.attend(q, k_cache, v_cache, scale)
         return out.to(q.dtype).unsqueeze(0), None
     if isinstance(batch, StaticDecodeBatch):  # a decode-only step at a graph bucket's shape
-        out = static_decode_attention(q, k_cache, v_cache, batch, scale)
+        out = static_decode_attention(q, k_cache, v_cache, batch, scale, window, softcap, sinks)
         return out.to(q.dtype).unsqueeze(0), None
     kv_heads = k_new.shape[1]
     group = q_heads // kv_heads

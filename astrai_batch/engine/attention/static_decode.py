@@ -14,6 +14,14 @@ layouts, same masked fill, the exact row max, block sums of a fixed length), and
 blocks are added in block order, one addition per block: blocks past a row's last one are
 fully masked, their probabilities are exact zeros, and they add exact zeros. Fast numerics:
 one masked SDPA over the gathered, padded context.
+
+A layer's sliding window, softcap and sinks come with each call (`score_features`), as the
+eager steps get them: the window masks keys at positions <= p - W (the blocks wholly before
+it are then fully masked: exact zeros again, where `block_attention` skips them), the softcap
+is applied to each score before its mask, and a sink joins the row max and adds
+exp(sink - max) to the row's sum after its last block, each as `block_attention` does it; the
+CUDA kernel takes all three as it does in an eager step. All three are per-layer constants,
+so a captured graph replays them.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from astrai_batch.engine.attention.block_attention import NEG
+from astrai_batch.engine.attention.score_features import apply_softcap
 from astrai_batch.engine.numerics.blas_rows import ROWS_AT_LEAST_TWO, RowScheme, pad_gemm_rows
 
 
@@ -56,8 +65,12 @@ def static_decode_attention(
     v_cache: torch.Tensor,
     batch: StaticDecodeBatch,
     scale: float,
+    window: int | None = None,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """q [B, Hq, D] (one query per row) -> [B, Hq, Dv]."""
+    """q [B, Hq, D] (one query per row) -> [B, Hq, Dv]. `window`, `softcap`, `sinks` [Hq]:
+    the layer's (`score_features`), None where it has none."""
     if batch.invariant and batch.invariant_kernel is not None:
         return batch.invariant_kernel(
             q,
@@ -68,13 +81,20 @@ def static_decode_attention(
             batch.token_keys,
             batch.page_size,
             scale,
+            window=window,
+            softcap=softcap,
+            sinks=sinks,
         )
     if batch.invariant:
-        return _blocked(q, k_cache, v_cache, batch, scale)
-    return _padded_sdpa(q, k_cache, v_cache, batch, scale)
+        return _blocked(q, k_cache, v_cache, batch, scale, window, softcap, sinks)
+    if softcap is not None or sinks is not None:
+        return _padded_math(q, k_cache, v_cache, batch, scale, window, softcap, sinks)
+    return _padded_sdpa(q, k_cache, v_cache, batch, scale, window)
 
 
-def _blocked(q, k_cache, v_cache, batch: StaticDecodeBatch, scale: float) -> torch.Tensor:
+def _blocked(
+    q, k_cache, v_cache, batch: StaticDecodeBatch, scale: float, window, softcap, sinks
+) -> torch.Tensor:
     rows, q_heads, head_dim = q.shape
     kv_heads = k_cache.shape[1]
     group = q_heads // kv_heads
@@ -87,9 +107,12 @@ def _blocked(q, k_cache, v_cache, batch: StaticDecodeBatch, scale: float) -> tor
         qg.repeat(blocks, 1, 1, 1), batch.gemm_rows
     )  # [U, Hkv, G', D], as block_attention
     scores = torch.matmul(a, keys.permute(0, 2, 3, 1).to(a.dtype))
-    scores = scores.float()[:, :, :group].mul_(scale)
-    scores.masked_fill_(_key_masked(batch.positions, blocks, block), NEG)
+    scores = apply_softcap(scores.float()[:, :, :group].mul_(scale), softcap)
+    scores.masked_fill_(_key_masked(batch.positions, blocks, block, window), NEG)
     row_max = scores.amax(dim=-1).unflatten(0, (blocks, rows)).amax(dim=0)  # exact, any order
+    if sinks is not None:
+        sink = sinks.detach().float().view(1, kv_heads, group)
+        row_max = torch.maximum(row_max, sink)
     probs = scores.sub_(row_max.repeat(blocks, 1, 1).unsqueeze(-1)).exp_()
     sums = probs.sum(dim=-1)  # [U, Hkv, G]
     p = pad_gemm_rows(probs, batch.gemm_rows)
@@ -103,22 +126,58 @@ def _blocked(q, k_cache, v_cache, batch: StaticDecodeBatch, scale: float) -> tor
     for b in range(blocks):  # block order, one addition per block and row
         total += out[b]
         norm += sums[b]
+    if sinks is not None:  # the sink's column, after the last block
+        norm += (sink - row_max).exp_()
     return total.div_(norm.unsqueeze(-1)).view(rows, q_heads, values)
 
 
-def _padded_sdpa(q, k_cache, v_cache, batch: StaticDecodeBatch, scale: float) -> torch.Tensor:
+def _padded_sdpa(
+    q, k_cache, v_cache, batch: StaticDecodeBatch, scale: float, window: int | None
+) -> torch.Tensor:
     rows, q_heads, head_dim = q.shape
     kv_heads = k_cache.shape[1]
-    width = batch.num_blocks * batch.block_tokens
     qd = q.reshape(rows, kv_heads, q_heads // kv_heads, head_dim)
     kd = _gather(k_cache, batch.page_tables, batch.page_size).transpose(1, 2)
     vd = _gather(v_cache, batch.page_tables, batch.page_size).transpose(1, 2)
-    positions = torch.arange(width, device=q.device)
-    mask = (positions <= batch.positions.unsqueeze(1)).view(rows, 1, 1, width)
+    mask = _visible(batch, window).view(rows, 1, 1, -1)
     out = F.scaled_dot_product_attention(
         qd, kd.to(qd.dtype), vd.to(qd.dtype), attn_mask=mask, scale=scale
     )
     return out.reshape(rows, q_heads, -1)
+
+
+def _padded_math(
+    q, k_cache, v_cache, batch: StaticDecodeBatch, scale: float, window, softcap, sinks
+) -> torch.Tensor:
+    """Fast numerics with a softcap or sinks, which SDPA does not take: the softmax written
+    out as transformers' eager attention writes it (scores, softcap, mask, the sink column)."""
+    rows, q_heads, head_dim = q.shape
+    kv_heads = k_cache.shape[1]
+    group = q_heads // kv_heads
+    qd = q.reshape(rows, kv_heads, group, head_dim)
+    kd = _gather(k_cache, batch.page_tables, batch.page_size).permute(0, 2, 3, 1)
+    vd = _gather(v_cache, batch.page_tables, batch.page_size).transpose(1, 2)
+    scores = apply_softcap(torch.matmul(qd, kd.to(qd.dtype)).float().mul_(scale), softcap)
+    scores.masked_fill_(~_visible(batch, window).view(rows, 1, 1, -1), NEG)
+    if sinks is not None:
+        sink = sinks.detach().float().view(1, kv_heads, group, 1).expand(rows, -1, -1, -1)
+        scores = torch.cat([scores, sink], dim=-1)
+    probs = torch.softmax(scores, dim=-1)
+    if sinks is not None:
+        probs = probs[..., :-1]
+    out = torch.matmul(probs.to(vd.dtype), vd)
+    return out.reshape(rows, q_heads, -1)
+
+
+def _visible(batch: StaticDecodeBatch, window: int | None) -> torch.Tensor:
+    """[B, width] bool: the keys each row's query sees (its own and before, in its window)."""
+    width = batch.num_blocks * batch.block_tokens
+    keys = torch.arange(width, device=batch.positions.device)
+    position = batch.positions.unsqueeze(1)
+    visible = keys <= position
+    if window is not None:
+        visible &= keys > position - window
+    return visible
 
 
 def _block_major(page_tables: torch.Tensor, blocks: int) -> torch.Tensor:
@@ -137,10 +196,16 @@ def _gather(cache: torch.Tensor, tables: torch.Tensor, page_size: int) -> torch.
     return by_page.index_select(0, tables.reshape(-1)).view(rows, pages * page_size, heads, dim)
 
 
-def _key_masked(positions: torch.Tensor, blocks: int, block: int) -> torch.Tensor:
+def _key_masked(
+    positions: torch.Tensor, blocks: int, block: int, window: int | None = None
+) -> torch.Tensor:
     """[W * B, 1, 1, block] bool: key offset k of block w is masked for row i when
-    w * block + k > positions[i] (the units' `masked_keys` of `block_plan`)."""
+    w * block + k > positions[i], or <= positions[i] - window (the units' `masked_keys` of
+    `block_plan`)."""
     starts = torch.arange(blocks, device=positions.device).mul_(block)
     offsets = positions.unsqueeze(0) - starts.unsqueeze(1)  # [W, B]
     keys = torch.arange(block, device=positions.device)
-    return (keys > offsets.unsqueeze(-1)).view(-1, 1, 1, block)
+    masked = keys > offsets.unsqueeze(-1)
+    if window is not None:
+        masked |= keys <= offsets.unsqueeze(-1) - window
+    return masked.view(-1, 1, 1, block)

@@ -90,14 +90,12 @@ class ModelRunner:
             raise ValueError(f"numerics must be one of {NUMERICS}, got {numerics!r}")
         if attention_kernel is not None and numerics != "fast":
             raise ValueError("an attention kernel does not keep invariant numerics: use 'fast'")
-        # sliding windows, sinks, softcapping (`score_features`): the block attention and
-        # CUDA's Triton kernel apply all three, the CPU flash kernel the first two; the
-        # decode graphs and the paged kernels none (the engine leaves them out for such models)
+        # sliding windows, sinks, softcapping (`score_features`): the block attention, the
+        # decode graphs' static attention and CUDA's Triton kernel apply all three, the CPU
+        # flash kernel the first two; the paged kernels none (the engine leaves them out)
         self.features = score_features(model.config)
-        if self.features.any and (graphs is not None or attention_kernel is not None):
-            raise ValueError(
-                f"decode graphs and paged kernels do not apply {self.features.names()}"
-            )
+        if self.features.any and attention_kernel is not None:
+            raise ValueError(f"the paged kernels do not apply {self.features.names()}")
         # this process's query heads: a tensor-parallel rank holds 1/N of the model's, and
         # its attention's rows (and the probes that plan them) are its own heads only
         if query_heads is None:
