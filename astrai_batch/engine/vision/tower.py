@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from transformers import AutoModelForCausalLM
 
@@ -22,13 +23,19 @@ from astrai_batch.engine.vision.encoder_cache import EncoderCache
 from astrai_batch.engine.vision.image_inputs import ImageInput
 
 # vision-language model types the engine runs, each with a tiny random-weight test against
-# transformers (tests/engine/vision/test_llava_exact.py)
+# transformers (tests/engine/vision/test_llava_exact.py); the tower of
+# each is picked by `loading.vision_tower`
 VISION_MODEL_TYPES: frozenset[str] = frozenset({"llava"})
 
 
 class VisionTower:
-    """The vision half of a loaded VLM: its image token, how many placeholders an image
-    takes, the encoder, and the processor that makes its inputs (None when not loaded)."""
+    """The vision half of a loaded VLM, one family's subclass: its image token, how many
+    placeholders each image takes, the encoder, and the processor that makes its inputs
+    (None when not loaded)."""
+
+    # the processor's outputs for an image, besides its pixel_values, that the family needs
+    # (`ImageInput.extras`, in this order)
+    extra_names: tuple[str, ...] = ()
 
     def __init__(self, vlm: Any, processor: Any = None) -> None:
         config = vlm.config
@@ -37,28 +44,31 @@ class VisionTower:
         self.vlm = vlm
         self.processor = processor
         self.image_token_id = int(config.image_token_id)
-        vision = config.vision_config
-        patches = (vision.image_size // vision.patch_size) ** 2
-        # "default" drops the CLS position, "full" keeps it
-        self.tokens_per_image = patches + (config.vision_feature_select_strategy == "full")
 
-    def image_lengths(self, count: int) -> list[int]:
-        """The placeholder count of each of `count` images (LLaVA: fixed by the config)."""
-        return [self.tokens_per_image] * count
+    @staticmethod
+    def causal_lm_class(text_config: Any) -> type:
+        """The causal-LM class that holds the language half (`language_model`)."""
+        return AutoModelForCausalLM._model_mapping[type(text_config)]
 
-    @torch.inference_mode()
+    def image_lengths(self, extras: Sequence[tuple[torch.Tensor, ...]]) -> list[int]:
+        """The placeholder count of each image, from its `extras` (one tuple per image)."""
+        raise NotImplementedError
+
+    def split_processed(self, batch: Any) -> list[tuple[torch.Tensor, tuple[torch.Tensor, ...]]]:
+        """A processor output's images one by one: (pixel_values, extras) each, as the
+        image processor makes them for that image alone."""
+        raise NotImplementedError
+
     def encode(self, image: ImageInput) -> torch.Tensor:
-        """One image's features [placeholders, text hidden size], by the model's own
-        `get_image_features` (vision tower, feature layer and strategy, projector)."""
-        config = self.vlm.config
-        device = self.vlm.lm_head.weight.device
-        out = self.vlm.model.get_image_features(
-            pixel_values=image.pixel_values.to(device),
-            vision_feature_layer=config.vision_feature_layer,
-            vision_feature_select_strategy=config.vision_feature_select_strategy,
-            return_dict=True,
-        )
-        features = torch.cat(list(out.pooler_output), dim=0)
+        """One image's features [placeholders, text hidden size]."""
+        raise NotImplementedError
+
+    def rope_positions(self, chunks: Sequence[Any]) -> np.ndarray | None:
+        """The step's rotary positions where the model's differ from the tokens' positions
+        ([rows, tokens]; M-RoPE), else None (the step's positions serve)."""
+        return None
+
+    def _checked(self, image: ImageInput, features: torch.Tensor) -> torch.Tensor:
         if features.shape[0] != image.length:
             raise ValueError(
                 f"the image encodes to {features.shape[0]} features for {image.length} "
@@ -67,10 +77,45 @@ class VisionTower:
         return features.to(self.vlm.lm_head.weight.dtype)
 
 
-def language_model(vlm: Any) -> torch.nn.Module:
-    """The VLM's decoder and LM head as its text config's causal-LM model, sharing weights."""
+class LlavaTower(VisionTower):
+    """LLaVA: every image is resized to the tower's size, so it takes a fixed count."""
+
+    def __init__(self, vlm: Any, processor: Any = None) -> None:
+        super().__init__(vlm, processor)
+        config = vlm.config
+        vision = config.vision_config
+        patches = (vision.image_size // vision.patch_size) ** 2
+        # "default" drops the CLS position, "full" keeps it
+        self.tokens_per_image = patches + (config.vision_feature_select_strategy == "full")
+
+    def image_lengths(self, extras: Sequence[tuple[torch.Tensor, ...]]) -> list[int]:
+        return [self.tokens_per_image] * len(extras)
+
+    def split_processed(self, batch: Any) -> list[tuple[torch.Tensor, tuple[torch.Tensor, ...]]]:
+        pixels = batch.get("pixel_values", ())
+        return [(pixels[i : i + 1], ()) for i in range(len(pixels))]
+
+    @torch.inference_mode()
+    def encode(self, image: ImageInput) -> torch.Tensor:
+        """By the model's own `get_image_features` (vision tower, feature layer and strategy,
+        projector)."""
+        config = self.vlm.config
+        device = self.vlm.lm_head.weight.device
+        out = self.vlm.model.get_image_features(
+            pixel_values=image.pixel_values.to(device),
+            vision_feature_layer=config.vision_feature_layer,
+            vision_feature_select_strategy=config.vision_feature_select_strategy,
+            return_dict=True,
+        )
+        return self._checked(image, torch.cat(list(out.pooler_output), dim=0))
+
+
+def language_model(vlm: Any, cls: type | None = None) -> torch.nn.Module:
+    """The VLM's decoder and LM head as a causal-LM model (`cls`, by default its text
+    config's), sharing weights."""
     text_config = vlm.config.text_config
-    cls = AutoModelForCausalLM._model_mapping[type(text_config)]
+    if cls is None:
+        cls = AutoModelForCausalLM._model_mapping[type(text_config)]
     with torch.device("meta"):
         lm = cls(text_config)
     lm.model = vlm.model.language_model
