@@ -133,9 +133,9 @@ def engine_prompt(tower, batch: dict) -> tuple[list[int], tuple]:
 
 def hf_vlm_greedy(model_dir: Path, inputs: list[dict], max_new_tokens: int) -> list[list[int]]:
     """transformers `generate` on each processor output alone, greedy, float32."""
-    from transformers import LlavaForConditionalGeneration
+    from transformers import AutoModelForImageTextToText
 
-    model = LlavaForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32).eval()
     outputs = []
     with torch.inference_mode():
         for batch in inputs:

@@ -162,7 +162,7 @@ class ModelRunner:
         adapters = None
         if self.lora is not None:
             adapters = ([c.adapter for c in chunks], [len(c.token_ids) for c in chunks])
-        embeds = None
+        embeds = rope = None
         if self.vision is not None:
             ids = torch.as_tensor(step.token_ids).to(self.device)
             embeds = step_embeddings(
@@ -172,10 +172,15 @@ class ModelRunner:
                 self.encoder_cache,
                 self.vision.image_token_id,
             )
+            rope = self.vision.rope_positions(chunks)  # M-RoPE rows where images are in it
         if self.step_sender is not None:  # the other ranks group the rows by adapter alike
             self.step_sender.send_step(step, None if adapters is None else adapters[0])
         return self.forward_step(
-            step, graphed=extra is None and embeds is None, adapters=adapters, inputs_embeds=embeds
+            step,
+            graphed=extra is None and embeds is None and rope is None,
+            adapters=adapters,
+            inputs_embeds=embeds,
+            rope_positions=rope,
         )
 
     def encoder_counts(self) -> EncoderCounts:
@@ -190,10 +195,13 @@ class ModelRunner:
         graphed: bool = True,
         adapters: tuple[list[int], list[int]] | None = None,
         inputs_embeds: torch.Tensor | None = None,
+        rope_positions: np.ndarray | None = None,
     ) -> ForwardOutput:
         """The forward of a step's arrays (what a tensor-parallel rank receives).
         `adapters`: each chunk's LoRA adapter slot and token count, with adapters installed.
-        `inputs_embeds`: the step's input embeddings, where images are in it (`vision`)."""
+        `inputs_embeds`: the step's input embeddings, where images are in it (`vision`).
+        `rope_positions`: [3, tokens] multimodal rotary positions (Qwen-VL), given to the
+        model under the tokens' own positions as one [4, 1, tokens] tensor."""
         built = self._build_batch(step, graphed)
         timer = ForwardTimer(self.device)
         if callable(built):  # a decode-only step staged for its bucket's graph
@@ -212,9 +220,14 @@ class ModelRunner:
                 if inputs_embeds is None
                 else {"inputs_embeds": inputs_embeds.unsqueeze(0)}
             )
+            if rope_positions is not None:
+                rows = np.concatenate([step.positions[None], rope_positions])
+                positions = self.staging.array(rows.astype(np.int64)).unsqueeze(1)
+            else:
+                positions = positions.unsqueeze(0)
             outputs = self.model(
                 **inputs,
-                position_ids=positions.unsqueeze(0),
+                position_ids=positions,
                 use_cache=False,
                 logits_to_keep=logit_rows,
                 **{BATCH_KWARG: batch},

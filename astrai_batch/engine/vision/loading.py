@@ -8,10 +8,15 @@ from typing import Any
 
 import torch
 
+from astrai_batch.engine.vision.qwen_vl_tower import QwenVLTower
 from astrai_batch.engine.vision.tower import LlavaTower, VisionTower, language_model
 
 # each vision model type's tower (every type in `tower.VISION_MODEL_TYPES`)
-_TOWERS: dict[str, type[VisionTower]] = {"llava": LlavaTower}
+_TOWERS: dict[str, type[VisionTower]] = {
+    "llava": LlavaTower,
+    "qwen2_vl": QwenVLTower,
+    "qwen2_5_vl": QwenVLTower,
+}
 
 
 def tower_class(config: Any) -> type[VisionTower]:
@@ -43,11 +48,12 @@ def load_vision_model(location: str, hub: dict[str, Any], weights: dict[str, Any
 
 def load_image_processor(location: str, hub: dict[str, Any]) -> Any:
     """The model's processor, or None when it has none that prepares images (a tokenizer
-    alone: text prompts still run; image rows are refused)."""
+    alone, or one whose parts need a package not installed, such as Qwen-VL's video
+    processor without torchvision: text prompts still run; image rows are refused)."""
     from transformers import AutoProcessor
 
     try:
         processor = AutoProcessor.from_pretrained(location, **hub)
-    except (OSError, ValueError, TypeError):
+    except (OSError, ValueError, TypeError, ImportError):
         return None
     return processor if hasattr(processor, "image_processor") else None
