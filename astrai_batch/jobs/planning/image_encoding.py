@@ -33,7 +33,8 @@ def encode_image_row(
     if processor is None:
         return (
             f"model {model_name!r} has no image processor saved with it "
-            "(preprocessor_config.json), so its images cannot be prepared"
+            "(preprocessor_config.json), or its processor needs a package not installed "
+            "(Qwen-VL's: torchvision), so its images cannot be prepared"
         )
     try:
         check_image_count(len(refs), limits)

@@ -10,12 +10,22 @@ import pytest
 import torch
 from invariance_kit import assert_same_rows, run_capturing
 from qwen_vl_kit import qwen_vl_processor, save_tiny_qwen_vl
-from vision_kit import engine_prompt, hf_vlm_greedy, processed, random_image
+from vision_kit import (
+    engine_prompt,
+    hf_vlm_greedy,
+    image_message,
+    png_data_url,
+    processed,
+    random_image,
+)
 
 from astrai_batch.engine import EngineConfig, GenerationRequest, SamplingParams, generate_sync
 from astrai_batch.engine.core import EngineCore
 from astrai_batch.engine.model.loader import load_model
 from astrai_batch.engine.runner.scheduled_chunk import ScheduledChunk
+from astrai_batch.engine.vision.qwen_vl_tower import QwenVLTower
+from astrai_batch.io.image_sources import ImageLimits, ImageRef
+from astrai_batch.jobs.planning.image_encoding import encode_image_row
 
 MAX_NEW = 8
 
@@ -141,3 +151,27 @@ def test_text_only_steps_keep_plain_positions(qwen_vl):
     model's path, decode graphs allowed)."""
     _, loaded, _ = qwen_vl
     assert loaded.vision.rope_positions([ScheduledChunk([5, 6, 7], 4, (), True)]) is None
+
+
+def test_a_jobs_image_row_is_the_processors_prompt_and_runs_exactly(qwen_vl):
+    """A chat row's images as a job prepares them (each image through the image processor
+    alone, its grid kept beside its pixels, pixels loaded again when the request arrives):
+    the processor's token ids, each image's own placeholder count, and transformers'
+    tokens. (The loaded model has no processor here: transformers' Qwen-VL processor
+    needs torchvision for its video part; the test's processor is the same class without
+    it.)"""
+    model_dir, loaded, processor = qwen_vl
+    tower = QwenVLTower(loaded.vision.vlm, processor)
+    images = [random_image(5, (100, 60)), random_image(6, (24, 56))]
+    text = processor.apply_chat_template(image_message("Compare.", 2), add_generation_prompt=True)
+    refs = [ImageRef(url=png_data_url(image)) for image in images]
+    encoded = encode_image_row(tower, "tiny", text, refs, ImageLimits())
+    assert not isinstance(encoded, str), encoded
+    ids, inputs = encoded
+    reference = processed(processor, "Compare.", images)
+    assert [tower.image_token_id if t < 0 else t for t in ids] == reference["input_ids"][0].tolist()
+    assert [image.length for image in inputs] == [24, 8]
+    assert all(image.pixel_values is None for image in inputs)  # loaded by the engine
+    request = GenerationRequest(0, ids, SamplingParams(max_tokens=MAX_NEW), images=inputs)
+    results, _ = generate_sync(loaded, [request], EngineConfig(page_size=8, num_pages=64))
+    assert [list(results[0].token_ids)] == hf_vlm_greedy(model_dir, [reference], MAX_NEW)
