@@ -73,6 +73,12 @@ class QwenVLTower(VisionTower):
             return None
         parts = []
         for chunk in chunks:
-            images = [(image.offset, *self.grid(image.extras)) for image in chunk.images]
-            parts.append(mrope_positions(images, chunk.start, len(chunk.token_ids)))
+            count = len(chunk.token_ids)
+            grids = [(image.offset, *self.grid(image.extras)) for image in chunk.images]
+            if not grids or chunk.images[-1].end <= chunk.start:  # decode: text after them all
+                shift = sum(max(h, w) - t * h * w for _, t, h, w in grids)
+                first = chunk.start + shift
+                parts.append(np.tile(np.arange(first, first + count, dtype=np.int64), (3, 1)))
+            else:
+                parts.append(mrope_positions(grids, chunk.start, count))
         return np.concatenate(parts, axis=1)

@@ -140,7 +140,9 @@ def test_mrope_positions_equal_transformers_get_rope_index(qwen_vl):
         for cut in (1, 7, inputs[0].offset + 5, length - 1):
             chunks = [
                 ScheduledChunk(ids[:cut], 0, (), False, images=inputs),
-                ScheduledChunk([*ids[cut:], 0, 0, 0], cut, (), True, images=inputs),
+                ScheduledChunk(ids[cut:], cut, (), True, images=inputs),
+                ScheduledChunk([0, 0], length, (), True, images=inputs),  # decode
+                ScheduledChunk([0], length + 2, (), True, images=inputs),
             ]
             got = loaded.vision.rope_positions(chunks)
             assert torch.equal(torch.from_numpy(got), want), cut
