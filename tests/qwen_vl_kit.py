@@ -25,15 +25,17 @@ QWEN_VL_CHAT_TEMPLATE = (
 
 
 def save_tiny_qwen_vl(path: Path, model_type: str, seed: int = 7) -> Path:
-    """A Qwen2-VL ("qwen2_vl") or Qwen2.5-VL ("qwen2_5_vl"): a 2-block vision tower (8x8
-    patches, 2x2 merge) and a 2-layer decoder with M-RoPE, random weights; the fixture
-    tokenizer with Qwen's vision tokens and an image processor of small min/max pixels
-    saved beside."""
+    """A Qwen2-VL ("qwen2_vl"), Qwen2.5-VL ("qwen2_5_vl") or Qwen3-VL ("qwen3_vl"): a
+    2-block vision tower (8x8 patches, 2x2 merge) and a 2-layer decoder with M-RoPE, random
+    weights; the fixture tokenizer with Qwen's vision tokens and an image processor of small
+    min/max pixels saved beside."""
     from transformers import (
         Qwen2_5_VLConfig,
         Qwen2_5_VLForConditionalGeneration,
         Qwen2VLConfig,
         Qwen2VLForConditionalGeneration,
+        Qwen3VLConfig,
+        Qwen3VLForConditionalGeneration,
     )
 
     tokenizer = qwen_vl_tokenizer()
@@ -51,6 +53,19 @@ def save_tiny_qwen_vl(path: Path, model_type: str, seed: int = 7) -> Path:
     if model_type == "qwen2_vl":
         vision = dict(depth=2, embed_dim=32, hidden_size=64, mlp_ratio=2, **common)
         config_cls, model_cls = Qwen2VLConfig, Qwen2VLForConditionalGeneration
+    elif model_type == "qwen3_vl":  # DeepStack features from both blocks; interleaved M-RoPE
+        vision = dict(
+            depth=2,
+            hidden_size=32,
+            intermediate_size=64,
+            out_hidden_size=64,
+            num_position_embeddings=64,
+            deepstack_visual_indexes=[0, 1],
+            initializer_range=0.3,  # DeepStack features large enough to move the tokens
+            **common,
+        )
+        text["rope_parameters"] |= {"mrope_section": [4, 2, 2], "mrope_interleaved": True}
+        config_cls, model_cls = Qwen3VLConfig, Qwen3VLForConditionalGeneration
     else:  # windowed attention in block 0, full in block 1
         vision = dict(
             depth=2,
@@ -106,10 +121,14 @@ def qwen_vl_processor(model_type: str):
     which needs torchvision (not installed here): this one is the same class with images and
     text only, so its `__call__` (placeholders per image grid, mm_token_type_ids) is
     transformers'."""
-    from transformers import Qwen2_5_VLProcessor, Qwen2VLProcessor
+    from transformers import Qwen2_5_VLProcessor, Qwen2VLProcessor, Qwen3VLProcessor
     from transformers.processing_utils import ProcessorMixin
 
-    base = Qwen2VLProcessor if model_type == "qwen2_vl" else Qwen2_5_VLProcessor
+    base = {
+        "qwen2_vl": Qwen2VLProcessor,
+        "qwen2_5_vl": Qwen2_5_VLProcessor,
+        "qwen3_vl": Qwen3VLProcessor,
+    }[model_type]
 
     class ImageTextProcessor(base):
         def __init__(self, image_processor=None, tokenizer=None, chat_template=None):
@@ -117,6 +136,10 @@ def qwen_vl_processor(model_type: str):
             self.image_token_id = tokenizer.convert_tokens_to_ids(self.image_token)
             self.video_token_id = tokenizer.convert_tokens_to_ids(self.video_token)
             ProcessorMixin.__init__(self, image_processor, tokenizer, chat_template=chat_template)
+            # Qwen3-VL's processor names its image's bracketing tokens too
+            self.vision_start_token, self.vision_end_token = VISION_TOKENS[:2]
+            self.vision_start_token_id = tokenizer.convert_tokens_to_ids(VISION_TOKENS[0])
+            self.vision_end_token_id = tokenizer.convert_tokens_to_ids(VISION_TOKENS[1])
 
     return ImageTextProcessor(
         image_processor(), qwen_vl_tokenizer(), chat_template=QWEN_VL_CHAT_TEMPLATE

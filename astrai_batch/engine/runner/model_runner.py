@@ -46,7 +46,7 @@ from astrai_batch.engine.vision.encoder_cache import (
     EncoderCache,
     EncoderCounts,
 )
-from astrai_batch.engine.vision.tower import VisionTower, step_embeddings
+from astrai_batch.engine.vision.tower import StepImages, VisionTower, step_embeddings
 
 
 @dataclass(frozen=True)
@@ -162,10 +162,10 @@ class ModelRunner:
         adapters = None
         if self.lora is not None:
             adapters = ([c.adapter for c in chunks], [len(c.token_ids) for c in chunks])
-        embeds = rope = None
+        images = rope = None
         if self.vision is not None:
             ids = torch.as_tensor(step.token_ids).to(self.device)
-            embeds = step_embeddings(
+            images = step_embeddings(
                 chunks,
                 ids,
                 self.model.get_input_embeddings(),
@@ -177,10 +177,11 @@ class ModelRunner:
             self.step_sender.send_step(step, None if adapters is None else adapters[0])
         return self.forward_step(
             step,
-            graphed=extra is None and embeds is None and rope is None,
+            graphed=extra is None and images is None and rope is None,
             adapters=adapters,
-            inputs_embeds=embeds,
+            inputs_embeds=None if images is None else images.embeds,
             rope_positions=rope,
+            deepstack=None if images is None or images.deepstack is None else images,
         )
 
     def encoder_counts(self) -> EncoderCounts:
@@ -196,12 +197,14 @@ class ModelRunner:
         adapters: tuple[list[int], list[int]] | None = None,
         inputs_embeds: torch.Tensor | None = None,
         rope_positions: np.ndarray | None = None,
+        deepstack: StepImages | None = None,
     ) -> ForwardOutput:
         """The forward of a step's arrays (what a tensor-parallel rank receives).
         `adapters`: each chunk's LoRA adapter slot and token count, with adapters installed.
         `inputs_embeds`: the step's input embeddings, where images are in it (`vision`).
         `rope_positions`: [3, tokens] multimodal rotary positions (Qwen-VL), given to the
-        model under the tokens' own positions as one [4, 1, tokens] tensor."""
+        model under the tokens' own positions as one [4, 1, tokens] tensor. `deepstack`: the
+        step's image rows and DeepStack features (Qwen3-VL)."""
         built = self._build_batch(step, graphed)
         timer = ForwardTimer(self.device)
         if callable(built):  # a decode-only step staged for its bucket's graph
@@ -225,6 +228,9 @@ class ModelRunner:
                 positions = self.staging.array(rows.astype(np.int64)).unsqueeze(1)
             else:
                 positions = positions.unsqueeze(0)
+            if deepstack is not None:
+                inputs["visual_pos_masks"] = deepstack.visual_rows.unsqueeze(0)
+                inputs["deepstack_visual_embeds"] = deepstack.deepstack
             outputs = self.model(
                 **inputs,
                 position_ids=positions,

@@ -16,6 +16,7 @@ _TOWERS: dict[str, type[VisionTower]] = {
     "llava": LlavaTower,
     "qwen2_vl": QwenVLTower,
     "qwen2_5_vl": QwenVLTower,
+    "qwen3_vl": QwenVLTower,
 }
 
 

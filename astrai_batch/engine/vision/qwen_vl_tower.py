@@ -1,14 +1,15 @@
-"""Qwen2-VL and Qwen2.5-VL: images of any size, each its own grid of patches, and
-multimodal rotary positions (M-RoPE) for the language model.
+"""Qwen2-VL, Qwen2.5-VL and Qwen3-VL: images of any size, each its own grid of patches,
+and multimodal rotary positions (M-RoPE) for the language model (Qwen3-VL: and DeepStack
+features, `encode`).
 
 An image's placeholder count is its own `image_grid_thw` product over `merge_size^2`, so the
 grid travels with the image (`ImageInput.extras`, keyed with its pixels). The processor
 gives several images as one flat tensor of patches; `split_processed` cuts it per image,
 which is what the image processor makes for each image alone. The language model's decoder
-is Qwen2's with M-RoPE: it runs under `Qwen2ForCausalLM` (no causal-LM class exists for its
-text config), fed each step's positions as (text, temporal, height, width) rows
-(`rope_positions`, `mrope_positions`): row 0 the tokens' own positions, which is what
-transformers' text model takes from a 4-row tensor for packed sequences.
+is Qwen2's (Qwen3's) with M-RoPE: it runs under `Qwen2ForCausalLM` (`Qwen3ForCausalLM`; no
+causal-LM class exists for its text config), fed each step's positions as (text, temporal,
+height, width) rows (`rope_positions`, `mrope_positions`): row 0 the tokens' own positions,
+which is what transformers' text model takes from a 4-row tensor for packed sequences.
 """
 
 from __future__ import annotations
@@ -33,9 +34,11 @@ class QwenVLTower(VisionTower):
 
     @staticmethod
     def causal_lm_class(text_config: Any) -> type:
-        from transformers import Qwen2ForCausalLM
+        import transformers
 
-        return Qwen2ForCausalLM
+        # Qwen2-VL's and Qwen2.5-VL's decoder is Qwen2's, Qwen3-VL's Qwen3's (q/k norms)
+        qwen3 = text_config.model_type == "qwen3_vl_text"
+        return transformers.Qwen3ForCausalLM if qwen3 else transformers.Qwen2ForCausalLM
 
     def grid(self, extras: tuple[torch.Tensor, ...]) -> tuple[int, int, int]:
         """(frames, height, width) of the image in merged patches, from its grid_thw."""
@@ -57,14 +60,20 @@ class QwenVLTower(VisionTower):
 
     @torch.inference_mode()
     def encode(self, image: ImageInput) -> torch.Tensor:
-        """By the model's own `get_image_features` (patch embedding, vision blocks, merger)."""
+        """By the model's own `get_image_features` (patch embedding, vision blocks, merger).
+        Qwen3-VL's DeepStack features follow in the same rows ([placeholders, hidden x (1 +
+        DeepStack layers)]: one tensor per image in the encoder cache; `step_embeddings`
+        splits them)."""
         device = self.vlm.lm_head.weight.device
         out = self.vlm.model.get_image_features(
             pixel_values=image.pixel_values.to(device),
             image_grid_thw=image.extras[0].to(device),
             return_dict=True,
         )
-        return self._checked(image, torch.cat(list(out.pooler_output), dim=0))
+        parts = [torch.cat(list(out.pooler_output), dim=0)]
+        for layer in getattr(out, "deepstack_features", None) or ():
+            parts.append(torch.cat(list(layer), dim=0))
+        return self._checked(image, torch.cat(parts, dim=-1))
 
     def rope_positions(self, chunks: Sequence[Any]) -> np.ndarray | None:
         """[3, tokens]: each chunk's M-RoPE positions; None when no chunk's sequence has an

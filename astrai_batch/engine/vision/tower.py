@@ -13,7 +13,7 @@ in the batch.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -25,7 +25,7 @@ from astrai_batch.engine.vision.image_inputs import ImageInput
 # vision-language model types the engine runs, each with a tiny random-weight test against
 # transformers (tests/engine/vision/test_llava_exact.py, test_qwen_vl_exact.py); the tower of
 # each is picked by `loading.vision_tower`
-VISION_MODEL_TYPES: frozenset[str] = frozenset({"llava", "qwen2_vl", "qwen2_5_vl"})
+VISION_MODEL_TYPES: frozenset[str] = frozenset({"llava", "qwen2_vl", "qwen2_5_vl", "qwen3_vl"})
 
 
 class VisionTower:
@@ -116,8 +116,16 @@ def language_model(vlm: Any, cls: type | None = None) -> torch.nn.Module:
     text_config = vlm.config.text_config
     if cls is None:
         cls = AutoModelForCausalLM._model_mapping[type(text_config)]
+    # a text config of another type (a VLM's text half under a text model's class): the
+    # class's own config of the same values, for the meta skeleton only (its modules are
+    # replaced below; the rope is the text model's own, M-RoPE keys and all)
+    skeleton = text_config
+    if not isinstance(text_config, cls.config_class):
+        values = text_config.to_dict()
+        values.pop("rope_parameters", None)
+        skeleton = cls.config_class(**values)
     with torch.device("meta"):
-        lm = cls(text_config)
+        lm = cls(skeleton)
     lm.model = vlm.model.language_model
     lm.lm_head = vlm.lm_head
     lm.config = text_config
@@ -128,15 +136,28 @@ def language_model(vlm: Any, cls: type | None = None) -> torch.nn.Module:
     return lm
 
 
+class StepImages(NamedTuple):
+    """A step's image inputs: its input embeddings, and for Qwen3-VL's DeepStack (features
+    from inner vision layers added to the first decoder layers' outputs at the image rows)
+    the rows holding image features ([tokens] bool) and each such layer's features for
+    them ([rows, hidden]); None for other models."""
+
+    embeds: torch.Tensor
+    visual_rows: torch.Tensor | None = None
+    deepstack: list[torch.Tensor] | None = None
+
+
 def step_embeddings(
     chunks: Sequence[Any],
     token_ids: torch.Tensor,
     embed: torch.nn.Module,
     cache: EncoderCache,
     image_token_id: int,
-) -> torch.Tensor | None:
+) -> StepImages | None:
     """The packed step's input embeddings where a chunk covers image placeholders (content
-    ids: the features of their image rows), else None (the step runs on token ids)."""
+    ids: the features of their image rows), else None (the step runs on token ids). An
+    image's features wider than the hidden size carry its DeepStack features after the
+    first `hidden` columns (`QwenVLTower.encode`)."""
     spans = []
     base = 0
     for chunk in chunks:
@@ -151,7 +172,17 @@ def step_embeddings(
         return None
     ids = torch.where(token_ids < 0, image_token_id, token_ids)
     embeds = embed(ids)
+    hidden = embeds.shape[-1]
+    deep = []
     for row, image, first, stop in spans:
         features = cache.features(image, finishes=stop == image.length)
-        embeds[row : row + stop - first] = features[first:stop]
-    return embeds
+        embeds[row : row + stop - first] = features[first:stop, :hidden]
+        if features.shape[-1] > hidden:
+            deep.append(features[first:stop, hidden:])
+    if not deep:
+        return StepImages(embeds)
+    rows = torch.zeros(len(ids), dtype=torch.bool, device=embeds.device)
+    for row, _, first, stop in spans:
+        rows[row : row + stop - first] = True
+    stacked = torch.cat(deep).unflatten(-1, (-1, hidden))  # [rows, layers, hidden]
+    return StepImages(embeds, rows, list(stacked.unbind(1)))

@@ -1,8 +1,9 @@
-"""Tiny Qwen2-VL and Qwen2.5-VL run token-exact against transformers `generate` on the same
-processor output, under the default (invariant) numerics: images of different sizes (each
-its own grid and placeholder count), two images in a row, text after them, prefills split
-mid-image; batch-invariant (a row's logits the same bits alone as in a crowd); a repeated
-image served from the prefix cache with its M-RoPE positions intact."""
+"""Tiny Qwen2-VL, Qwen2.5-VL and Qwen3-VL (its DeepStack features too) run token-exact
+against transformers `generate` on the same processor output, under the default
+(invariant) numerics: images of different sizes (each its own grid and placeholder count),
+two images in a row, text after them, prefills split mid-image; batch-invariant (a row's
+logits the same bits alone as in a crowd); a repeated image served from the prefix cache
+with its M-RoPE positions intact."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ from astrai_batch.jobs.planning.image_encoding import encode_image_row
 MAX_NEW = 8
 
 
-@pytest.fixture(scope="module", params=["qwen2_vl", "qwen2_5_vl"])
+@pytest.fixture(scope="module", params=["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
 def qwen_vl(request, tmp_path_factory):
     model_dir = save_tiny_qwen_vl(tmp_path_factory.mktemp(request.param), request.param)
     return model_dir, load_model(model_dir), qwen_vl_processor(request.param)
