@@ -170,7 +170,7 @@ def main() -> None:
             pictures,
             tower.image_token_id,
             args.max_tokens,
-            tower.image_lengths(1),
+            [tower.tokens_per_image],
         )
         preprocess = time.perf_counter() - start
         configs = {
@@ -202,7 +202,7 @@ def main() -> None:
         "images": args.images,
         "max_tokens": args.max_tokens,
         "repeat": args.repeat,
-        "image_tokens_per_image": tower.image_lengths(1)[0],
+        "image_tokens_per_image": tower.tokens_per_image,
         "prompt_tokens_per_row": statistics.median(len(r.prompt_token_ids) for r in requests),
         "preprocess_s": round(preprocess, 3),
         "same_tokens_cached_uncached": last["cached"][0] == last["uncached"][0],

@@ -115,11 +115,27 @@ def processed(processor, question: str, images: list) -> dict:
     return processor(images=images or None, text=prompt, return_tensors="pt")
 
 
+def engine_prompt(tower, batch: dict) -> tuple[list[int], tuple]:
+    """A processor output's prompt as the engine takes it: content ids at each image's
+    placeholders, the images one by one (`VisionTower.split_processed`)."""
+    from astrai_batch.engine.vision.image_inputs import image_prompt
+
+    split = tower.split_processed(batch)
+    extras = [more for _, more in split]
+    return image_prompt(
+        batch["input_ids"][0].tolist(),
+        tower.image_token_id,
+        [pixels for pixels, _ in split],
+        tower.image_lengths(extras),
+        extras=extras,
+    )
+
+
 def hf_vlm_greedy(model_dir: Path, inputs: list[dict], max_new_tokens: int) -> list[list[int]]:
     """transformers `generate` on each processor output alone, greedy, float32."""
-    from transformers import LlavaForConditionalGeneration
+    from transformers import AutoModelForImageTextToText
 
-    model = LlavaForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32).eval()
     outputs = []
     with torch.inference_mode():
         for batch in inputs:

@@ -182,9 +182,11 @@ class EngineCore:
             return None, (), f"model {self.loaded.name!r} takes no images (no vision tower)"
         problem = check_image_prompt(prompt, request.images)
         if problem is None:
-            lengths = tower.image_lengths(len(request.images))
-            if [image.length for image in request.images] != lengths:
-                problem = f"an image takes {lengths[0]} placeholder tokens with this model"
+            lengths = tower.image_lengths([image.extras for image in request.images])
+            for image, length in zip(request.images, lengths, strict=True):
+                if image.length != length:
+                    problem = f"an image takes {length} placeholder tokens with this model"
+                    break
         if problem is not None:
             return None, (), problem
         try:

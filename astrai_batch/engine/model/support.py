@@ -102,8 +102,13 @@ _MULTIMODAL_SUBCONFIGS = ("vision_config", "text_config", "audio_config")
 # Vision-language model types the engine runs: their language model (text_config) on the
 # paged path, checked like a text model, their vision tower by transformers
 # (`engine.vision.tower`); each with a tiny random-weight test against transformers
-# (tests/engine/vision/test_llava_exact.py).
-VISION_MODEL_TYPES: frozenset[str] = frozenset({"llava"})
+# (tests/engine/vision/test_llava_exact.py, test_qwen_vl_exact.py).
+VISION_MODEL_TYPES: frozenset[str] = frozenset({"llava", "qwen2_vl", "qwen2_5_vl", "qwen3_vl"})
+# language models that run only as a vision model's half (no causal-LM class of their own):
+# Qwen2's or Qwen3's decoder with multimodal rotary positions (`engine.vision.qwen_vl_tower`)
+VISION_LANGUAGE_MODEL_TYPES: frozenset[str] = frozenset(
+    {"qwen2_vl_text", "qwen2_5_vl_text", "qwen3_vl_text"}
+)
 
 
 def is_vision_model(config: Any) -> bool:
@@ -134,15 +139,16 @@ def describe_model(config: Any) -> str:
     return f"model type {getattr(config, 'model_type', None)!r}"
 
 
-def unsupported_reason(config: Any) -> str | None:
+def unsupported_reason(config: Any, vision_half: bool = False) -> str | None:
     """Why the engine cannot run this config at any context length, or None when it can.
+    `vision_half`: the config is a vision model's language model.
 
     Specific reasons come before the allow-list so a refused model says what is wrong with it,
     not only that it is missing from the list.
     """
     model_type = getattr(config, "model_type", None)
     if is_vision_model(config):
-        reason = unsupported_reason(config.text_config)
+        reason = unsupported_reason(config.text_config, vision_half=True)
         return None if reason is None else f"its language model is not supported: {reason}"
     if getattr(config, "vision_config", None) is not None:
         return (
@@ -178,7 +184,9 @@ def unsupported_reason(config: Any) -> str | None:
                 f"its latent attention's values are wider than its keys (v_head_dim={v_dim} > "
                 f"qk_nope_head_dim + qk_rope_head_dim = {key_dim})"
             )
-    if model_type not in SUPPORTED_MODEL_TYPES:
+    if model_type not in SUPPORTED_MODEL_TYPES and not (
+        vision_half and model_type in VISION_LANGUAGE_MODEL_TYPES
+    ):
         supported = ", ".join(sorted(SUPPORTED_MODEL_TYPES))
         return f"only these model types are supported: {supported}"
     architectures = getattr(config, "architectures", None) or []

@@ -46,7 +46,7 @@ from astrai_batch.engine.vision.encoder_cache import (
     EncoderCache,
     EncoderCounts,
 )
-from astrai_batch.engine.vision.tower import VisionTower, step_embeddings
+from astrai_batch.engine.vision.tower import StepImages, VisionTower, step_embeddings
 
 
 @dataclass(frozen=True)
@@ -160,20 +160,26 @@ class ModelRunner:
         adapters = None
         if self.lora is not None:
             adapters = ([c.adapter for c in chunks], [len(c.token_ids) for c in chunks])
-        embeds = None
+        images = rope = None
         if self.vision is not None:
             ids = torch.as_tensor(step.token_ids).to(self.device)
-            embeds = step_embeddings(
+            images = step_embeddings(
                 chunks,
                 ids,
                 self.model.get_input_embeddings(),
                 self.encoder_cache,
                 self.vision.image_token_id,
             )
+            rope = self.vision.rope_positions(chunks)  # M-RoPE rows where images are in it
         if self.step_sender is not None:  # the other ranks group the rows by adapter alike
             self.step_sender.send_step(step, None if adapters is None else adapters[0])
         return self.forward_step(
-            step, graphed=extra is None and embeds is None, adapters=adapters, inputs_embeds=embeds
+            step,
+            graphed=extra is None and images is None and rope is None,
+            adapters=adapters,
+            inputs_embeds=None if images is None else images.embeds,
+            rope_positions=rope,
+            deepstack=None if images is None or images.deepstack is None else images,
         )
 
     def encoder_counts(self) -> EncoderCounts:
@@ -188,10 +194,15 @@ class ModelRunner:
         graphed: bool = True,
         adapters: tuple[list[int], list[int]] | None = None,
         inputs_embeds: torch.Tensor | None = None,
+        rope_positions: np.ndarray | None = None,
+        deepstack: StepImages | None = None,
     ) -> ForwardOutput:
         """The forward of a step's arrays (what a tensor-parallel rank receives).
         `adapters`: each chunk's LoRA adapter slot and token count, with adapters installed.
-        `inputs_embeds`: the step's input embeddings, where images are in it (`vision`)."""
+        `inputs_embeds`: the step's input embeddings, where images are in it (`vision`).
+        `rope_positions`: [3, tokens] multimodal rotary positions (Qwen-VL), given to the
+        model under the tokens' own positions as one [4, 1, tokens] tensor. `deepstack`: the
+        step's image rows and DeepStack features (Qwen3-VL)."""
         built = self._build_batch(step, graphed)
         timer = ForwardTimer(self.device)
         if callable(built):  # a decode-only step staged for its bucket's graph
@@ -210,9 +221,17 @@ class ModelRunner:
                 if inputs_embeds is None
                 else {"inputs_embeds": inputs_embeds.unsqueeze(0)}
             )
+            if rope_positions is not None:
+                rows = np.concatenate([step.positions[None], rope_positions])
+                positions = self.staging.array(rows.astype(np.int64)).unsqueeze(1)
+            else:
+                positions = positions.unsqueeze(0)
+            if deepstack is not None:
+                inputs["visual_pos_masks"] = deepstack.visual_rows.unsqueeze(0)
+                inputs["deepstack_visual_embeds"] = deepstack.deepstack
             outputs = self.model(
                 **inputs,
-                position_ids=positions.unsqueeze(0),
+                position_ids=positions,
                 use_cache=False,
                 logits_to_keep=logit_rows,
                 **{BATCH_KWARG: batch},

@@ -29,9 +29,10 @@ _WORDS = 8
 
 @dataclass(frozen=True, eq=False)
 class ImageInput:
-    """One image of a prompt: `pixel_values` (the processor's tensor for this image alone,
-    batch dimension 1), its placeholders at `[offset, offset + length)`, `key` the sha256 of
-    the tensor (`pixel_key`).
+    """One image of a prompt: `pixel_values` (the processor's tensor for this image alone),
+    its placeholders at `[offset, offset + length)`, `extras` the processor's other tensors
+    for it that a model family needs (Qwen-VL: its `image_grid_thw`; held always, they are
+    small), `key` the sha256 of them all (`pixel_key`).
 
     A job keeps only the key and `load` (which makes the tensor again: decode and process)
     while a row waits in its window; the engine loads the pixels when the request arrives
@@ -42,6 +43,7 @@ class ImageInput:
     length: int
     pixel_values: torch.Tensor | None = None
     load: Callable[[], torch.Tensor] | None = None
+    extras: tuple[torch.Tensor, ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.key) != 32:
@@ -64,16 +66,19 @@ class ImageInput:
             return self
         assert self.load is not None
         pixels = self.load()
-        if pixel_key(pixels) != self.key:
+        if pixel_key(pixels, self.extras) != self.key:
             raise ValueError("the image changed after the job first read it")
-        return ImageInput(self.key, self.offset, self.length, pixels)
+        return ImageInput(self.key, self.offset, self.length, pixels, extras=self.extras)
 
 
-def pixel_key(pixel_values: torch.Tensor) -> bytes:
-    """sha256 of a pixel tensor's dtype, shape and values: equal for equal processor outputs."""
-    tensor = pixel_values.detach().to("cpu").contiguous()
-    digest = hashlib.sha256(f"{tensor.dtype}:{tuple(tensor.shape)}:".encode())
-    digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+def pixel_key(pixel_values: torch.Tensor, extras: Sequence[torch.Tensor] = ()) -> bytes:
+    """sha256 of a pixel tensor's dtype, shape and values, then of each extra tensor's: equal
+    for equal processor outputs (without extras, the pixels' digest alone)."""
+    digest = hashlib.sha256()
+    for tensor in (pixel_values, *extras):
+        tensor = tensor.detach().to("cpu").contiguous()
+        digest.update(f"{tensor.dtype}:{tuple(tensor.shape)}:".encode())
+        digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
     return digest.digest()
 
 
@@ -91,12 +96,13 @@ def image_prompt(
     pixel_values: Sequence[torch.Tensor],
     lengths: Sequence[int],
     loaders: Sequence[Callable[[], torch.Tensor]] | None = None,
+    extras: Sequence[tuple[torch.Tensor, ...]] | None = None,
 ) -> tuple[list[int], tuple[ImageInput, ...]]:
     """The engine's prompt for a processor's output: its image token positions, in order,
-    `lengths[i]` consecutive ones per image `pixel_values[i]` (a tensor with batch dimension
-    1), replaced by content ids. With `loaders`, the images keep `loaders[i]` (which make
-    `pixel_values[i]` again) instead of the tensors. Raises ValueError when they do not pair
-    up."""
+    `lengths[i]` consecutive ones per image `pixel_values[i]` (that image's tensor alone),
+    replaced by content ids. `extras[i]`: the image's other processed tensors (none by
+    default). With `loaders`, the images keep `loaders[i]` (which make `pixel_values[i]`
+    again) instead of the tensors. Raises ValueError when they do not pair up."""
     ids = [int(t) for t in token_ids]
     positions = [i for i, t in enumerate(ids) if t == image_token_id]
     if len(positions) != sum(lengths) or len(lengths) != len(pixel_values):
@@ -104,19 +110,22 @@ def image_prompt(
             f"the prompt has {len(positions)} image tokens where {len(pixel_values)} images "
             f"take {sum(lengths)}"
         )
+    if extras is None:
+        extras = [()] * len(pixel_values)
     images = []
     taken = 0
-    for pixels, length in zip(pixel_values, lengths, strict=True):
+    for pixels, length, more in zip(pixel_values, lengths, extras, strict=True):
         start = positions[taken]
         if positions[taken + length - 1] != start + length - 1:
             raise ValueError("an image's placeholder tokens are not consecutive")
         taken += length
-        key = pixel_key(pixels)
+        key = pixel_key(pixels, more)
         ids[start : start + length] = placeholder_ids(key, length)
         if loaders is None:
-            images.append(ImageInput(key, start, length, pixels))
+            images.append(ImageInput(key, start, length, pixels, extras=tuple(more)))
         else:
-            images.append(ImageInput(key, start, length, load=loaders[len(images)]))
+            load = loaders[len(images)]
+            images.append(ImageInput(key, start, length, load=load, extras=tuple(more)))
     return ids, tuple(images)
 
 

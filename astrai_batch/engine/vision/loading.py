@@ -1,5 +1,6 @@
 """Loading a vision-language model: the whole model by transformers' image-text class, its
-processor, then the split into the language model the engine runs and the vision tower."""
+processor, then the split into the language model the engine runs and the vision tower of
+its family (`vision_tower`)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,28 @@ from typing import Any
 
 import torch
 
-from astrai_batch.engine.vision.tower import VisionTower, language_model
+from astrai_batch.engine.vision.qwen_vl_tower import QwenVLTower
+from astrai_batch.engine.vision.tower import LlavaTower, VisionTower, language_model
+
+# each vision model type's tower (every type in `tower.VISION_MODEL_TYPES`)
+_TOWERS: dict[str, type[VisionTower]] = {
+    "llava": LlavaTower,
+    "qwen2_vl": QwenVLTower,
+    "qwen2_5_vl": QwenVLTower,
+    "qwen3_vl": QwenVLTower,
+}
+
+
+def tower_class(config: Any) -> type[VisionTower]:
+    try:
+        return _TOWERS[config.model_type]
+    except KeyError:
+        raise ValueError(f"model type {config.model_type!r} has no vision support") from None
+
+
+def vision_tower(vlm: Any, processor: Any = None) -> VisionTower:
+    """The tower of `vlm`'s family (a config alone will do for `vlm.config`: no encoding)."""
+    return tower_class(vlm.config)(vlm, processor)
 
 
 def load_vision_model(location: str, hub: dict[str, Any], weights: dict[str, Any]):
@@ -19,18 +41,20 @@ def load_vision_model(location: str, hub: dict[str, Any], weights: dict[str, Any
     vlm.eval()
     vlm.requires_grad_(False)
     processor = load_image_processor(location, hub)
+    tower = tower_class(vlm.config)
     with torch.inference_mode(False):
-        lm = language_model(vlm)
-    return lm, VisionTower(vlm, processor)
+        lm = language_model(vlm, tower.causal_lm_class(vlm.config.text_config))
+    return lm, tower(vlm, processor)
 
 
 def load_image_processor(location: str, hub: dict[str, Any]) -> Any:
     """The model's processor, or None when it has none that prepares images (a tokenizer
-    alone: text prompts still run; image rows are refused)."""
+    alone, or one whose parts need a package not installed, such as Qwen-VL's video
+    processor without torchvision: text prompts still run; image rows are refused)."""
     from transformers import AutoProcessor
 
     try:
         processor = AutoProcessor.from_pretrained(location, **hub)
-    except (OSError, ValueError, TypeError):
+    except (OSError, ValueError, TypeError, ImportError):
         return None
     return processor if hasattr(processor, "image_processor") else None

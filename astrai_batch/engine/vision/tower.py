@@ -13,8 +13,9 @@ in the batch.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 from transformers import AutoModelForCausalLM
 
@@ -22,13 +23,19 @@ from astrai_batch.engine.vision.encoder_cache import EncoderCache
 from astrai_batch.engine.vision.image_inputs import ImageInput
 
 # vision-language model types the engine runs, each with a tiny random-weight test against
-# transformers (tests/engine/vision/test_llava_exact.py)
-VISION_MODEL_TYPES: frozenset[str] = frozenset({"llava"})
+# transformers (tests/engine/vision/test_llava_exact.py, test_qwen_vl_exact.py); the tower of
+# each is picked by `loading.vision_tower`
+VISION_MODEL_TYPES: frozenset[str] = frozenset({"llava", "qwen2_vl", "qwen2_5_vl", "qwen3_vl"})
 
 
 class VisionTower:
-    """The vision half of a loaded VLM: its image token, how many placeholders an image
-    takes, the encoder, and the processor that makes its inputs (None when not loaded)."""
+    """The vision half of a loaded VLM, one family's subclass: its image token, how many
+    placeholders each image takes, the encoder, and the processor that makes its inputs
+    (None when not loaded)."""
+
+    # the processor's outputs for an image, besides its pixel_values, that the family needs
+    # (`ImageInput.extras`, in this order)
+    extra_names: tuple[str, ...] = ()
 
     def __init__(self, vlm: Any, processor: Any = None) -> None:
         config = vlm.config
@@ -37,28 +44,31 @@ class VisionTower:
         self.vlm = vlm
         self.processor = processor
         self.image_token_id = int(config.image_token_id)
-        vision = config.vision_config
-        patches = (vision.image_size // vision.patch_size) ** 2
-        # "default" drops the CLS position, "full" keeps it
-        self.tokens_per_image = patches + (config.vision_feature_select_strategy == "full")
 
-    def image_lengths(self, count: int) -> list[int]:
-        """The placeholder count of each of `count` images (LLaVA: fixed by the config)."""
-        return [self.tokens_per_image] * count
+    @staticmethod
+    def causal_lm_class(text_config: Any) -> type:
+        """The causal-LM class that holds the language half (`language_model`)."""
+        return AutoModelForCausalLM._model_mapping[type(text_config)]
 
-    @torch.inference_mode()
+    def image_lengths(self, extras: Sequence[tuple[torch.Tensor, ...]]) -> list[int]:
+        """The placeholder count of each image, from its `extras` (one tuple per image)."""
+        raise NotImplementedError
+
+    def split_processed(self, batch: Any) -> list[tuple[torch.Tensor, tuple[torch.Tensor, ...]]]:
+        """A processor output's images one by one: (pixel_values, extras) each, as the
+        image processor makes them for that image alone."""
+        raise NotImplementedError
+
     def encode(self, image: ImageInput) -> torch.Tensor:
-        """One image's features [placeholders, text hidden size], by the model's own
-        `get_image_features` (vision tower, feature layer and strategy, projector)."""
-        config = self.vlm.config
-        device = self.vlm.lm_head.weight.device
-        out = self.vlm.model.get_image_features(
-            pixel_values=image.pixel_values.to(device),
-            vision_feature_layer=config.vision_feature_layer,
-            vision_feature_select_strategy=config.vision_feature_select_strategy,
-            return_dict=True,
-        )
-        features = torch.cat(list(out.pooler_output), dim=0)
+        """One image's features [placeholders, text hidden size]."""
+        raise NotImplementedError
+
+    def rope_positions(self, chunks: Sequence[Any]) -> np.ndarray | None:
+        """The step's rotary positions where the model's differ from the tokens' positions
+        ([rows, tokens]; M-RoPE), else None (the step's positions serve)."""
+        return None
+
+    def _checked(self, image: ImageInput, features: torch.Tensor) -> torch.Tensor:
         if features.shape[0] != image.length:
             raise ValueError(
                 f"the image encodes to {features.shape[0]} features for {image.length} "
@@ -67,12 +77,55 @@ class VisionTower:
         return features.to(self.vlm.lm_head.weight.dtype)
 
 
-def language_model(vlm: Any) -> torch.nn.Module:
-    """The VLM's decoder and LM head as its text config's causal-LM model, sharing weights."""
+class LlavaTower(VisionTower):
+    """LLaVA: every image is resized to the tower's size, so it takes a fixed count."""
+
+    def __init__(self, vlm: Any, processor: Any = None) -> None:
+        super().__init__(vlm, processor)
+        config = vlm.config
+        vision = config.vision_config
+        patches = (vision.image_size // vision.patch_size) ** 2
+        # "default" drops the CLS position, "full" keeps it
+        self.tokens_per_image = patches + (config.vision_feature_select_strategy == "full")
+
+    def image_lengths(self, extras: Sequence[tuple[torch.Tensor, ...]]) -> list[int]:
+        return [self.tokens_per_image] * len(extras)
+
+    def split_processed(self, batch: Any) -> list[tuple[torch.Tensor, tuple[torch.Tensor, ...]]]:
+        pixels = batch.get("pixel_values", ())
+        return [(pixels[i : i + 1], ()) for i in range(len(pixels))]
+
+    @torch.inference_mode()
+    def encode(self, image: ImageInput) -> torch.Tensor:
+        """By the model's own `get_image_features` (vision tower, feature layer and strategy,
+        projector)."""
+        config = self.vlm.config
+        device = self.vlm.lm_head.weight.device
+        out = self.vlm.model.get_image_features(
+            pixel_values=image.pixel_values.to(device),
+            vision_feature_layer=config.vision_feature_layer,
+            vision_feature_select_strategy=config.vision_feature_select_strategy,
+            return_dict=True,
+        )
+        return self._checked(image, torch.cat(list(out.pooler_output), dim=0))
+
+
+def language_model(vlm: Any, cls: type | None = None) -> torch.nn.Module:
+    """The VLM's decoder and LM head as a causal-LM model (`cls`, by default its text
+    config's), sharing weights."""
     text_config = vlm.config.text_config
-    cls = AutoModelForCausalLM._model_mapping[type(text_config)]
+    if cls is None:
+        cls = AutoModelForCausalLM._model_mapping[type(text_config)]
+    # a text config of another type (a VLM's text half under a text model's class): the
+    # class's own config of the same values, for the meta skeleton only (its modules are
+    # replaced below; the rope is the text model's own, M-RoPE keys and all)
+    skeleton = text_config
+    if not isinstance(text_config, cls.config_class):
+        values = text_config.to_dict()
+        values.pop("rope_parameters", None)
+        skeleton = cls.config_class(**values)
     with torch.device("meta"):
-        lm = cls(text_config)
+        lm = cls(skeleton)
     lm.model = vlm.model.language_model
     lm.lm_head = vlm.lm_head
     lm.config = text_config
@@ -83,15 +136,28 @@ def language_model(vlm: Any) -> torch.nn.Module:
     return lm
 
 
+class StepImages(NamedTuple):
+    """A step's image inputs: its input embeddings, and for Qwen3-VL's DeepStack (features
+    from inner vision layers added to the first decoder layers' outputs at the image rows)
+    the rows holding image features ([tokens] bool) and each such layer's features for
+    them ([rows, hidden]); None for other models."""
+
+    embeds: torch.Tensor
+    visual_rows: torch.Tensor | None = None
+    deepstack: list[torch.Tensor] | None = None
+
+
 def step_embeddings(
     chunks: Sequence[Any],
     token_ids: torch.Tensor,
     embed: torch.nn.Module,
     cache: EncoderCache,
     image_token_id: int,
-) -> torch.Tensor | None:
+) -> StepImages | None:
     """The packed step's input embeddings where a chunk covers image placeholders (content
-    ids: the features of their image rows), else None (the step runs on token ids)."""
+    ids: the features of their image rows), else None (the step runs on token ids). An
+    image's features wider than the hidden size carry its DeepStack features after the
+    first `hidden` columns (`QwenVLTower.encode`)."""
     spans = []
     base = 0
     for chunk in chunks:
@@ -106,7 +172,17 @@ def step_embeddings(
         return None
     ids = torch.where(token_ids < 0, image_token_id, token_ids)
     embeds = embed(ids)
+    hidden = embeds.shape[-1]
+    deep = []
     for row, image, first, stop in spans:
         features = cache.features(image, finishes=stop == image.length)
-        embeds[row : row + stop - first] = features[first:stop]
-    return embeds
+        embeds[row : row + stop - first] = features[first:stop, :hidden]
+        if features.shape[-1] > hidden:
+            deep.append(features[first:stop, hidden:])
+    if not deep:
+        return StepImages(embeds)
+    rows = torch.zeros(len(ids), dtype=torch.bool, device=embeds.device)
+    for row, _, first, stop in spans:
+        rows[row : row + stop - first] = True
+    stacked = torch.cat(deep).unflatten(-1, (-1, hidden))  # [rows, layers, hidden]
+    return StepImages(embeds, rows, list(stacked.unbind(1)))

@@ -33,7 +33,8 @@ def encode_image_row(
     if processor is None:
         return (
             f"model {model_name!r} has no image processor saved with it "
-            "(preprocessor_config.json), so its images cannot be prepared"
+            "(preprocessor_config.json), or its processor needs a package not installed "
+            "(Qwen-VL's: torchvision), so its images cannot be prepared"
         )
     try:
         check_image_count(len(refs), limits)
@@ -42,27 +43,36 @@ def encode_image_row(
         return str(exc)
     try:
         ids = processor(images=images, text=text, add_special_tokens=False)["input_ids"][0]
-        pixels = [image_pixels(processor, image) for image in images]
+        processed = [image_tensors(processor, image, tower.extra_names) for image in images]
     except Exception as exc:  # a processor may raise anything on odd input
         return f"image processing failed: {_one_line(exc)}"
     loaders = [partial(_reload, ref, limits, processor) for ref in refs]
+    extras = [more for _, more in processed]
     try:
         ids, inputs = image_prompt(
-            ids, tower.image_token_id, pixels, tower.image_lengths(len(images)), loaders
+            ids,
+            tower.image_token_id,
+            [pixels for pixels, _ in processed],
+            tower.image_lengths(extras),
+            loaders,
+            extras,
         )
     except ValueError as exc:
         return f"the chat template's image placeholders do not fit the images: {exc}"
     return tuple(ids), inputs
 
 
-def image_pixels(processor: Any, image: Any) -> torch.Tensor:
-    """One image's pixel tensor (batch dimension 1), as the processor makes it for a prompt
-    (its image processor, on this image alone)."""
-    return processor.image_processor(images=[image], return_tensors="pt")["pixel_values"]
+def image_tensors(
+    processor: Any, image: Any, extra_names: Sequence[str] = ()
+) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    """One image's pixel tensor and its `extra_names` tensors, as the processor makes them
+    for a prompt (its image processor, on this image alone)."""
+    out = processor.image_processor(images=[image], return_tensors="pt")
+    return out["pixel_values"], tuple(out[name] for name in extra_names)
 
 
 def _reload(ref: ImageRef, limits: ImageLimits, processor: Any) -> torch.Tensor:
-    return image_pixels(processor, load_image(ref, limits).image)
+    return image_tensors(processor, load_image(ref, limits).image)[0]
 
 
 def vision_model_at(location: str, trust_remote_code: bool = False) -> bool:
@@ -77,14 +87,13 @@ def weightless_tower(location: str, trust_remote_code: bool = False) -> Any:
     content ids are the run's; it encodes nothing. None for a text model."""
     from types import SimpleNamespace
 
-    from astrai_batch.engine.vision.loading import load_image_processor
-    from astrai_batch.engine.vision.tower import VisionTower
+    from astrai_batch.engine.vision.loading import load_image_processor, vision_tower
 
     config = _vision_config(location, trust_remote_code)
     if config is None:
         return None
     processor = load_image_processor(location, {"trust_remote_code": trust_remote_code})
-    return VisionTower(SimpleNamespace(config=config), processor)
+    return vision_tower(SimpleNamespace(config=config), processor)
 
 
 def _vision_config(location: str, trust_remote_code: bool) -> Any:

@@ -402,9 +402,15 @@ def test_supported_configs(config):
             "a recurrent state per sequence where the engine pages keys and values",
         ),
         (
-            transformers.Qwen2VLConfig(),
-            "model type 'qwen2_vl' is not supported: it is a vision-language model of a type "
-            "the engine does not run (vision-language model types: llava)",
+            transformers.Mistral3Config(),
+            "model type 'mistral3' is not supported: it is a vision-language model of a type "
+            "the engine does not run (vision-language model types: llava, qwen2_5_vl, qwen2_vl, "
+            "qwen3_vl)",
+        ),
+        (  # Qwen2-VL's language half runs only inside its vision model
+            transformers.Qwen2VLConfig().text_config,
+            "model type 'qwen2_vl_text' is not supported: only these model types are "
+            f"supported: {SUPPORTED_LIST}",
         ),
         (
             transformers.LlavaConfig(text_config={"model_type": "gpt2"}),

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from vision_kit import TOKENS_PER_IMAGE, processed, random_image, save_tiny_llava
+from vision_kit import TOKENS_PER_IMAGE, engine_prompt, processed, random_image, save_tiny_llava
 
 from astrai_batch.engine import EngineConfig, GenerationRequest, SamplingParams, generate_sync
 from astrai_batch.engine.model.loader import load_model
@@ -30,14 +30,7 @@ def loaded(tmp_path_factory):
 
 def request(loaded, request_id, question, images):
     batch = processed(loaded.vision.processor, question, images)
-    tower = loaded.vision
-    pixels = [p.unsqueeze(0) for p in batch["pixel_values"]] if images else []
-    ids, inputs = image_prompt(
-        batch["input_ids"][0].tolist(),
-        tower.image_token_id,
-        pixels,
-        tower.image_lengths(len(pixels)),
-    )
+    ids, inputs = engine_prompt(loaded.vision, batch)
     return GenerationRequest(request_id, ids, PARAMS, images=inputs)
 
 

@@ -6,11 +6,17 @@ from __future__ import annotations
 
 import pytest
 from invariance_kit import assert_same_rows, run_capturing
-from vision_kit import TOKENS_PER_IMAGE, hf_vlm_greedy, processed, random_image, save_tiny_llava
+from vision_kit import (
+    TOKENS_PER_IMAGE,
+    engine_prompt,
+    hf_vlm_greedy,
+    processed,
+    random_image,
+    save_tiny_llava,
+)
 
 from astrai_batch.engine import EngineConfig, GenerationRequest, SamplingParams, generate_sync
 from astrai_batch.engine.model.loader import load_model
-from astrai_batch.engine.vision.image_inputs import image_prompt
 
 MAX_NEW = 8
 
@@ -22,14 +28,7 @@ def llava(tmp_path_factory):
 
 
 def engine_request(loaded, request_id, batch, params):
-    tower = loaded.vision
-    pixels = [p.unsqueeze(0) for p in batch["pixel_values"]] if "pixel_values" in batch else []
-    ids, images = image_prompt(
-        batch["input_ids"][0].tolist(),
-        tower.image_token_id,
-        pixels,
-        tower.image_lengths(len(pixels)),
-    )
+    ids, images = engine_prompt(loaded.vision, batch)
     return GenerationRequest(request_id, ids, params, images=images)
 
 
