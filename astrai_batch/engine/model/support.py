@@ -102,8 +102,8 @@ _MULTIMODAL_SUBCONFIGS = ("vision_config", "text_config", "audio_config")
 # Vision-language model types the engine runs: their language model (text_config) on the
 # paged path, checked like a text model, their vision tower by transformers
 # (`engine.vision.tower`); each with a tiny random-weight test against transformers
-# (tests/engine/vision/test_llava_exact.py).
-VISION_MODEL_TYPES: frozenset[str] = frozenset({"llava"})
+# (tests/engine/vision/test_llava_exact.py, test_gemma3_exact.py).
+VISION_MODEL_TYPES: frozenset[str] = frozenset({"llava", "gemma3"})
 
 
 def is_vision_model(config: Any) -> bool:

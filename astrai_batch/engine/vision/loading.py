@@ -7,7 +7,16 @@ from typing import Any
 
 import torch
 
-from astrai_batch.engine.vision.tower import VisionTower, language_model
+from astrai_batch.engine.vision.gemma3_tower import Gemma3Tower
+from astrai_batch.engine.vision.tower import VisionTower
+
+# each vision model type's tower (`tower.VISION_MODEL_TYPES` lists the same types)
+TOWERS: dict[str, type[VisionTower]] = {"llava": VisionTower, "gemma3": Gemma3Tower}
+
+
+def make_tower(vlm: Any, processor: Any = None) -> VisionTower:
+    """The `VisionTower` of the VLM's model type (`vlm` may be a config holder only)."""
+    return TOWERS.get(vlm.config.model_type, VisionTower)(vlm, processor)
 
 
 def load_vision_model(location: str, hub: dict[str, Any], weights: dict[str, Any]):
@@ -19,9 +28,10 @@ def load_vision_model(location: str, hub: dict[str, Any], weights: dict[str, Any
     vlm.eval()
     vlm.requires_grad_(False)
     processor = load_image_processor(location, hub)
+    tower = make_tower(vlm, processor)
     with torch.inference_mode(False):
-        lm = language_model(vlm)
-    return lm, VisionTower(vlm, processor)
+        lm = tower.language_model(vlm)
+    return lm, tower
 
 
 def load_image_processor(location: str, hub: dict[str, Any]) -> Any:

@@ -22,13 +22,18 @@ from astrai_batch.engine.vision.encoder_cache import EncoderCache
 from astrai_batch.engine.vision.image_inputs import ImageInput
 
 # vision-language model types the engine runs, each with a tiny random-weight test against
-# transformers (tests/engine/vision/test_llava_exact.py)
-VISION_MODEL_TYPES: frozenset[str] = frozenset({"llava"})
+# transformers (tests/engine/vision/test_llava_exact.py, test_gemma3_exact.py); each type's
+# tower class is in `loading.TOWERS`
+VISION_MODEL_TYPES: frozenset[str] = frozenset({"llava", "gemma3"})
 
 
 class VisionTower:
     """The vision half of a loaded VLM: its image token, how many placeholders an image
-    takes, the encoder, and the processor that makes its inputs (None when not loaded)."""
+    takes, the encoder, and the processor that makes its inputs (None when not loaded).
+    `bidirectional_images`: an image's placeholders attend to each other at prefill
+    (`image_spans`); LLaVA's are causal like text."""
+
+    bidirectional_images = False
 
     def __init__(self, vlm: Any, processor: Any = None) -> None:
         config = vlm.config
@@ -37,10 +42,18 @@ class VisionTower:
         self.vlm = vlm
         self.processor = processor
         self.image_token_id = int(config.image_token_id)
+        self._placeholders(config)
+
+    def _placeholders(self, config: Any) -> None:
         vision = config.vision_config
         patches = (vision.image_size // vision.patch_size) ** 2
         # "default" drops the CLS position, "full" keeps it
         self.tokens_per_image = patches + (config.vision_feature_select_strategy == "full")
+
+    @staticmethod
+    def language_model(vlm: Any) -> torch.nn.Module:
+        """The VLM's decoder and LM head as the engine runs them (`language_model`)."""
+        return language_model(vlm)
 
     def image_lengths(self, count: int) -> list[int]:
         """The placeholder count of each of `count` images (LLaVA: fixed by the config)."""

@@ -77,14 +77,13 @@ def weightless_tower(location: str, trust_remote_code: bool = False) -> Any:
     content ids are the run's; it encodes nothing. None for a text model."""
     from types import SimpleNamespace
 
-    from astrai_batch.engine.vision.loading import load_image_processor
-    from astrai_batch.engine.vision.tower import VisionTower
+    from astrai_batch.engine.vision.loading import load_image_processor, make_tower
 
     config = _vision_config(location, trust_remote_code)
     if config is None:
         return None
     processor = load_image_processor(location, {"trust_remote_code": trust_remote_code})
-    return VisionTower(SimpleNamespace(config=config), processor)
+    return make_tower(SimpleNamespace(config=config), processor)
 
 
 def _vision_config(location: str, trust_remote_code: bool) -> Any:

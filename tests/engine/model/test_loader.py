@@ -404,7 +404,7 @@ def test_supported_configs(config):
         (
             transformers.Qwen2VLConfig(),
             "model type 'qwen2_vl' is not supported: it is a vision-language model of a type "
-            "the engine does not run (vision-language model types: llava)",
+            "the engine does not run (vision-language model types: gemma3, llava)",
         ),
         (
             transformers.LlavaConfig(text_config={"model_type": "gpt2"}),
