@@ -68,7 +68,9 @@ def key_limits(chunks: Sequence[Any], positions: np.ndarray) -> np.ndarray | Non
     for chunk in chunks:
         start, count = chunk.start, len(chunk.token_ids)
         end = start + count
-        for first, stop in image_runs(chunk.images) if chunk.images else ():
+        # a one-token chunk (a decode; in an image only its last position, `fit_chunk`)
+        # sees up to itself: a decode step costs no pass over its images
+        for first, stop in image_runs(chunk.images) if chunk.images and count > 1 else ():
             lo, hi = max(first, start), min(stop, end)
             if lo >= hi:
                 continue
