@@ -90,6 +90,84 @@ def save_llava(
     return path
 
 
+GEMMA3_TOKENS_PER_IMAGE = 16
+
+# Gemma's way: an image part is <start_of_image>, which the processor expands into
+# "\n\n<start_of_image>" + the image's placeholders + "<end_of_image>\n\n"
+GEMMA3_CHAT_TEMPLATE = VISION_CHAT_TEMPLATE.replace("<image>", "<start_of_image>")
+
+
+def save_tiny_gemma3(path: Path, seed: int = 11, window: int = 12) -> Path:
+    """A Gemma 3: a 2-layer SigLIP tower (32x32 images, 4x4 patches: 64 patches pooled to
+    16 placeholders) and a 3-layer decoder (two sliding layers of `window` tokens, then a
+    global one), random weights; its Gemma3Processor (Gemma3 image processor + the fixture
+    tokenizer with the image tokens added) saved beside."""
+    from transformers import (
+        Gemma3Config,
+        Gemma3ForConditionalGeneration,
+        Gemma3ImageProcessorPil,
+        Gemma3Processor,
+        Gemma3TextConfig,
+        PreTrainedTokenizerFast,
+        SiglipVisionConfig,
+    )
+
+    base = build_tiny_tokenizer()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=base._tokenizer,
+        bos_token=base.bos_token,
+        eos_token=base.eos_token,
+        unk_token=base.unk_token,
+        pad_token=base.pad_token,
+        extra_special_tokens={
+            "boi_token": "<start_of_image>",
+            "eoi_token": "<end_of_image>",
+            "image_token": "<image_soft_token>",
+        },
+    )
+    tokenizer.chat_template = GEMMA3_CHAT_TEMPLATE
+    text = {
+        **tiny_config_kwargs(tokenizer),
+        "head_dim": 16,
+        "num_hidden_layers": 3,
+        "sliding_window": window,
+        "layer_types": ["sliding_attention", "sliding_attention", "full_attention"],
+        "query_pre_attn_scalar": 16,
+    }
+    del text["tie_word_embeddings"]
+    tower = SiglipVisionConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        image_size=IMAGE_SIZE,
+        patch_size=4,
+    )
+    config = Gemma3Config(
+        text_config=Gemma3TextConfig(**text),
+        vision_config=tower,
+        mm_tokens_per_image=GEMMA3_TOKENS_PER_IMAGE,
+        boi_token_index=tokenizer.boi_token_id,
+        eoi_token_index=tokenizer.eoi_token_id,
+        image_token_index=tokenizer.image_token_id,
+        tie_word_embeddings=False,
+    )
+    config.architectures = ["Gemma3ForConditionalGeneration"]
+    torch.manual_seed(seed)
+    model = Gemma3ForConditionalGeneration(config).to(torch.float32)
+    model.save_pretrained(path)
+    image_processor = Gemma3ImageProcessorPil(size={"height": IMAGE_SIZE, "width": IMAGE_SIZE})
+    processor = Gemma3Processor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        chat_template=GEMMA3_CHAT_TEMPLATE,
+        image_seq_length=GEMMA3_TOKENS_PER_IMAGE,
+    )
+    processor.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
 def random_image(seed: int, size: tuple[int, int] = (40, 50)):
     """An RGB PIL image of random pixels (width, height)."""
     from PIL import Image

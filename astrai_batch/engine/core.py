@@ -44,6 +44,7 @@ from astrai_batch.engine.types import (
     error_result,
 )
 from astrai_batch.engine.vision.image_inputs import check_image_prompt, real_prompt
+from astrai_batch.engine.vision.image_spans import image_run_problem
 
 
 class EngineCore:
@@ -85,7 +86,9 @@ class EngineCore:
         # (request id, sample index, logits row) of every sampled position; tests of the
         # batch-invariance promise compare these bitwise
         self.logits_observer: Callable[[Hashable, int, torch.Tensor], None] | None = None
-        self.scheduler = Scheduler(config, self.cache)
+        vision = loaded.vision
+        whole_images = vision is not None and vision.bidirectional_images
+        self.scheduler = Scheduler(config, self.cache, whole_images=whole_images)
         self.constraints = SequenceMatchers(self._constraint_backend)
         self.endings = SequenceEndings(self.tokenizer, self.constraints)
         self.counts = RequestCounts()
@@ -187,6 +190,8 @@ class EngineCore:
                 if image.length != length:
                     problem = f"an image takes {length} placeholder tokens with this model"
                     break
+            if problem is None and tower.bidirectional_images:  # in one chunk (`image_spans`)
+                problem = image_run_problem(request.images, self.config.max_num_batched_tokens)
         if problem is not None:
             return None, (), problem
         try:

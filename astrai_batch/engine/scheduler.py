@@ -32,6 +32,7 @@ from astrai_batch.cache import KVLayout
 from astrai_batch.engine.config import EngineConfig
 from astrai_batch.engine.runner.scheduled_chunk import ScheduledChunk
 from astrai_batch.engine.sequences.sequence import Sequence, SequenceStatus
+from astrai_batch.engine.vision.image_spans import fit_chunk
 
 
 class ScheduledWork(NamedTuple):
@@ -52,9 +53,12 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, cache: KVLayout) -> None:
+    def __init__(self, config: EngineConfig, cache: KVLayout, whole_images: bool = False) -> None:
         self.config = config
         self.cache = cache
+        # an image's placeholders attend to each other (Gemma 3): a prefill chunk never ends
+        # inside an image's run of them (`engine.vision.image_spans.fit_chunk`)
+        self.whole_images = whole_images
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self.preemptions = 0
@@ -130,6 +134,8 @@ class Scheduler:
             seq = running[index]
             computed = seq.num_computed
             num = min(len(seq.tokens) - computed, budget)
+            if self.whole_images and seq.images:
+                num = fit_chunk(seq.images, computed, num)
             if num == 0:
                 index += 1
                 continue
@@ -189,6 +195,11 @@ class Scheduler:
                 namespace=seq.adapter,
             )
             num = min(seq.num_tokens - hit, budget)
+            if self.whole_images and seq.images:
+                num = fit_chunk(seq.images, hit, num)
+                if num == 0:  # the rest of its image does not fit this step: a later one
+                    self.cache.close(seq.seq_id)
+                    continue
             if not self.cache.reserve(seq.seq_id, hit + num):
                 self.cache.close(seq.seq_id)
                 break

@@ -12,6 +12,10 @@ order, whatever else the step holds. Two forms compute a (query, block) pair:
 Both forms put each (query, block) result in the same slot of the step's score and output
 buffers, so the reduction that follows never knows which form computed it.
 
+A query inside an image whose placeholders attend to each other (`QuerySpan.limits`) reads
+the blocks up to its image's last position, keys after that masked: a prefill run covers its
+rows' blocks up to their highest limit.
+
 With a sliding window of W tokens (a windowed layer's plan), keys at positions <= p - W are
 masked too and a query's blocks wholly before its window are not computed at all: such a
 block would add exact zeros (its probabilities are exp(-inf) = 0), so leaving it out gives the
@@ -110,6 +114,9 @@ class QuerySpan:
     start: int  # position of the first token
     length: int
     pages: Sequence[int]
+    # [length] the last key each token sees where one sees past its own position (an image's
+    # placeholders attending to each other, non-decreasing); None: causal
+    limits: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -189,18 +196,22 @@ def _prefill_runs(
     first = span.start
     while first < end:
         last = min(end, (first // segment + 1) * segment)  # exclusive
-        blocks = (last - 1) // block + 1
+        positions = np.arange(first, last)
+        limits = positions
+        if span.limits is not None:
+            limits = span.limits[first - span.start : last - span.start]
+        blocks = int(limits[-1]) // block + 1
         start = 0 if window is None else max(first - window + 1, 0) // block
         rows = range(span.row + first - span.start, span.row + last - span.start)
         table = _table(span.pages[start * per_block :], (blocks - start) * per_block, staging)
-        yield _run(rows, range(first, last), table, start, blocks - start, block, window, staging)
+        yield _run(rows, positions, limits, table, start, blocks - start, block, window, staging)
         first = last
 
 
-def _run(rows, positions, table, first_block, blocks, block, window, staging) -> BlockRun:
+def _run(rows, positions, limits, table, first_block, blocks, block, window, staging) -> BlockRun:
     keys = first_block * block + torch.arange(blocks * block)
     positions = torch.from_numpy(np.asarray(positions, dtype=np.int64))
-    masked = keys.unsqueeze(0) > positions.unsqueeze(1)
+    masked = keys.unsqueeze(0) > torch.from_numpy(np.asarray(limits, dtype=np.int64)).unsqueeze(1)
     if window is not None:
         masked |= keys.unsqueeze(0) <= positions.unsqueeze(1) - window
     return BlockRun(

@@ -36,6 +36,10 @@ once: such a block is one element whose query rows are every sharer's (the casca
 Elements with the same key length and query count form one call; query heads sharing a KV
 head are folded into the query rows, (group member, token) order.
 
+A query inside an image whose placeholders attend to each other (`step.key_limits`) sees keys
+up to its image's last position instead of its own: its route, blocks and mask follow that
+limit, a function of its sequence alone, as its position is (`engine.vision.image_spans`).
+
 A windowed layer's plan (`window` W) masks keys at positions <= p - W as well (-inf, the
 same additive mask: masked keys add exact zeros wherever they sit in a block) and leaves out
 a query's blocks wholly before its window: such a block would have weight exp(-inf) = 0 in
@@ -65,6 +69,7 @@ from astrai_batch.engine.attention.step_arrays import StepArrays
 class _Element(NamedTuple):
     rows: np.ndarray  # [t] packed rows
     positions: np.ndarray  # [t]
+    limits: np.ndarray  # [t] the last key each row sees (its position, or its image's end)
     key_start: int
     keys: int
     table: np.ndarray  # the sequence's page table (zero-padded)
@@ -96,26 +101,29 @@ def plan_flash_step(
         n, start, table = int(step.num_tokens[c]), int(step.context_start[c]), step.page_tables[c]
         rows = step.token_start[c] + np.arange(n)
         positions = start + np.arange(n)
-        one = positions < block
+        # non-decreasing along the chunk, like positions: a route by limit is still a prefix
+        limits = positions if step.key_limits is None else step.key_limits[rows]
+        one = limits < block
         if one.any():
-            keys = tail(int(positions[one].max()) + 1)
-            elements.append(_Element(rows[one], positions[one], 0, keys, table, rows[one], False))
+            keys = tail(int(limits[one].max()) + 1)
+            elements.append(
+                _Element(rows[one], positions[one], limits[one], 0, keys, table, rows[one], False)
+            )
         if one.all():
             continue
-        rows, positions = rows[~one], positions[~one]
+        rows, positions, limits = rows[~one], positions[~one], limits[~one]
         merge_rows.append(rows)
         index = np.arange(count, count + len(rows))
         count += len(rows)
         floor = positions - window + 1 if window is not None else np.zeros_like(positions)
-        for b in range(max(int(floor[0]), 0) // block, int(positions[-1]) // block + 1):
-            has = (positions >= b * block) & (floor < (b + 1) * block)
+        for b in range(max(int(floor[0]), 0) // block, int(limits[-1]) // block + 1):
+            has = (limits >= b * block) & (floor < (b + 1) * block)
             if not has.any():
                 continue
-            keys = tail(min(int(positions[has].max()) + 1 - b * block, block))
+            keys = tail(min(int(limits[has].max()) + 1 - b * block, block))
             slots = index[has] * blocks + b
-            elements.append(
-                _Element(rows[has], positions[has], b * block, keys, table, slots, True)
-            )
+            element = (rows[has], positions[has], limits[has], b * block, keys, table, slots)
+            elements.append(_Element(*element, True))
     decodes = DecodeBlocks(rules.tails, block, blocks, page_size, window, share)
     d = step.decodes
     if len(d):
@@ -127,7 +135,7 @@ def plan_flash_step(
         merge_rows.append(step.token_start[d][longer])
         decodes.add(step.token_start[d], positions, step.page_tables[d], index)
     for b, rows, positions, slots, table in decodes.shared:
-        elements.append(_Element(rows, positions, b * block, block, table, slots, True))
+        elements.append(_Element(rows, positions, positions, b * block, block, table, slots, True))
     calls = _calls(elements, page_size, rules.group, dtype, staging, window)
     calls += decodes.calls(page_size, rules.group, dtype, staging)
     merge = None
@@ -146,9 +154,10 @@ def _calls(elements, page_size, group, dtype, staging, window) -> list[FlashCall
     for (keys, tokens, merged), members in classes.items():
         query_rows = padded_rows(group * tokens)
         positions = np.stack([e.positions for e in members])  # [B, t]
+        limits = np.stack([e.limits for e in members])
         starts = np.array([e.key_start for e in members])
         key_pos = starts[:, None, None] + np.arange(keys)[None, None, :]
-        masked = key_pos > positions[:, :, None]
+        masked = key_pos > limits[:, :, None]
         if window is not None:
             masked |= key_pos <= positions[:, :, None] - window
         masked = torch.from_numpy(masked)  # [B, t, keys]

@@ -28,6 +28,10 @@ class StepArrays(NamedTuple):
     page_tables: np.ndarray  # [C, P] each chunk's pages, as far as it needs, zero-padded
     decodes: np.ndarray  # [D] chunks of one token, in chunk order
     longest_context: int  # the most tokens any chunk's sequence has once they are written
+    # [T] the last key position each query sees where some query sees past its own position
+    # (an image's placeholders attending to each other: `engine.vision.image_spans`); None:
+    # every query's own position (causal)
+    key_limits: np.ndarray | None = None
 
     @property
     def lengths(self) -> np.ndarray:

@@ -58,6 +58,7 @@ def block_batch(
                 int(step.context_start[i]),
                 int(step.num_tokens[i]),
                 step.page_tables[i],  # zero-padded past its pages, as the plan pads
+                _limits(step, i),
             )
             for i in np.flatnonzero(step.num_tokens > 1).tolist()
         ]
@@ -153,12 +154,16 @@ def step_shaped_batch(
     for i in np.flatnonzero(step.num_tokens > 1).tolist():
         row, n = int(step.token_start[i]), int(step.num_tokens[i])
         start = int(step.context_start[i])
-        if start == 0:
+        limits = _limits(step, i)
+        if start == 0 and limits is None:
             prefills.append(PrefillSpan(row, row + n, 0, None, None))
         else:
             needed = -(-(start + n) // page)
             table = stage(step.page_tables[i, :needed])
-            mask = offset_causal_mask(n, start + n, device)
+            if limits is None:
+                mask = offset_causal_mask(n, start + n, device)
+            else:  # keys up to each query's limit (an image's placeholders see each other)
+                mask = staging.tensor(torch.from_numpy(np.arange(start + n) <= limits[:, None]))
             prefills.append(PrefillSpan(row, row + n, start, table, mask))
     decode, cascade = _decode_groups(step, page, staging, use_cascade)
     return AttentionBatch(
@@ -172,6 +177,15 @@ def step_shaped_batch(
         prefills=prefills,
         gatherer=gatherer,
     )
+
+
+def _limits(step: StepArrays, chunk: int) -> np.ndarray | None:
+    """The chunk's queries' last visible keys, where some see past their own position."""
+    if step.key_limits is None:
+        return None
+    row, n = int(step.token_start[chunk]), int(step.num_tokens[chunk])
+    limits = step.key_limits[row : row + n]
+    return None if (limits == step.positions[row : row + n]).all() else limits
 
 
 def _decode_groups(

@@ -46,6 +46,7 @@ from astrai_batch.engine.vision.encoder_cache import (
     EncoderCache,
     EncoderCounts,
 )
+from astrai_batch.engine.vision.image_spans import key_limits
 from astrai_batch.engine.vision.tower import StepImages, VisionTower, step_embeddings
 
 
@@ -117,6 +118,14 @@ class ModelRunner:
             model, attention_pool, numerics, query_heads, self.features, graphs, probe_results
         )
         self.gemm_rows, self.flash, self.invariant_kernel = plan
+        # an image's placeholders attending to each other (Gemma 3): the CPU paths take each
+        # query's last key (`image_spans.key_limits`); CUDA's Triton kernel counts keys only
+        self.whole_images = vision is not None and vision.bidirectional_images
+        if self.whole_images and self.invariant_kernel is not None:
+            raise ValueError(
+                "the CUDA invariant attention kernel cannot let an image's tokens attend to "
+                "each other (Gemma 3): run this model on the CPU or with fast numerics"
+            )
         self.numerics = numerics
         # tensor parallelism, rank 0: each step's arrays go to the other ranks (`parallel`)
         self.step_sender = step_sender
@@ -161,6 +170,8 @@ class ModelRunner:
         if self.lora is not None:
             adapters = ([c.adapter for c in chunks], [len(c.token_ids) for c in chunks])
         images = rope = None
+        if self.whole_images:
+            step = step._replace(key_limits=key_limits(chunks, step.positions))
         if self.vision is not None:
             ids = torch.as_tensor(step.token_ids).to(self.device)
             images = step_embeddings(

@@ -8,8 +8,9 @@ from typing import Any
 
 import torch
 
+from astrai_batch.engine.vision.gemma3_tower import Gemma3Tower
 from astrai_batch.engine.vision.qwen_vl_tower import QwenVLTower
-from astrai_batch.engine.vision.tower import LlavaTower, VisionTower, language_model
+from astrai_batch.engine.vision.tower import LlavaTower, VisionTower
 
 # each vision model type's tower (every type in `tower.VISION_MODEL_TYPES`)
 _TOWERS: dict[str, type[VisionTower]] = {
@@ -17,6 +18,7 @@ _TOWERS: dict[str, type[VisionTower]] = {
     "qwen2_vl": QwenVLTower,
     "qwen2_5_vl": QwenVLTower,
     "qwen3_vl": QwenVLTower,
+    "gemma3": Gemma3Tower,
 }
 
 
@@ -43,7 +45,7 @@ def load_vision_model(location: str, hub: dict[str, Any], weights: dict[str, Any
     processor = load_image_processor(location, hub)
     tower = tower_class(vlm.config)
     with torch.inference_mode(False):
-        lm = language_model(vlm, tower.causal_lm_class(vlm.config.text_config))
+        lm = tower.language_half(vlm)
     return lm, tower(vlm, processor)
 
 

@@ -23,19 +23,23 @@ from astrai_batch.engine.vision.encoder_cache import EncoderCache
 from astrai_batch.engine.vision.image_inputs import ImageInput
 
 # vision-language model types the engine runs, each with a tiny random-weight test against
-# transformers (tests/engine/vision/test_llava_exact.py, test_qwen_vl_exact.py); the tower of
-# each is picked by `loading.vision_tower`
-VISION_MODEL_TYPES: frozenset[str] = frozenset({"llava", "qwen2_vl", "qwen2_5_vl", "qwen3_vl"})
+# transformers (tests/engine/vision/test_llava_exact.py, test_qwen_vl_exact.py,
+# test_gemma3_exact.py); the tower of each is picked by `loading.vision_tower`
+VISION_MODEL_TYPES: frozenset[str] = frozenset(
+    {"llava", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "gemma3"}
+)
 
 
 class VisionTower:
     """The vision half of a loaded VLM, one family's subclass: its image token, how many
     placeholders each image takes, the encoder, and the processor that makes its inputs
-    (None when not loaded)."""
+    (None when not loaded). `bidirectional_images`: an image's placeholders attend to each
+    other at prefill (`image_spans`); in other families they are causal like text."""
 
     # the processor's outputs for an image, besides its pixel_values, that the family needs
     # (`ImageInput.extras`, in this order)
     extra_names: tuple[str, ...] = ()
+    bidirectional_images = False
 
     def __init__(self, vlm: Any, processor: Any = None) -> None:
         config = vlm.config
@@ -49,6 +53,11 @@ class VisionTower:
     def causal_lm_class(text_config: Any) -> type:
         """The causal-LM class that holds the language half (`language_model`)."""
         return AutoModelForCausalLM._model_mapping[type(text_config)]
+
+    @classmethod
+    def language_half(cls, vlm: Any) -> torch.nn.Module:
+        """The VLM's decoder and LM head as the engine runs them (`language_model`)."""
+        return language_model(vlm, cls.causal_lm_class(vlm.config.text_config))
 
     def image_lengths(self, extras: Sequence[tuple[torch.Tensor, ...]]) -> list[int]:
         """The placeholder count of each image, from its `extras` (one tuple per image)."""
