@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from astrai_batch.engine.vision.idefics3_tower import Idefics3Tower
 from astrai_batch.engine.vision.qwen_vl_tower import QwenVLTower
 from astrai_batch.engine.vision.tower import LlavaTower, VisionTower, language_model
 
@@ -17,6 +18,8 @@ _TOWERS: dict[str, type[VisionTower]] = {
     "qwen2_vl": QwenVLTower,
     "qwen2_5_vl": QwenVLTower,
     "qwen3_vl": QwenVLTower,
+    "idefics3": Idefics3Tower,
+    "smolvlm": Idefics3Tower,  # Idefics3's code under its own config and processor classes
 }
 
 
