@@ -7,8 +7,9 @@ The prompt writes each crop as `<fake_token_around_image><row_r_col_c>` then its
 after `<global-img>`: an image's placeholders are one run per frame with text between them
 (`ImageInput.runs`). The image is still one input: one key over all its frames, one load,
 one encoder call over all its frames (`encode`). That call is what transformers makes for a
-row's images (its frames in one batch), and calls frame by frame give other bits (other GEMM
-row counts), so the frames are never encoded apart.
+one-image row (for several images it makes one over all their frames: the same bits, tested);
+frame by frame would be other GEMM shapes, each free to round otherwise, so the frames are
+never encoded apart.
 
 The frame count travels with the image (its `extras`: a 1-element tensor), so its
 placeholder count is known before its pixels are loaded again. SmolVLM's modeling is

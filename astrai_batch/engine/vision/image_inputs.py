@@ -38,7 +38,7 @@ class ImageInput:
     (Idefics3's crops, each after its own `<row_r_col_c>` tokens), each run's `(offset,
     length)` in order, the lengths summing to `length` (the image's features in order);
     empty for one run. One image stays one input (one key, one encoder call, one load):
-    transformers encodes an image's crops in one batch, and only that call gives its bits.
+    transformers encodes an image's crops in one batch, the call whose bits the engine keeps.
 
     A job keeps only the key and `load` (which makes the tensor again: decode and process)
     while a row waits in its window; the engine loads the pixels when the request arrives
