@@ -7,10 +7,14 @@ from the prefix cache and encoded once; a job's image row as the processor write
 
 from __future__ import annotations
 
+import json
+
+import pyarrow.parquet as pq
 import pytest
 import torch
 from idefics3_kit import FRAME_TOKENS, idefics3_processor, save_tiny_idefics3
 from invariance_kit import assert_same_rows, run_capturing
+from jobs.jobkit import run_cli, write_jsonl
 from vision_kit import (
     engine_prompt,
     hf_vlm_greedy,
@@ -95,7 +99,7 @@ def test_image_rows_are_batch_invariant(idefics3):
         config = EngineConfig(page_size=8, num_pages=96, enable_prefix_cache=False)
         rows, _ = run_capturing(loaded, [requests[i]], config)
         alone.update(rows)
-    for budget in (16, 512):
+    for budget in (24, 512):  # 24: chunks cut inside runs and between them
         config = EngineConfig(page_size=8, num_pages=192, max_num_batched_tokens=budget)
         crowd, _ = run_capturing(loaded, requests, config)
         assert_same_rows(alone, crowd, watched)
@@ -180,3 +184,44 @@ def test_one_call_per_image_equals_transformers_call_over_the_rows_images(idefic
     _, images = engine_prompt(tower, batch)
     ours = torch.cat([tower.encode(image) for image in images])
     assert torch.equal(ours, torch.cat(list(together.pooler_output)))
+
+
+def test_a_cli_job_runs_split_images_exactly(idefics3, tmp_path):
+    """OpenAI chat lines with images through `astrai-batch run`: Idefics3's rows give
+    transformers' tokens, the repeated image encoded once; SmolVLM's image rows fail with
+    the missing-package reason (its processor needs num2words), its text row runs."""
+    model_dir, loaded, _, split, _ = idefics3
+    photo, wide = random_image(31, (48, 40)), random_image(32, (100, 30))
+    rows = [
+        ("a", "What is shown?", photo),
+        ("b", "Describe the picture.", wide),
+        ("c", "What is shown? Briefly.", photo),
+        ("t", "Just text.", None),
+    ]
+    lines = []
+    for custom_id, question, image in rows:
+        content = [{"type": "text", "text": question}]
+        if image is not None:
+            content.insert(0, {"type": "image_url", "image_url": {"url": png_data_url(image)}})
+        body = {"messages": [{"role": "user", "content": content}]}
+        lines.append(
+            {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions", "body": body}
+        )
+    output = tmp_path / "out.parquet"
+    result = run_cli(
+        "run", write_jsonl(tmp_path / "in.jsonl", lines), output, "--model", model_dir,
+        "--max-tokens", MAX_NEW, "--kv-cache-memory", "8MiB", "--save-tokens", "--quiet",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    got = {row["id"]: row for row in pq.read_table(output).to_pylist()}
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    if loaded.vision.vlm.config.model_type == "smolvlm":
+        assert {got[c]["finish_reason"] for c in "abc"} == {"error"}
+        assert "(Qwen-VL's: torchvision; SmolVLM's: num2words, torchvision)" in got["a"]["error"]
+        assert got["t"]["finish_reason"] in ("stop", "length")
+        return
+    inputs = [processed(split, q, [image] if image else []) for _, q, image in rows]
+    expected = hf_vlm_greedy(model_dir, inputs, MAX_NEW)
+    for (custom_id, *_), want in zip(rows, expected, strict=True):
+        assert got[custom_id]["completion_token_ids"] == want, custom_id
+    assert summary["images_encoded"] == 2
