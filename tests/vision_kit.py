@@ -206,6 +206,7 @@ def engine_prompt(tower, batch: dict) -> tuple[list[int], tuple]:
         [pixels for pixels, _ in split],
         tower.image_lengths(extras),
         extras=extras,
+        split=tower.split_placeholders,
     )
 
 

@@ -293,7 +293,7 @@ class EngineCore:
         if seq.images and seq.sample_index == 0:  # a request's count, like its cached_tokens
             cached = seq.cached_tokens or 0
             self._image_tokens_cached += sum(
-                max(0, min(cached, image.end) - image.offset) for image in seq.images
+                image.placeholders_before(cached) for image in seq.images
             )
         return self.endings.result(seq, reason)
 

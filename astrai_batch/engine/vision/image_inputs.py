@@ -34,6 +34,12 @@ class ImageInput:
     for it that a model family needs (Qwen-VL: its `image_grid_thw`; held always, they are
     small), `key` the sha256 of them all (`pixel_key`).
 
+    `runs`: where an image's placeholders are several runs with text between them
+    (Idefics3's crops, each after its own `<row_r_col_c>` tokens), each run's `(offset,
+    length)` in order, the lengths summing to `length` (the image's features in order);
+    empty for one run. One image stays one input (one key, one encoder call, one load):
+    transformers encodes an image's crops in one batch, the call whose bits the engine keeps.
+
     A job keeps only the key and `load` (which makes the tensor again: decode and process)
     while a row waits in its window; the engine loads the pixels when the request arrives
     (`materialized`), so only the requests in the engine hold pixels, whatever the window."""
@@ -44,6 +50,7 @@ class ImageInput:
     pixel_values: torch.Tensor | None = None
     load: Callable[[], torch.Tensor] | None = None
     extras: tuple[torch.Tensor, ...] = ()
+    runs: tuple[tuple[int, int], ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.key) != 32:
@@ -54,10 +61,29 @@ class ImageInput:
             raise ValueError(
                 f"ImageInput needs offset >= 0 and length > 0, got {self.offset}, {self.length}"
             )
+        if self.runs:
+            starts_ok = self.runs[0][0] == self.offset and all(
+                a + n < b for (a, n), (b, _) in zip(self.runs, self.runs[1:], strict=False)
+            )
+            if not starts_ok or any(n <= 0 for _, n in self.runs):
+                raise ValueError("ImageInput.runs must be ordered, apart, from its offset")
+            if sum(n for _, n in self.runs) != self.length:
+                raise ValueError("ImageInput.runs must hold its length placeholders")
 
     @property
     def end(self) -> int:
-        return self.offset + self.length
+        """One past its last placeholder (text between its runs lies inside)."""
+        last, count = self.spans[-1]
+        return last + count
+
+    @property
+    def spans(self) -> tuple[tuple[int, int], ...]:
+        """Its placeholder runs, `(offset, length)` each (one for most families)."""
+        return self.runs or ((self.offset, self.length),)
+
+    def placeholders_before(self, position: int) -> int:
+        """How many of its placeholders lie before prompt `position`."""
+        return sum(max(0, min(position, at + n) - at) for at, n in self.spans)
 
     def materialized(self) -> ImageInput:
         """This image with its pixels in memory (loaded now when it has only `load`). Raises
@@ -68,7 +94,9 @@ class ImageInput:
         pixels = self.load()
         if pixel_key(pixels, self.extras) != self.key:
             raise ValueError("the image changed after the job first read it")
-        return ImageInput(self.key, self.offset, self.length, pixels, extras=self.extras)
+        return ImageInput(
+            self.key, self.offset, self.length, pixels, extras=self.extras, runs=self.runs
+        )
 
 
 def pixel_key(pixel_values: torch.Tensor, extras: Sequence[torch.Tensor] = ()) -> bytes:
@@ -97,12 +125,15 @@ def image_prompt(
     lengths: Sequence[int],
     loaders: Sequence[Callable[[], torch.Tensor]] | None = None,
     extras: Sequence[tuple[torch.Tensor, ...]] | None = None,
+    split: bool = False,
 ) -> tuple[list[int], tuple[ImageInput, ...]]:
     """The engine's prompt for a processor's output: its image token positions, in order,
     `lengths[i]` consecutive ones per image `pixel_values[i]` (that image's tensor alone),
     replaced by content ids. `extras[i]`: the image's other processed tensors (none by
     default). With `loaders`, the images keep `loaders[i]` (which make `pixel_values[i]`
-    again) instead of the tensors. Raises ValueError when they do not pair up."""
+    again) instead of the tensors. `split`: an image's placeholders may be several runs
+    (`ImageInput.runs`; `VisionTower.split_placeholders`), else they must be one. Raises
+    ValueError when they do not pair up."""
     ids = [int(t) for t in token_ids]
     positions = [i for i, t in enumerate(ids) if t == image_token_id]
     if len(positions) != sum(lengths) or len(lengths) != len(pixel_values):
@@ -115,18 +146,33 @@ def image_prompt(
     images = []
     taken = 0
     for pixels, length, more in zip(pixel_values, lengths, extras, strict=True):
-        start = positions[taken]
-        if positions[taken + length - 1] != start + length - 1:
-            raise ValueError("an image's placeholder tokens are not consecutive")
+        mine = positions[taken : taken + length]
         taken += length
+        runs = _runs(mine)
+        if len(runs) > 1 and not split:
+            raise ValueError("an image's placeholder tokens are not consecutive")
         key = pixel_key(pixels, more)
-        ids[start : start + length] = placeholder_ids(key, length)
+        for position, content_id in zip(mine, placeholder_ids(key, length), strict=True):
+            ids[position] = content_id
+        start = mine[0]
+        runs = tuple(runs) if len(runs) > 1 else ()
         if loaders is None:
-            images.append(ImageInput(key, start, length, pixels, extras=tuple(more)))
+            images.append(ImageInput(key, start, length, pixels, extras=tuple(more), runs=runs))
         else:
             load = loaders[len(images)]
-            images.append(ImageInput(key, start, length, load=load, extras=tuple(more)))
+            images.append(ImageInput(key, start, length, load=load, extras=tuple(more), runs=runs))
     return ids, tuple(images)
+
+
+def _runs(positions: Sequence[int]) -> list[tuple[int, int]]:
+    """Increasing positions as runs of consecutive ones, `(first, count)` each."""
+    runs: list[tuple[int, int]] = []
+    for position in positions:
+        if runs and runs[-1][0] + runs[-1][1] == position:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((position, 1))
+    return runs
 
 
 def real_prompt(prompt: Sequence[int], image_token_id: int) -> tuple[int, ...]:
@@ -140,8 +186,12 @@ def check_image_prompt(prompt: Sequence[int], images: Sequence[ImageInput]) -> s
     for image in images:
         if image.offset < previous_end or image.end > len(prompt):
             return "the request's images overlap or lie past its prompt"
-        if list(prompt[image.offset : image.end]) != placeholder_ids(image.key, image.length):
-            return "an image's placeholder tokens do not carry its content ids"
+        content = placeholder_ids(image.key, image.length)
+        done = 0
+        for at, count in image.spans:
+            if list(prompt[at : at + count]) != content[done : done + count]:
+                return "an image's placeholder tokens do not carry its content ids"
+            done += count
         previous_end = image.end
     covered = sum(image.length for image in images)
     if sum(1 for t in prompt if t < 0) != covered:

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from astrai_batch.engine.vision.gemma3_tower import Gemma3Tower
+from astrai_batch.engine.vision.idefics3_tower import Idefics3Tower
 from astrai_batch.engine.vision.qwen_vl_tower import QwenVLTower
 from astrai_batch.engine.vision.tower import LlavaTower, VisionTower
 
@@ -19,6 +20,8 @@ _TOWERS: dict[str, type[VisionTower]] = {
     "qwen2_5_vl": QwenVLTower,
     "qwen3_vl": QwenVLTower,
     "gemma3": Gemma3Tower,
+    "idefics3": Idefics3Tower,
+    "smolvlm": Idefics3Tower,  # Idefics3's code under its own config and processor classes
 }
 
 

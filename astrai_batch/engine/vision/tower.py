@@ -24,9 +24,10 @@ from astrai_batch.engine.vision.image_inputs import ImageInput
 
 # vision-language model types the engine runs, each with a tiny random-weight test against
 # transformers (tests/engine/vision/test_llava_exact.py, test_qwen_vl_exact.py,
-# test_gemma3_exact.py); the tower of each is picked by `loading.vision_tower`
+# test_gemma3_exact.py, test_idefics3_exact.py); the tower of each is picked by
+# `loading.vision_tower`
 VISION_MODEL_TYPES: frozenset[str] = frozenset(
-    {"llava", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "gemma3"}
+    {"llava", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "gemma3", "idefics3", "smolvlm"}
 )
 
 
@@ -40,6 +41,8 @@ class VisionTower:
     # (`ImageInput.extras`, in this order)
     extra_names: tuple[str, ...] = ()
     bidirectional_images = False
+    # an image's placeholders may be several runs with text between (`ImageInput.runs`)
+    split_placeholders: bool = False
 
     def __init__(self, vlm: Any, processor: Any = None) -> None:
         config = vlm.config
@@ -62,6 +65,10 @@ class VisionTower:
     def image_lengths(self, extras: Sequence[tuple[torch.Tensor, ...]]) -> list[int]:
         """The placeholder count of each image, from its `extras` (one tuple per image)."""
         raise NotImplementedError
+
+    def image_extras(self, out: Any) -> tuple[torch.Tensor, ...]:
+        """An image's `extras` from the image processor's output for it alone."""
+        return tuple(out[name] for name in self.extra_names)
 
     def split_processed(self, batch: Any) -> list[tuple[torch.Tensor, tuple[torch.Tensor, ...]]]:
         """A processor output's images one by one: (pixel_values, extras) each, as the
@@ -135,7 +142,8 @@ def language_model(vlm: Any, cls: type | None = None) -> torch.nn.Module:
         skeleton = cls.config_class(**values)
     with torch.device("meta"):
         lm = cls(skeleton)
-    lm.model = vlm.model.language_model
+    decoder = getattr(vlm.model, "language_model", None)
+    lm.model = decoder if decoder is not None else vlm.model.text_model  # Idefics3's name
     lm.lm_head = vlm.lm_head
     lm.config = text_config
     lm.eval()
@@ -167,31 +175,40 @@ def step_embeddings(
     ids: the features of their image rows), else None (the step runs on token ids). An
     image's features wider than the hidden size carry its DeepStack features after the
     first `hidden` columns (`QwenVLTower.encode`)."""
-    spans = []
+    covered = []  # (image, its pieces in the step: (step row, first feature, stop))
     base = 0
     for chunk in chunks:
         start = chunk.start
         end = start + len(chunk.token_ids)
         for image in chunk.images:
-            lo, hi = max(start, image.offset), min(end, image.end)
-            if lo < hi:
-                spans.append((base + lo - start, image, lo - image.offset, hi - image.offset))
+            pieces = []
+            done = 0  # features before this run (an image's runs hold them in order)
+            for at, count in image.spans:
+                lo, hi = max(start, at), min(end, at + count)
+                if lo < hi:
+                    pieces.append((base + lo - start, done + lo - at, done + hi - at))
+                done += count
+            if pieces:
+                covered.append((image, pieces))
         base += len(chunk.token_ids)
-    if not spans:
+    if not covered:
         return None
     ids = torch.where(token_ids < 0, image_token_id, token_ids)
     embeds = embed(ids)
     hidden = embeds.shape[-1]
     deep = []
-    for row, image, first, stop in spans:
-        features = cache.features(image, finishes=stop == image.length)
-        embeds[row : row + stop - first] = features[first:stop, :hidden]
-        if features.shape[-1] > hidden:
-            deep.append(features[first:stop, hidden:])
+    spans = []
+    for image, pieces in covered:  # one lookup per image and chunk, whatever its runs
+        features = cache.features(image, finishes=pieces[-1][2] == image.length)
+        for row, first, stop in pieces:
+            spans.append((row, first, stop))
+            embeds[row : row + stop - first] = features[first:stop, :hidden]
+            if features.shape[-1] > hidden:
+                deep.append(features[first:stop, hidden:])
     if not deep:
         return StepImages(embeds)
     rows = torch.zeros(len(ids), dtype=torch.bool, device=embeds.device)
-    for row, _, first, stop in spans:
+    for row, first, stop in spans:
         rows[row : row + stop - first] = True
     stacked = torch.cat(deep).unflatten(-1, (-1, hidden))  # [rows, layers, hidden]
     return StepImages(embeds, rows, list(stacked.unbind(1)))

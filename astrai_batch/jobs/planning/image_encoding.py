@@ -34,7 +34,8 @@ def encode_image_row(
         return (
             f"model {model_name!r} has no image processor saved with it "
             "(preprocessor_config.json), or its processor needs a package not installed "
-            "(Qwen-VL's: torchvision), so its images cannot be prepared"
+            "(Qwen-VL's: torchvision; SmolVLM's: num2words, torchvision), so its images "
+            "cannot be prepared"
         )
     try:
         check_image_count(len(refs), limits)
@@ -43,7 +44,7 @@ def encode_image_row(
         return str(exc)
     try:
         ids = processor(images=images, text=text, add_special_tokens=False)["input_ids"][0]
-        processed = [image_tensors(processor, image, tower.extra_names) for image in images]
+        processed = [image_tensors(processor, image, tower) for image in images]
     except Exception as exc:  # a processor may raise anything on odd input
         return f"image processing failed: {_one_line(exc)}"
     loaders = [partial(_reload, ref, limits, processor) for ref in refs]
@@ -56,6 +57,7 @@ def encode_image_row(
             tower.image_lengths(extras),
             loaders,
             extras,
+            split=tower.split_placeholders,
         )
     except ValueError as exc:
         return f"the chat template's image placeholders do not fit the images: {exc}"
@@ -63,12 +65,13 @@ def encode_image_row(
 
 
 def image_tensors(
-    processor: Any, image: Any, extra_names: Sequence[str] = ()
+    processor: Any, image: Any, tower: Any = None
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-    """One image's pixel tensor and its `extra_names` tensors, as the processor makes them
-    for a prompt (its image processor, on this image alone)."""
+    """One image's pixel tensor and the `extras` its tower takes (`VisionTower.image_extras`;
+    none without a tower), as the processor makes them for a prompt (its image processor,
+    on this image alone)."""
     out = processor.image_processor(images=[image], return_tensors="pt")
-    return out["pixel_values"], tuple(out[name] for name in extra_names)
+    return out["pixel_values"], (() if tower is None else tower.image_extras(out))
 
 
 def _reload(ref: ImageRef, limits: ImageLimits, processor: Any) -> torch.Tensor:

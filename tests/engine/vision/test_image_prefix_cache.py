@@ -115,6 +115,11 @@ def test_content_ids_name_the_pixels():
         image_prompt([5, 9, 9, 9, 6], 9, [pixels], [4])
     with pytest.raises(ValueError, match="not consecutive"):
         image_prompt([5, 9, 9, 6, 9, 9], 9, [pixels], [4])
+    # a family whose image is several runs (Idefics3's crops): one image, its ids in order
+    split, (image,) = image_prompt([5, 9, 9, 6, 9, 9], 9, [pixels], [4], split=True)
+    assert image.runs == ((1, 2), (4, 2)) and image.end == 6
+    assert split == [5, *ids[:2], 6, *ids[2:4]]
+    assert [image.placeholders_before(p) for p in (1, 3, 4, 5, 6)] == [0, 2, 2, 3, 4]
 
 
 def test_the_engine_option_bounds_the_encoder_cache(loaded):
