@@ -185,7 +185,10 @@ class EngineCore:
             return None, (), f"model {self.loaded.name!r} takes no images (no vision tower)"
         problem = check_image_prompt(prompt, request.images)
         if problem is None:
-            lengths = tower.image_lengths([image.extras for image in request.images])
+            try:  # a family's own check of an image's extras (Qwen-VL: its grid)
+                lengths = tower.image_lengths([image.extras for image in request.images])
+            except ValueError as exc:
+                return None, (), str(exc)
             for image, length in zip(request.images, lengths, strict=True):
                 if image.length != length:
                     problem = f"an image takes {length} placeholder tokens with this model"

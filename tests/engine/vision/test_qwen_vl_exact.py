@@ -7,6 +7,8 @@ with its M-RoPE positions intact."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from invariance_kit import assert_same_rows, run_capturing
@@ -178,3 +180,24 @@ def test_a_jobs_image_row_is_the_processors_prompt_and_runs_exactly(qwen_vl):
     request = GenerationRequest(0, ids, SamplingParams(max_tokens=MAX_NEW), images=inputs)
     results, _ = generate_sync(loaded, [request], EngineConfig(page_size=8, num_pages=64))
     assert [list(results[0].token_ids)] == hf_vlm_greedy(model_dir, [reference], MAX_NEW)
+
+
+def test_an_image_without_its_grid_or_with_another_count_is_the_rows_error(qwen_vl):
+    _, loaded, processor = qwen_vl
+    batch = processed(processor, "What is it?", [random_image(7, (100, 60))])
+    ids, (image,) = engine_prompt(loaded.vision, batch)
+    params = SamplingParams(max_tokens=2)
+    no_grid = dataclasses.replace(image, extras=())
+    other_grid = dataclasses.replace(image, extras=(torch.tensor([[1, 4, 4]]),))
+    results, _ = generate_sync(
+        loaded,
+        [
+            GenerationRequest(0, ids, params, images=(no_grid,)),
+            GenerationRequest(1, ids, params, images=(other_grid,)),
+        ],
+        EngineConfig(page_size=8, num_pages=32),
+    )
+    assert [r.error for r in results] == [
+        "a Qwen-VL image needs its image_grid_thw (1 x 3)",
+        "an image takes 4 placeholder tokens with this model",
+    ]
