@@ -8,12 +8,14 @@ from typing import Any
 
 import torch
 
+from astrai_batch.engine.vision.llava_next_tower import LlavaNextTower
 from astrai_batch.engine.vision.qwen_vl_tower import QwenVLTower
 from astrai_batch.engine.vision.tower import LlavaTower, VisionTower, language_model
 
 # each vision model type's tower (every type in `tower.VISION_MODEL_TYPES`)
 _TOWERS: dict[str, type[VisionTower]] = {
     "llava": LlavaTower,
+    "llava_next": LlavaNextTower,
     "qwen2_vl": QwenVLTower,
     "qwen2_5_vl": QwenVLTower,
     "qwen3_vl": QwenVLTower,
