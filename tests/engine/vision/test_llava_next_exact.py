@@ -24,7 +24,7 @@ from astrai_batch.engine.core import EngineCore
 from astrai_batch.engine.model.loader import load_model
 from astrai_batch.engine.vision.llava_next_tower import LlavaNextTower
 from astrai_batch.io.image_sources import ImageLimits, ImageRef
-from astrai_batch.jobs.planning.image_encoding import encode_image_row
+from astrai_batch.jobs.planning.image_encoding import encode_image_row, weightless_tower
 
 MAX_NEW = 8
 
@@ -170,8 +170,8 @@ def test_a_repeated_image_is_read_from_the_prefix_cache(llava_next):
 def test_a_jobs_image_row_is_the_processors_prompt_and_runs_exactly(llava_next):
     """A chat row's images as a job prepares them (each image through the image processor
     alone, its image_sizes kept beside its pixels, pixels loaded again when the request
-    arrives): the processor's token ids, each image's own placeholder count, and
-    transformers' tokens."""
+    arrives): the processor's token ids, each image's own placeholder count, the same
+    prompt from `plan`'s weightless tower, and transformers' tokens."""
     model_dir, loaded = llava_next
     tower = loaded.vision
     processor = tower.processor
@@ -185,6 +185,9 @@ def test_a_jobs_image_row_is_the_processors_prompt_and_runs_exactly(llava_next):
     assert [tower.image_token_id if t < 0 else t for t in ids] == reference["input_ids"][0].tolist()
     assert [image.length for image in inputs] == [52, 56]
     assert all(image.pixel_values is None for image in inputs)  # loaded by the engine
+    # `plan`'s tower (config and processor, no weights) writes the same prompt
+    planned = encode_image_row(weightless_tower(str(model_dir)), "tiny", text, refs, ImageLimits())
+    assert planned[0] == ids and [i.key for i in planned[1]] == [i.key for i in inputs]
     request = GenerationRequest(0, ids, SamplingParams(max_tokens=MAX_NEW), images=inputs)
     results, _ = generate_sync(loaded, [request], EngineConfig(page_size=8, num_pages=64))
     assert [list(results[0].token_ids)] == hf_vlm_greedy(model_dir, [reference], MAX_NEW)
