@@ -102,10 +102,19 @@ _MULTIMODAL_SUBCONFIGS = ("vision_config", "text_config", "audio_config")
 # Vision-language model types the engine runs: their language model (text_config) on the
 # paged path, checked like a text model, their vision tower by transformers
 # (`engine.vision.tower`); each with a tiny random-weight test against transformers
-# (tests/engine/vision/test_llava_exact.py, test_qwen_vl_exact.py, test_gemma3_exact.py,
-# test_idefics3_exact.py).
+# (tests/engine/vision/test_llava_exact.py, test_llava_next_exact.py, test_qwen_vl_exact.py,
+# test_gemma3_exact.py, test_idefics3_exact.py).
 VISION_MODEL_TYPES: frozenset[str] = frozenset(
-    {"llava", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "gemma3", "idefics3", "smolvlm"}
+    {
+        "llava",
+        "llava_next",
+        "qwen2_vl",
+        "qwen2_5_vl",
+        "qwen3_vl",
+        "gemma3",
+        "idefics3",
+        "smolvlm",
+    }
 )
 # language models that run only as a vision model's half (no causal-LM class of their own):
 # Qwen2's or Qwen3's decoder with multimodal rotary positions (`engine.vision.qwen_vl_tower`)

@@ -10,12 +10,14 @@ import torch
 
 from astrai_batch.engine.vision.gemma3_tower import Gemma3Tower
 from astrai_batch.engine.vision.idefics3_tower import Idefics3Tower
+from astrai_batch.engine.vision.llava_next_tower import LlavaNextTower
 from astrai_batch.engine.vision.qwen_vl_tower import QwenVLTower
 from astrai_batch.engine.vision.tower import LlavaTower, VisionTower
 
 # each vision model type's tower (every type in `tower.VISION_MODEL_TYPES`)
 _TOWERS: dict[str, type[VisionTower]] = {
     "llava": LlavaTower,
+    "llava_next": LlavaNextTower,
     "qwen2_vl": QwenVLTower,
     "qwen2_5_vl": QwenVLTower,
     "qwen3_vl": QwenVLTower,

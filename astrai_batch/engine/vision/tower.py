@@ -23,11 +23,20 @@ from astrai_batch.engine.vision.encoder_cache import EncoderCache
 from astrai_batch.engine.vision.image_inputs import ImageInput
 
 # vision-language model types the engine runs, each with a tiny random-weight test against
-# transformers (tests/engine/vision/test_llava_exact.py, test_qwen_vl_exact.py,
-# test_gemma3_exact.py, test_idefics3_exact.py); the tower of each is picked by
-# `loading.vision_tower`
+# transformers (tests/engine/vision/test_llava_exact.py, test_llava_next_exact.py,
+# test_qwen_vl_exact.py, test_gemma3_exact.py, test_idefics3_exact.py); the tower of each is
+# picked by `loading.vision_tower`
 VISION_MODEL_TYPES: frozenset[str] = frozenset(
-    {"llava", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "gemma3", "idefics3", "smolvlm"}
+    {
+        "llava",
+        "llava_next",
+        "qwen2_vl",
+        "qwen2_5_vl",
+        "qwen3_vl",
+        "gemma3",
+        "idefics3",
+        "smolvlm",
+    }
 )
 
 

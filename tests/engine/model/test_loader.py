@@ -405,7 +405,7 @@ def test_supported_configs(config):
             transformers.Mistral3Config(),
             "model type 'mistral3' is not supported: it is a vision-language model of a type "
             "the engine does not run (vision-language model types: gemma3, idefics3, llava, "
-            "qwen2_5_vl, qwen2_vl, qwen3_vl, smolvlm)",
+            "llava_next, qwen2_5_vl, qwen2_vl, qwen3_vl, smolvlm)",
         ),
         (  # Qwen2-VL's language half runs only inside its vision model
             transformers.Qwen2VLConfig().text_config,
