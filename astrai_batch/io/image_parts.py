@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from astrai_batch.io.image_cells import CellOrigin, ImageCell
 from astrai_batch.io.image_sources import DETAILS, ImageRef
 from astrai_batch.io.rows import RowProblem
 from astrai_batch.json_types import json_type
@@ -64,26 +65,31 @@ def check_image_role(role: str, where: str) -> None:
         )
 
 
-def image_cell_refs(value: Any, column: str) -> tuple[ImageRef, ...]:
+def image_cell_refs(
+    value: Any, column: str, origin: CellOrigin | None = None
+) -> tuple[ImageRef, ...]:
     """The images of one ``--image-column`` cell: null or an empty list is none; bytes; a
     string (a path, URI or data URL); Hugging Face ``datasets``' Image struct
-    ``{bytes, path}`` (bytes win; a struct with neither is no image); or a list of those."""
+    ``{bytes, path}`` (bytes win; a struct with neither is no image); or a list of those.
+    `origin`: where the record is stored (Parquet and Arrow inputs), so bytes keep their
+    `ImageCell` and a waiting row can drop them (`ImageRef.without_bytes`)."""
     if value is None:
         return ()
     if isinstance(value, (list, tuple)):
         refs = []
         for position, item in enumerate(value):
-            ref = _cell_ref(item, f"{column}[{position}]")
+            cell = None if origin is None else origin.cell(column, position)
+            ref = _cell_ref(item, f"{column}[{position}]", cell)
             if ref is not None:
                 refs.append(ref)
         return tuple(refs)
-    ref = _cell_ref(value, column)
+    ref = _cell_ref(value, column, None if origin is None else origin.cell(column, None))
     return () if ref is None else (ref,)
 
 
-def _cell_ref(value: Any, where: str) -> ImageRef | None:
+def _cell_ref(value: Any, where: str, cell: ImageCell | None) -> ImageRef | None:
     if isinstance(value, (bytes, bytearray, memoryview)):
-        return ImageRef(data=bytes(value))
+        return ImageRef(data=bytes(value), cell=cell)
     if isinstance(value, str):
         if not value.strip():
             raise RowProblem(f"{where} is an empty string, not an image")
@@ -95,7 +101,7 @@ def _cell_ref(value: Any, where: str) -> ImageRef | None:
         if path is not None and not isinstance(path, str):
             raise RowProblem(f"{where}.path must be a string, got {json_type(path)}")
         if data is not None:
-            return ImageRef(data=bytes(data), path_hint=path or None)
+            return ImageRef(data=bytes(data), path_hint=path or None, cell=cell)
         if path:
             return ImageRef(url=path)
         return None

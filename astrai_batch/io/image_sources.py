@@ -1,9 +1,11 @@
 """Where a row's images come from, and turning one into pixels (or a row error).
 
-Readers keep only `ImageRef`s (a URL or path as the row names it, or a Parquet cell's bytes);
-the job decodes each row's images with `load_image` when it prepares the row's window, so a
-window's decoded images are the only ones in memory. An image that cannot be used raises
-`ImageError` with a one-line reason, which the job turns into that row's error.
+Readers keep only `ImageRef`s (a URL or path as the row names it, or a Parquet cell's bytes
+and where they are stored); the job decodes each row's images with `load_image` when it
+prepares the row's window and again when the row's request enters the engine (a cell's bytes
+then read again, `io.image_cells`), so no waiting row holds decoded images or cell bytes.
+An image that cannot be used raises `ImageError` with a one-line reason, which the job turns
+into that row's error.
 
 A `url` is one of: a ``data:`` URL (``data:image/png;base64,...``), a local path (relative to
 the working directory, as transformers' ``load_image`` reads it), or a URI of any filesystem
@@ -36,6 +38,7 @@ import pyarrow as pa
 from astrai_batch.checks import require_positive_int
 from astrai_batch.errors import ConfigError, ImageError
 from astrai_batch.io.filesystems import is_uri, resolve, shown_uri
+from astrai_batch.io.image_cells import CellReader, ImageCell
 
 __all__ = [
     "DETAILS",
@@ -61,19 +64,21 @@ _SHOWN_URL = 60  # the longest path or URI a message repeats in full
 
 @dataclass(frozen=True)
 class ImageRef:
-    """One image of a row, as the row names it: exactly one of `url` (a data URL, a local
-    path or a filesystem URI) and `data` (encoded bytes, from a Parquet cell). `detail` is
-    OpenAI's ``auto`` / ``low`` / ``high`` (None: not given); `path_hint` names bytes in
-    messages (Hugging Face's Image struct stores the file name beside them)."""
+    """One image of a row, as the row names it: either `url` (a data URL, a local path or a
+    filesystem URI), or a Parquet cell's `data` (encoded bytes) and/or its `cell` (where those
+    bytes are stored, to read them again: `without_bytes`). `detail` is OpenAI's ``auto`` /
+    ``low`` / ``high`` (None: not given); `path_hint` names bytes in messages (Hugging Face's
+    Image struct stores the file name beside them)."""
 
     url: str | None = None
     data: bytes | None = None
     detail: str | None = None
     path_hint: str | None = None
+    cell: ImageCell | None = None
 
     def __post_init__(self) -> None:
-        if (self.url is None) == (self.data is None):
-            raise ValueError("an ImageRef has exactly one of url and data")
+        if (self.url is None) == (self.data is None and self.cell is None):
+            raise ValueError("an ImageRef has exactly one of url and data (or its cell)")
         if self.url is not None and (not isinstance(self.url, str) or not self.url):
             raise ValueError("ImageRef.url must be a non-empty string")
         if self.data is not None and not isinstance(self.data, bytes):
@@ -81,11 +86,20 @@ class ImageRef:
         if self.detail is not None and self.detail not in DETAILS:
             raise ValueError(f"ImageRef.detail must be one of {DETAILS}, got {self.detail!r}")
 
+    def without_bytes(self) -> ImageRef:
+        """What a row waiting in its window keeps of this image: a Parquet cell's bytes
+        dropped for where they are stored (`load_image` reads them again); else itself."""
+        if self.data is None or self.cell is None:
+            return self
+        return ImageRef(detail=self.detail, path_hint=self.path_hint, cell=self.cell)
+
     @property
     def source(self) -> str:
         """How messages name this image: short, never the bytes of a data URL."""
-        if self.data is not None:
+        if self.data is not None or self.cell is not None:
             named = f"{_shorten(self.path_hint)} " if self.path_hint else ""
+            if self.data is None:
+                return f"{named}({self.cell.shown})"  # type: ignore[union-attr]
             return f"{named}({len(self.data):,} bytes)"
         url = self.url or ""
         if url[:5].lower() == "data:":
@@ -147,13 +161,22 @@ def too_many_images_message(count: int, limit: int) -> str:
     return f"the row has {count} images, more than --max-images-per-row {limit}"
 
 
-def load_image(ref: ImageRef, limits: ImageLimits | None = None) -> LoadedImage:
+def load_image(
+    ref: ImageRef, limits: ImageLimits | None = None, cells: CellReader | None = None
+) -> LoadedImage:
     """The decoded RGB image of `ref` (see the module docstring for the rules); raises
-    `ImageError` with a one-line reason for anything that keeps it from being used."""
+    `ImageError` with a one-line reason for anything that keeps it from being used. A ref
+    with only its `cell` is read again through `cells` (a reader that keeps no row group when
+    None)."""
     limits = limits or ImageLimits()
     image_module = require_pillow()
     source = ref.source
-    data = ref.data if ref.data is not None else _read_url(ref.url or "", source, limits)
+    if ref.data is not None:
+        data = ref.data
+    elif ref.cell is not None:
+        data = (cells or CellReader(keep=0)).read(ref.cell)
+    else:
+        data = _read_url(ref.url or "", source, limits)
     if len(data) > limits.max_bytes:
         raise ImageError(
             f"image {source} is {len(data):,} bytes, more than the limit of "

@@ -5,6 +5,7 @@ types are errors with exact messages."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 
 import numpy as np
@@ -29,6 +30,18 @@ def png(color: tuple[int, int, int]) -> bytes:
 
 RED, BLUE = png((255, 0, 0)), png((0, 0, 255))
 HF_IMAGE = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+
+
+def without_cell(ref: ImageRef) -> ImageRef:
+    return dataclasses.replace(ref, cell=None)
+
+
+def where(ref: ImageRef) -> tuple | None:
+    """(row group, row in it, column, list item) of a Parquet cell's image; None: a url."""
+    cell = ref.cell
+    return (
+        None if cell is None else (cell.origin.row_group, cell.origin.row, cell.column, cell.item)
+    )
 
 
 def user(*parts) -> tuple[dict, ...]:
@@ -58,7 +71,14 @@ def test_hugging_face_image_structs_and_binary_cells(tmp_path) -> None:
     pq.write_table(table, tmp_path / "in.parquet")
     rows = list(open_input(tmp_path / "in.parquet", image_column="image").iter_rows())
     assert [row.error for row in rows] == [None] * 4
-    assert [row.images for row in rows] == [
+    # bytes keep where they are stored (row group, row, column, list item), paths do not
+    assert [[where(ref) for ref in row.images] for row in rows] == [
+        [(0, 0, "image", None)],
+        [(0, 1, "image", None)],
+        [],
+        [None],
+    ]
+    assert [tuple(map(without_cell, row.images)) for row in rows] == [
         (ImageRef(data=RED, path_hint="red.png"),),
         (ImageRef(data=BLUE),),
         (),
@@ -82,7 +102,8 @@ def test_lists_binary_and_string_cells(tmp_path) -> None:
     )
     pq.write_table(table, tmp_path / "in.parquet")
     rows = list(open_input(tmp_path / "in.parquet", image_column="images").iter_rows())
-    assert rows[0].images == (ImageRef(data=RED), ImageRef(data=BLUE))
+    assert tuple(map(without_cell, rows[0].images)) == (ImageRef(data=RED), ImageRef(data=BLUE))
+    assert [where(ref) for ref in rows[0].images] == [(0, 0, "images", 0), (0, 0, "images", 1)]
     assert rows[0].messages == user(IMAGE, IMAGE, text("Compare"))
     assert rows[2].images == () and rows[2].messages == ({"role": "user", "content": "None"},)
 

@@ -6,9 +6,11 @@ tokens), and each image's placeholder tokens turned into its content ids
 text before an image and the image itself. A bad image is the row's error, in one line.
 
 Decoded images live only while their row is encoded: a row in its window keeps each image's
-key and how to load it again (its `ImageRef`), and the engine loads the pixels when the row's
-request arrives, so the requests in the engine (bounded by its waiting list and batch) are
-the only ones holding pixels. The cost: an image is decoded and preprocessed twice.
+key and how to load it again (its `ImageRef`, a Parquet cell's without its bytes: where they
+are stored, `io.image_cells`), and the engine loads the pixels when the row's request
+arrives, so the requests in the engine (bounded by its waiting list and batch) are the only
+ones holding pixels or cell bytes. The cost: an image is read, decoded and preprocessed
+twice.
 """
 
 from __future__ import annotations
@@ -21,14 +23,21 @@ import torch
 
 from astrai_batch.engine.vision.image_inputs import image_prompt
 from astrai_batch.errors import ImageError
+from astrai_batch.io.image_cells import CellReader
 from astrai_batch.io.image_sources import ImageLimits, ImageRef, check_image_count, load_image
 
 
 def encode_image_row(
-    tower: Any, model_name: str, text: str, refs: Sequence[ImageRef], limits: ImageLimits
+    tower: Any,
+    model_name: str,
+    text: str,
+    refs: Sequence[ImageRef],
+    limits: ImageLimits,
+    cells: CellReader | None = None,
 ) -> tuple[tuple[int, ...], tuple] | str:
     """(the prompt's token ids with content ids, its `ImageInput`s), or the row's error. The
-    images keep a loader, not their pixels (`ImageInput.materialized`)."""
+    images keep a loader, not their pixels (`ImageInput.materialized`); a loader reads a
+    Parquet cell's bytes again through `cells`."""
     processor = tower.processor
     if processor is None:
         return (
@@ -45,7 +54,7 @@ def encode_image_row(
         pixels = [image_pixels(processor, image) for image in images]
     except Exception as exc:  # a processor may raise anything on odd input
         return f"image processing failed: {_one_line(exc)}"
-    loaders = [partial(_reload, ref, limits, processor) for ref in refs]
+    loaders = [partial(_reload, ref.without_bytes(), limits, processor, cells) for ref in refs]
     try:
         ids, inputs = image_prompt(
             ids, tower.image_token_id, pixels, tower.image_lengths(len(images)), loaders
@@ -61,8 +70,10 @@ def image_pixels(processor: Any, image: Any) -> torch.Tensor:
     return processor.image_processor(images=[image], return_tensors="pt")["pixel_values"]
 
 
-def _reload(ref: ImageRef, limits: ImageLimits, processor: Any) -> torch.Tensor:
-    return image_pixels(processor, load_image(ref, limits).image)
+def _reload(
+    ref: ImageRef, limits: ImageLimits, processor: Any, cells: CellReader | None
+) -> torch.Tensor:
+    return image_pixels(processor, load_image(ref, limits, cells).image)
 
 
 def vision_model_at(location: str, trust_remote_code: bool = False) -> bool:

@@ -28,6 +28,7 @@ from typing import Any
 from astrai_batch.engine.model.support import has_chat_template, no_chat_template_message
 from astrai_batch.errors import AstraiBatchError, ConfigError
 from astrai_batch.io import InputRow
+from astrai_batch.io.image_cells import CellReader
 from astrai_batch.io.image_sources import ImageLimits
 from astrai_batch.jobs.planning.image_encoding import encode_image_row
 
@@ -96,6 +97,8 @@ class PromptEncoder:
         self.model_name = model_name
         self.vision = vision
         self.image_limits = image_limits or ImageLimits()
+        # reads a waiting row's Parquet image cells again when its request enters the engine
+        self.image_cells = CellReader()
         # the error of a row with images where no vision tower is loaded: a text model's, or
         # the limitation of a path that does not load a vision model's tower (Ray, plan)
         self.images_refused = images_refused or text_only_message(model_name)
@@ -202,7 +205,7 @@ class PromptEncoder:
 
     def _encode_images(self, row: InputRow, text: str) -> Encoding:
         encoded = encode_image_row(
-            self.vision, self.model_name, text, row.images, self.image_limits
+            self.vision, self.model_name, text, row.images, self.image_limits, self.image_cells
         )
         if isinstance(encoded, str):
             return Encoding(error=encoded)

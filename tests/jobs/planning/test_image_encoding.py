@@ -155,3 +155,101 @@ def test_the_planner_groups_rows_by_the_text_before_and_the_image(tower, tmp_pat
         assert other.token_ids[:end] == first.token_ids[:end]
     assert window.rows[1].token_ids[:end] != first.token_ids[:end]
     assert [len(window.rows[i].images) for i in range(6)] == [1, 1, 0, 1, 1, 1]
+
+
+def bytes_reached(roots, shared) -> list[int]:
+    """The lengths of the `bytes` objects reachable from `roots` (by `gc.get_referents`),
+    not through `shared` (the job's objects every row points at: processor, reader, limits)
+    nor functions, classes and modules (their globals)."""
+    import gc
+    import types
+
+    skipped = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType)
+    seen, stack, found = {id(obj) for obj in shared}, list(roots), []
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen or isinstance(obj, skipped):
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, bytes):
+            found.append(len(obj))
+        else:
+            stack.extend(gc.get_referents(obj))
+    return found
+
+
+def parquet_image_rows(path, images, rows: int):
+    """A Parquet file of `rows` prompt rows, row i with the binary image i % len(images), in
+    row groups of 2 rows."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    cells = [png_bytes(images[i % len(images)]) for i in range(rows)]
+    prompts = [f"What is in picture {i}?" for i in range(rows)]
+    pq.write_table(pa.table({"prompt": prompts, "img": cells}), path, row_group_size=2)
+
+
+def png_bytes(image) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def prepared(tower, path, encoder=None):
+    from astrai_batch.engine.sampling.params import SamplingParams
+    from astrai_batch.io import open_input
+    from astrai_batch.jobs.planning.tokenize import PromptEncoder
+    from astrai_batch.jobs.planning.window import prepare_window
+
+    rows = list(open_input(path, image_column="img").iter_rows())
+    encoder = encoder or PromptEncoder(tower.processor.tokenizer, "tiny", vision=tower)
+    window = prepare_window(
+        0, 0, rows, encoder=encoder, base_params=SamplingParams(), page_size=4,
+        group_offset=0, grouping=True,
+    )  # fmt: skip
+    return window, encoder, rows
+
+
+@pytest.mark.parametrize("rows", [3, 12])
+def test_rows_waiting_in_a_window_hold_no_parquet_image_bytes(tower, tmp_path, rows):
+    """A prepared window of Parquet image cells keeps, per image, its 32-byte key and where
+    its bytes are stored: no image's bytes, however many rows wait (before, each image row
+    held its cell's bytes until its window was done)."""
+    images = [random_image(41), random_image(42, (64, 48))]
+    parquet_image_rows(tmp_path / "in.parquet", images, rows)
+    window, encoder, input_rows = prepared(tower, tmp_path / "in.parquet")
+    assert all(row.images[0].data is not None for row in input_rows)  # the reader read them
+    waiting = [image for row in window.rows for image in row.images]
+    assert len(waiting) == rows
+    shared = (encoder, tower.processor, encoder.image_cells, encoder.image_limits)
+    assert sorted(bytes_reached([window], shared)) == [32] * rows  # the images' keys
+
+
+def test_a_parquet_image_read_again_gives_the_first_reads_pixels(tower, tmp_path):
+    """The engine's load reads each cell again (one read per row group in input order) and
+    gets the pixels keyed at the first read; a cell whose image changed since fails its row
+    with the changed-image reason, as a changed file does."""
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "in.parquet"
+    images = [random_image(43), random_image(44)]
+    parquet_image_rows(path, images, 5)
+    window, encoder, _ = prepared(tower, path)
+    by_index = {row.index: row.images[0] for row in window.rows}
+    processor = tower.processor
+    for index in range(5):
+        loaded = by_index[index].materialized()
+        want = processor.image_processor(images=[images[index % 2]], return_tensors="pt")
+        assert torch.equal(loaded.pixel_values, want["pixel_values"])
+        assert loaded.key == pixel_key(want["pixel_values"])
+    assert encoder.image_cells.reads == 3  # row groups {0, 1}, {2, 3}, {4}
+    table = pq.read_table(path)
+    swapped = table.set_column(1, "img", table.column("img").take([1, 0, 2, 3, 4]))
+    pq.write_table(swapped, path, row_group_size=2)
+    fresh, _, _ = prepared(tower, path, encoder)
+    assert fresh.rows[0].images[0].materialized().key == by_index[1].key
+    with pytest.raises(ValueError, match=r"^the image changed after the job first read it$"):
+        by_index[0].materialized()
+    path.unlink()  # row 2's row group is no longer kept by the reader: read, and gone
+    with pytest.raises(ImageError, match=r"in\.parquet is gone: its images cannot be read again"):
+        by_index[2].materialized()
