@@ -62,7 +62,7 @@ DEFAULT_MAX_BYTES = 64 * 2**20  # one image's stored (encoded) size
 _SHOWN_URL = 60  # the longest path or URI a message repeats in full
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ImageRef:
     """One image of a row, as the row names it: either `url` (a data URL, a local path or a
     filesystem URI), or a Parquet cell's `data` (encoded bytes) and/or its `cell` (where those

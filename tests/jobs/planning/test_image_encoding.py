@@ -253,3 +253,17 @@ def test_a_parquet_image_read_again_gives_the_first_reads_pixels(tower, tmp_path
     path.unlink()  # row 2's row group is no longer kept by the reader: read, and gone
     with pytest.raises(ImageError, match=r"in\.parquet is gone: its images cannot be read again"):
         by_index[2].materialized()
+
+
+def test_waiting_rows_share_one_int_object_per_token_id(tower, tmp_path):
+    """Every vocabulary id of a window's prompts is one int object, whatever the number of
+    rows; an image's placeholders hold 8 (its content ids cycled), not one per token."""
+    parquet_image_rows(tmp_path / "in.parquet", [random_image(45), random_image(46)], 6)
+    window, _, _ = prepared(tower, tmp_path / "in.parquet")
+    tokens = [t for row in window.rows for t in row.token_ids if t >= 0]
+    assert max(tokens) > 256  # past the ints CPython shares by itself
+    assert len({id(t) for t in tokens}) == len(set(tokens))
+    for row in window.rows:
+        (image,) = row.images
+        content = row.token_ids[image.offset : image.end]
+        assert len({id(t) for t in content}) == 8 < image.length == TOKENS_PER_IMAGE
