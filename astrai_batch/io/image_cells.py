@@ -1,8 +1,9 @@
-"""Where a Parquet (or Arrow) cell's image bytes are stored, and reading them again.
+"""Where a Parquet (or Arrow) cell's image bytes are stored, and reading them when needed.
 
-A row that waits in its window keeps an `ImageCell` (file, row group, row, column, list
-position) instead of its image's encoded bytes, so what a window holds does not grow with the
-images' size: the bytes are read again when the row's request enters the engine. Parquet has
+A row keeps an `ImageCell` (file, row group, row, column, list position) instead of its
+image's encoded bytes, from the reader on, so what a window holds does not grow with the
+images' size: the bytes are read when the window is prepared and again when the row's
+request enters the engine. Parquet has
 no random access inside a row group, so `CellReader` reads the cell's whole column of its row
 group (only that column) and keeps the last `keep` such columns, so rows of one row group run
 one after another (input order, or a prefix order over few groups) read it once. The cost is
@@ -36,19 +37,21 @@ class CellOrigin:
     row_group: int
     row: int
 
-    def cell(self, column: str, item: int | None) -> ImageCell:
-        return ImageCell(self, column, item)
+    def cell(self, column: str, item: int | None, size: int) -> ImageCell:
+        return ImageCell(self, column, item, size)
 
 
 @dataclass(frozen=True, slots=True)
 class ImageCell:
     """An image's bytes as stored: the cell of `column` in the record at `origin`; `item`
-    is the position in a list cell (None: the cell itself). A cell holding Hugging Face's
-    ``{bytes, path}`` struct is read at its ``bytes`` field."""
+    is the position in a list cell (None: the cell itself); `size` the bytes' length when
+    the reader saw them. A cell holding Hugging Face's ``{bytes, path}`` struct is read at
+    its ``bytes`` field."""
 
     origin: CellOrigin
     column: str
     item: int | None = None
+    size: int = 0
 
     @property
     def shown(self) -> str:

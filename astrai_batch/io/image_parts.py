@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from astrai_batch.io.image_cells import CellOrigin, ImageCell
+from astrai_batch.io.image_cells import CellOrigin
 from astrai_batch.io.image_sources import DETAILS, ImageRef
 from astrai_batch.io.rows import RowProblem
 from astrai_batch.json_types import json_type
@@ -71,25 +71,34 @@ def image_cell_refs(
     """The images of one ``--image-column`` cell: null or an empty list is none; bytes; a
     string (a path, URI or data URL); Hugging Face ``datasets``' Image struct
     ``{bytes, path}`` (bytes win; a struct with neither is no image); or a list of those.
-    `origin`: where the record is stored (Parquet and Arrow inputs), so bytes keep their
-    `ImageCell` and a waiting row can drop them (`ImageRef.without_bytes`)."""
+    `origin`: where the record is stored (Parquet and Arrow inputs): its bytes are then
+    named by their `ImageCell`, not kept (`io.image_cells` reads them when needed)."""
     if value is None:
         return ()
     if isinstance(value, (list, tuple)):
         refs = []
         for position, item in enumerate(value):
-            cell = None if origin is None else origin.cell(column, position)
-            ref = _cell_ref(item, f"{column}[{position}]", cell)
+            ref = _cell_ref(item, f"{column}[{position}]", origin, column, position)
             if ref is not None:
                 refs.append(ref)
         return tuple(refs)
-    ref = _cell_ref(value, column, None if origin is None else origin.cell(column, None))
+    ref = _cell_ref(value, column, origin, column, None)
     return () if ref is None else (ref,)
 
 
-def _cell_ref(value: Any, where: str, cell: ImageCell | None) -> ImageRef | None:
+def _bytes_ref(
+    data: Any, origin: CellOrigin | None, column: str, item: int | None, path: str | None = None
+) -> ImageRef:
+    if origin is None:
+        return ImageRef(data=bytes(data), path_hint=path)
+    return ImageRef(cell=origin.cell(column, item, len(data)), path_hint=path)
+
+
+def _cell_ref(
+    value: Any, where: str, origin: CellOrigin | None, column: str, item: int | None
+) -> ImageRef | None:
     if isinstance(value, (bytes, bytearray, memoryview)):
-        return ImageRef(data=bytes(value), cell=cell)
+        return _bytes_ref(value, origin, column, item)
     if isinstance(value, str):
         if not value.strip():
             raise RowProblem(f"{where} is an empty string, not an image")
@@ -101,7 +110,7 @@ def _cell_ref(value: Any, where: str, cell: ImageCell | None) -> ImageRef | None
         if path is not None and not isinstance(path, str):
             raise RowProblem(f"{where}.path must be a string, got {json_type(path)}")
         if data is not None:
-            return ImageRef(data=bytes(data), path_hint=path or None, cell=cell)
+            return _bytes_ref(data, origin, column, item, path or None)
         if path:
             return ImageRef(url=path)
         return None

@@ -1,9 +1,9 @@
 """Where a row's images come from, and turning one into pixels (or a row error).
 
-Readers keep only `ImageRef`s (a URL or path as the row names it, or a Parquet cell's bytes
-and where they are stored); the job decodes each row's images with `load_image` when it
-prepares the row's window and again when the row's request enters the engine (a cell's bytes
-then read again, `io.image_cells`), so no waiting row holds decoded images or cell bytes.
+Readers keep only `ImageRef`s (a URL or path as the row names it, or where a Parquet cell
+stores its bytes, `io.image_cells`); the job decodes each row's images with `load_image` when
+it prepares the row's window and again when the row's request enters the engine, so no
+waiting row holds decoded images or a cell's bytes.
 An image that cannot be used raises `ImageError` with a one-line reason, which the job turns
 into that row's error.
 
@@ -64,11 +64,11 @@ _SHOWN_URL = 60  # the longest path or URI a message repeats in full
 
 @dataclass(frozen=True, slots=True)
 class ImageRef:
-    """One image of a row, as the row names it: either `url` (a data URL, a local path or a
-    filesystem URI), or a Parquet cell's `data` (encoded bytes) and/or its `cell` (where those
-    bytes are stored, to read them again: `without_bytes`). `detail` is OpenAI's ``auto`` /
-    ``low`` / ``high`` (None: not given); `path_hint` names bytes in messages (Hugging Face's
-    Image struct stores the file name beside them)."""
+    """One image of a row, as the row names it: exactly one of `url` (a data URL, a local
+    path or a filesystem URI), `data` (encoded bytes) and `cell` (where a Parquet or Arrow
+    cell stores them: the readers keep that, not the bytes, `io.image_cells`). `detail` is
+    OpenAI's ``auto`` / ``low`` / ``high`` (None: not given); `path_hint` names bytes in
+    messages (Hugging Face's Image struct stores the file name beside them)."""
 
     url: str | None = None
     data: bytes | None = None
@@ -77,8 +77,8 @@ class ImageRef:
     cell: ImageCell | None = None
 
     def __post_init__(self) -> None:
-        if (self.url is None) == (self.data is None and self.cell is None):
-            raise ValueError("an ImageRef has exactly one of url and data (or its cell)")
+        if sum(value is not None for value in (self.url, self.data, self.cell)) != 1:
+            raise ValueError("an ImageRef has exactly one of url, data and cell")
         if self.url is not None and (not isinstance(self.url, str) or not self.url):
             raise ValueError("ImageRef.url must be a non-empty string")
         if self.data is not None and not isinstance(self.data, bytes):
@@ -86,21 +86,13 @@ class ImageRef:
         if self.detail is not None and self.detail not in DETAILS:
             raise ValueError(f"ImageRef.detail must be one of {DETAILS}, got {self.detail!r}")
 
-    def without_bytes(self) -> ImageRef:
-        """What a row waiting in its window keeps of this image: a Parquet cell's bytes
-        dropped for where they are stored (`load_image` reads them again); else itself."""
-        if self.data is None or self.cell is None:
-            return self
-        return ImageRef(detail=self.detail, path_hint=self.path_hint, cell=self.cell)
-
     @property
     def source(self) -> str:
         """How messages name this image: short, never the bytes of a data URL."""
-        if self.data is not None or self.cell is not None:
+        if self.url is None:
             named = f"{_shorten(self.path_hint)} " if self.path_hint else ""
-            if self.data is None:
-                return f"{named}({self.cell.shown})"  # type: ignore[union-attr]
-            return f"{named}({len(self.data):,} bytes)"
+            size = self.cell.size if self.cell is not None else len(self.data or b"")
+            return f"{named}({size:,} bytes)"
         url = self.url or ""
         if url[:5].lower() == "data:":
             media = url[5:].split(",", 1)[0].split(";", 1)[0] or "no media type"
@@ -165,9 +157,8 @@ def load_image(
     ref: ImageRef, limits: ImageLimits | None = None, cells: CellReader | None = None
 ) -> LoadedImage:
     """The decoded RGB image of `ref` (see the module docstring for the rules); raises
-    `ImageError` with a one-line reason for anything that keeps it from being used. A ref
-    with only its `cell` is read again through `cells` (a reader that keeps no row group when
-    None)."""
+    `ImageError` with a one-line reason for anything that keeps it from being used. A `cell`
+    is read through `cells` (a reader that keeps no row group when None)."""
     limits = limits or ImageLimits()
     image_module = require_pillow()
     source = ref.source

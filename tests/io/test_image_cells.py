@@ -1,7 +1,8 @@
-"""A Parquet or Arrow cell's image read again from where it is stored (`io.image_cells`): the
-same bytes as the first read for every row, list item and struct cell, whatever row group the
-row is in and wherever the read started; each row group's column read once while rows come in
-its order; a changed or vanished file an `ImageError` with a one-line reason."""
+"""A Parquet or Arrow cell's image read from where it is stored (`io.image_cells`): the rows
+name their image cells (not their bytes), and reading one gives the stored bytes for every
+row, list item and struct cell, whatever row group the row is in and wherever the read
+started; each row group's column read once while rows come in its order; a changed or
+vanished file an `ImageError` with a one-line reason."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 from astrai_batch.errors import ImageError
 from astrai_batch.io import open_input
 from astrai_batch.io.image_cells import CellReader
-from astrai_batch.io.image_sources import load_image
+from astrai_batch.io.image_sources import ImageRef, load_image
 
 Image = pytest.importorskip("PIL.Image")
 HF_IMAGE = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
@@ -25,6 +26,15 @@ def png(seed: int) -> bytes:
     buffer = io.BytesIO()
     Image.new("RGB", (2 + seed % 3, 2), (seed * 40 % 256, seed, 255 - seed)).save(buffer, "PNG")
     return buffer.getvalue()
+
+
+def stored_images(column: str, rows) -> list[bytes]:
+    """The image bytes `table` stores in `column` for `rows`, in order."""
+    if column == "one":
+        return [png(i) for i in rows]
+    if column == "hf":
+        return [png(50 + i) for i in rows]
+    return [image for i in rows for image in (png(100 + i), png(200 + i))]
 
 
 def table(rows: int) -> pa.Table:
@@ -47,14 +57,13 @@ def test_every_cell_reads_again_as_first_read_across_row_groups(tmp_path, column
     for start in (0, 4):  # a read from the start, and one from inside the second row group
         rows = list(open_input(path, image_column=column).iter_rows(start=start))
         refs = [ref for row in rows for ref in row.images]
-        assert len(refs) == (7 - start) * (2 if column == "many" else 1)
+        want = stored_images(column, range(start, 7))
+        assert [(ref.data, ref.cell.size) for ref in refs] == [(None, len(b)) for b in want]
         reader = CellReader(keep=1)
-        for ref in refs:
-            again = ref.without_bytes()
-            assert again.data is None and again.cell == ref.cell
-            assert reader.read(again.cell) == ref.data
-            assert load_image(again, cells=reader).image.tobytes() == (
-                load_image(ref).image.tobytes()
+        for ref, data in zip(refs, want, strict=True):
+            assert reader.read(ref.cell) == data
+            assert load_image(ref, cells=reader).image.tobytes() == (
+                load_image(ImageRef(data=data)).image.tobytes()
             )
         # in input order each row group's column is read once: (rows 4..6: groups 1 and 2)
         assert reader.reads == (3 if start == 0 else 2)
@@ -69,12 +78,12 @@ def test_the_reader_keeps_the_last_row_groups_it_read(tmp_path) -> None:
     for keep, reads in ((0, 8), (1, 6), (2, 4), (3, 3)):
         reader = CellReader(keep=keep)
         for position in order:
-            assert reader.read(refs[position].cell) == refs[position].data
+            assert reader.read(refs[position].cell) == png(position)
         assert (reader.reads, reader.kept_groups) == (reads, min(keep, 3))
     # pickled (for other processes) without what it keeps
     copy = pickle.loads(pickle.dumps(reader))
     assert (copy.keep, copy.reads, copy.kept_groups) == (3, 0, 0)
-    assert copy.read(refs[5].cell) == refs[5].data
+    assert copy.read(refs[5].cell) == png(5)
 
 
 def test_an_arrow_file_reads_again_by_record_batch(tmp_path) -> None:
@@ -97,7 +106,7 @@ def test_a_changed_or_vanished_file_is_an_image_error(tmp_path) -> None:
     name = path.name
     pq.write_table(table(3).slice(0, 3), path, row_group_size=2)  # row 3 gone
     reader = CellReader(keep=0)
-    assert reader.read(refs[2].cell) == refs[2].data  # an unchanged row still reads
+    assert reader.read(refs[2].cell) == png(102)  # an unchanged row still reads
     with pytest.raises(ImageError) as gone_row:
         reader.read(refs[3].cell)
     assert str(gone_row.value) == (

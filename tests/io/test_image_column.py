@@ -15,6 +15,7 @@ import pytest
 
 from astrai_batch.errors import ConfigError, InputError
 from astrai_batch.io import open_input
+from astrai_batch.io.image_cells import CellReader
 from astrai_batch.io.image_sources import ImageRef, load_image
 
 Image = pytest.importorskip("PIL.Image")
@@ -32,16 +33,20 @@ RED, BLUE = png((255, 0, 0)), png((0, 0, 255))
 HF_IMAGE = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
 
 
-def without_cell(ref: ImageRef) -> ImageRef:
-    return dataclasses.replace(ref, cell=None)
+def stored(ref: ImageRef) -> ImageRef:
+    """A Parquet cell's image as its bytes (read from where the ref says they are)."""
+    if ref.cell is None:
+        return ref
+    return dataclasses.replace(ref, data=CellReader().read(ref.cell), cell=None)
 
 
 def where(ref: ImageRef) -> tuple | None:
-    """(row group, row in it, column, list item) of a Parquet cell's image; None: a url."""
+    """(row group, row in it, column, list item, size) of a Parquet cell's image; None: a
+    url."""
     cell = ref.cell
-    return (
-        None if cell is None else (cell.origin.row_group, cell.origin.row, cell.column, cell.item)
-    )
+    if cell is None:
+        return None
+    return (cell.origin.row_group, cell.origin.row, cell.column, cell.item, cell.size)
 
 
 def user(*parts) -> tuple[dict, ...]:
@@ -71,14 +76,14 @@ def test_hugging_face_image_structs_and_binary_cells(tmp_path) -> None:
     pq.write_table(table, tmp_path / "in.parquet")
     rows = list(open_input(tmp_path / "in.parquet", image_column="image").iter_rows())
     assert [row.error for row in rows] == [None] * 4
-    # bytes keep where they are stored (row group, row, column, list item), paths do not
+    # bytes are named by where they are stored (row group, row, column, list item), not kept
     assert [[where(ref) for ref in row.images] for row in rows] == [
-        [(0, 0, "image", None)],
-        [(0, 1, "image", None)],
+        [(0, 0, "image", None, len(RED))],
+        [(0, 1, "image", None, len(BLUE))],
         [],
         [None],
     ]
-    assert [tuple(map(without_cell, row.images)) for row in rows] == [
+    assert [tuple(map(stored, row.images)) for row in rows] == [
         (ImageRef(data=RED, path_hint="red.png"),),
         (ImageRef(data=BLUE),),
         (),
@@ -87,7 +92,7 @@ def test_hugging_face_image_structs_and_binary_cells(tmp_path) -> None:
     assert rows[0].messages == user(IMAGE, text("What color?"))
     # a row without an image meets the same chat template, as a plain user message
     assert rows[2].messages == ({"role": "user", "content": "No image"},)
-    # the bytes the reader kept decode to the stored pixels
+    # the bytes the cell names decode to the stored pixels
     assert np.asarray(load_image(rows[0].images[0]).image)[0, 0].tolist() == [255, 0, 0]
     assert rows[0].images[0].source == f"red.png ({len(RED):,} bytes)"
 
@@ -102,8 +107,11 @@ def test_lists_binary_and_string_cells(tmp_path) -> None:
     )
     pq.write_table(table, tmp_path / "in.parquet")
     rows = list(open_input(tmp_path / "in.parquet", image_column="images").iter_rows())
-    assert tuple(map(without_cell, rows[0].images)) == (ImageRef(data=RED), ImageRef(data=BLUE))
-    assert [where(ref) for ref in rows[0].images] == [(0, 0, "images", 0), (0, 0, "images", 1)]
+    assert tuple(map(stored, rows[0].images)) == (ImageRef(data=RED), ImageRef(data=BLUE))
+    assert [where(ref) for ref in rows[0].images] == [
+        (0, 0, "images", 0, len(RED)),
+        (0, 0, "images", 1, len(BLUE)),
+    ]
     assert rows[0].messages == user(IMAGE, IMAGE, text("Compare"))
     assert rows[2].images == () and rows[2].messages == ({"role": "user", "content": "None"},)
 

@@ -6,8 +6,8 @@ tokens), and each image's placeholder tokens turned into its content ids
 text before an image and the image itself. A bad image is the row's error, in one line.
 
 Decoded images live only while their row is encoded: a row in its window keeps each image's
-key and how to load it again (its `ImageRef`, a Parquet cell's without its bytes: where they
-are stored, `io.image_cells`), and the engine loads the pixels when the row's request
+key and how to load it again (its `ImageRef`: for a Parquet cell, where its bytes are stored,
+`io.image_cells`), and the engine loads the pixels when the row's request
 arrives, so the requests in the engine (bounded by its waiting list and batch) are the only
 ones holding pixels or cell bytes. The cost: an image is read, decoded and preprocessed
 twice.
@@ -36,8 +36,8 @@ def encode_image_row(
     cells: CellReader | None = None,
 ) -> tuple[tuple[int, ...], tuple] | str:
     """(the prompt's token ids with content ids, its `ImageInput`s), or the row's error. The
-    images keep a loader, not their pixels (`ImageInput.materialized`); a loader reads a
-    Parquet cell's bytes again through `cells`."""
+    images keep a loader, not their pixels (`ImageInput.materialized`); Parquet cells'
+    bytes are read through `cells`, at both loads."""
     processor = tower.processor
     if processor is None:
         return (
@@ -46,7 +46,7 @@ def encode_image_row(
         )
     try:
         check_image_count(len(refs), limits)
-        images = [load_image(ref, limits).image for ref in refs]
+        images = [load_image(ref, limits, cells).image for ref in refs]
     except ImageError as exc:
         return str(exc)
     try:
@@ -54,7 +54,7 @@ def encode_image_row(
         pixels = [image_pixels(processor, image) for image in images]
     except Exception as exc:  # a processor may raise anything on odd input
         return f"image processing failed: {_one_line(exc)}"
-    loaders = [partial(_reload, ref.without_bytes(), limits, processor, cells) for ref in refs]
+    loaders = [partial(_reload, ref, limits, processor, cells) for ref in refs]
     try:
         ids, inputs = image_prompt(
             ids, tower.image_token_id, pixels, tower.image_lengths(len(images)), loaders
