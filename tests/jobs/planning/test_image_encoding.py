@@ -228,8 +228,9 @@ def test_rows_waiting_in_a_window_hold_no_parquet_image_bytes(tower, tmp_path, r
 
 
 def test_a_parquet_image_read_again_gives_the_first_reads_pixels(tower, tmp_path):
-    """The engine's load reads each cell again and gets the pixels keyed at the first read; a cell whose image changed since fails its row
-    with the changed-image reason, as a changed file does."""
+    """The engine's load reads each cell again and gets the pixels keyed at the first read;
+    a cell whose image changed since fails its row with the changed-image reason, as a
+    changed file does."""
     import pyarrow.parquet as pq
 
     path = tmp_path / "in.parquet"
