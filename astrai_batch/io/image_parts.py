@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from astrai_batch.io.image_cells import CellOrigin
 from astrai_batch.io.image_sources import DETAILS, ImageRef
 from astrai_batch.io.rows import RowProblem
 from astrai_batch.json_types import json_type
@@ -64,26 +65,40 @@ def check_image_role(role: str, where: str) -> None:
         )
 
 
-def image_cell_refs(value: Any, column: str) -> tuple[ImageRef, ...]:
+def image_cell_refs(
+    value: Any, column: str, origin: CellOrigin | None = None
+) -> tuple[ImageRef, ...]:
     """The images of one ``--image-column`` cell: null or an empty list is none; bytes; a
     string (a path, URI or data URL); Hugging Face ``datasets``' Image struct
-    ``{bytes, path}`` (bytes win; a struct with neither is no image); or a list of those."""
+    ``{bytes, path}`` (bytes win; a struct with neither is no image); or a list of those.
+    `origin`: where the record is stored (Parquet and Arrow inputs): its bytes are then
+    named by their `ImageCell`, not kept (`io.image_cells` reads them when needed)."""
     if value is None:
         return ()
     if isinstance(value, (list, tuple)):
         refs = []
         for position, item in enumerate(value):
-            ref = _cell_ref(item, f"{column}[{position}]")
+            ref = _cell_ref(item, f"{column}[{position}]", origin, column, position)
             if ref is not None:
                 refs.append(ref)
         return tuple(refs)
-    ref = _cell_ref(value, column)
+    ref = _cell_ref(value, column, origin, column, None)
     return () if ref is None else (ref,)
 
 
-def _cell_ref(value: Any, where: str) -> ImageRef | None:
+def _bytes_ref(
+    data: Any, origin: CellOrigin | None, column: str, item: int | None, path: str | None = None
+) -> ImageRef:
+    if origin is None:
+        return ImageRef(data=bytes(data), path_hint=path)
+    return ImageRef(cell=origin.cell(column, item, len(data)), path_hint=path)
+
+
+def _cell_ref(
+    value: Any, where: str, origin: CellOrigin | None, column: str, item: int | None
+) -> ImageRef | None:
     if isinstance(value, (bytes, bytearray, memoryview)):
-        return ImageRef(data=bytes(value))
+        return _bytes_ref(value, origin, column, item)
     if isinstance(value, str):
         if not value.strip():
             raise RowProblem(f"{where} is an empty string, not an image")
@@ -95,7 +110,7 @@ def _cell_ref(value: Any, where: str) -> ImageRef | None:
         if path is not None and not isinstance(path, str):
             raise RowProblem(f"{where}.path must be a string, got {json_type(path)}")
         if data is not None:
-            return ImageRef(data=bytes(data), path_hint=path or None)
+            return _bytes_ref(data, origin, column, item, path or None)
         if path:
             return ImageRef(url=path)
         return None

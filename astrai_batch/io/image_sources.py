@@ -1,9 +1,11 @@
 """Where a row's images come from, and turning one into pixels (or a row error).
 
-Readers keep only `ImageRef`s (a URL or path as the row names it, or a Parquet cell's bytes);
-the job decodes each row's images with `load_image` when it prepares the row's window, so a
-window's decoded images are the only ones in memory. An image that cannot be used raises
-`ImageError` with a one-line reason, which the job turns into that row's error.
+Readers keep only `ImageRef`s (a URL or path as the row names it, or where a Parquet cell
+stores its bytes, `io.image_cells`); the job decodes each row's images with `load_image` when
+it prepares the row's window and again when the row's request enters the engine, so no
+waiting row holds decoded images or a cell's bytes.
+An image that cannot be used raises `ImageError` with a one-line reason, which the job turns
+into that row's error.
 
 A `url` is one of: a ``data:`` URL (``data:image/png;base64,...``), a local path (relative to
 the working directory, as transformers' ``load_image`` reads it), or a URI of any filesystem
@@ -36,6 +38,7 @@ import pyarrow as pa
 from astrai_batch.checks import require_positive_int
 from astrai_batch.errors import ConfigError, ImageError
 from astrai_batch.io.filesystems import is_uri, resolve, shown_uri
+from astrai_batch.io.image_cells import CellReader, ImageCell
 
 __all__ = [
     "DETAILS",
@@ -59,10 +62,11 @@ DEFAULT_MAX_BYTES = 64 * 2**20  # one image's stored (encoded) size
 _SHOWN_URL = 60  # the longest path or URI a message repeats in full
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ImageRef:
     """One image of a row, as the row names it: exactly one of `url` (a data URL, a local
-    path or a filesystem URI) and `data` (encoded bytes, from a Parquet cell). `detail` is
+    path or a filesystem URI), `data` (encoded bytes) and `cell` (where a Parquet or Arrow
+    cell stores them: the readers keep that, not the bytes, `io.image_cells`). `detail` is
     OpenAI's ``auto`` / ``low`` / ``high`` (None: not given); `path_hint` names bytes in
     messages (Hugging Face's Image struct stores the file name beside them)."""
 
@@ -70,10 +74,11 @@ class ImageRef:
     data: bytes | None = None
     detail: str | None = None
     path_hint: str | None = None
+    cell: ImageCell | None = None
 
     def __post_init__(self) -> None:
-        if (self.url is None) == (self.data is None):
-            raise ValueError("an ImageRef has exactly one of url and data")
+        if sum(value is not None for value in (self.url, self.data, self.cell)) != 1:
+            raise ValueError("an ImageRef has exactly one of url, data and cell")
         if self.url is not None and (not isinstance(self.url, str) or not self.url):
             raise ValueError("ImageRef.url must be a non-empty string")
         if self.data is not None and not isinstance(self.data, bytes):
@@ -84,9 +89,10 @@ class ImageRef:
     @property
     def source(self) -> str:
         """How messages name this image: short, never the bytes of a data URL."""
-        if self.data is not None:
+        if self.url is None:
             named = f"{_shorten(self.path_hint)} " if self.path_hint else ""
-            return f"{named}({len(self.data):,} bytes)"
+            size = self.cell.size if self.cell is not None else len(self.data or b"")
+            return f"{named}({size:,} bytes)"
         url = self.url or ""
         if url[:5].lower() == "data:":
             media = url[5:].split(",", 1)[0].split(";", 1)[0] or "no media type"
@@ -147,13 +153,21 @@ def too_many_images_message(count: int, limit: int) -> str:
     return f"the row has {count} images, more than --max-images-per-row {limit}"
 
 
-def load_image(ref: ImageRef, limits: ImageLimits | None = None) -> LoadedImage:
+def load_image(
+    ref: ImageRef, limits: ImageLimits | None = None, cells: CellReader | None = None
+) -> LoadedImage:
     """The decoded RGB image of `ref` (see the module docstring for the rules); raises
-    `ImageError` with a one-line reason for anything that keeps it from being used."""
+    `ImageError` with a one-line reason for anything that keeps it from being used. A `cell`
+    is read through `cells` (a reader that keeps no row group when None)."""
     limits = limits or ImageLimits()
     image_module = require_pillow()
     source = ref.source
-    data = ref.data if ref.data is not None else _read_url(ref.url or "", source, limits)
+    if ref.data is not None:
+        data = ref.data
+    elif ref.cell is not None:
+        data = (cells or CellReader(keep=0)).read(ref.cell)
+    else:
+        data = _read_url(ref.url or "", source, limits)
     if len(data) > limits.max_bytes:
         raise ImageError(
             f"image {source} is {len(data):,} bytes, more than the limit of "

@@ -11,6 +11,8 @@ id column reads the id columns once through to find repeated ids (`row_ids`).
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -20,6 +22,7 @@ import pyarrow.parquet as pq
 from astrai_batch.errors import InputError
 from astrai_batch.io import arrow_input
 from astrai_batch.io.filesystems import Location
+from astrai_batch.io.image_cells import CellOrigin
 from astrai_batch.io.image_sources import DEFAULT_MAX_IMAGES_PER_ROW
 from astrai_batch.io.input_source import InputSource, check_start
 from astrai_batch.io.row_ids import DuplicateIds, IdScan, read_ids
@@ -115,6 +118,10 @@ class ParquetSource(InputSource):
         """Rows of `groups` in `part` before row `stop`; `index` is the first group's first
         row, `skip` how many of its leading rows to drop."""
         columns = self.plan.source_columns(part.schema.names)
+        # image bytes keep where they are stored (`io.image_cells`): a record's row group and
+        # row in it, from the part's row-group sizes
+        group_starts = list(itertools.accumulate(part.row_group_rows, initial=0))
+        in_part = group_starts[groups[0]] - index  # a row's index in the part, less `index`
         try:
             for batch in _record_batches(part, columns, groups):
                 if skip >= batch.num_rows:
@@ -128,7 +135,14 @@ class ParquetSource(InputSource):
                 for record in batch.to_pylist():
                     if index >= stop:
                         return
-                    yield parse_record(record, index, self.plan, self.duplicates)
+                    origin = None
+                    if self.plan.image_column is not None:
+                        row = index + in_part
+                        group = bisect.bisect_right(group_starts, row) - 1
+                        origin = CellOrigin(
+                            part.path, part.file_format, group, row - group_starts[group]
+                        )
+                    yield parse_record(record, index, self.plan, self.duplicates, origin)
                     index += 1
         except (OSError, pa.ArrowException) as exc:
             raise InputError(f"cannot read {part.label} file {part.path.name}: {exc}") from exc

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from astrai_batch.io.constraint_fields import constraint_override
+from astrai_batch.io.image_cells import CellOrigin
 from astrai_batch.io.image_parts import image_cell_refs, with_column_images
 from astrai_batch.io.image_sources import too_many_images_message
 from astrai_batch.io.openai_embeddings import parse_embeddings_request
@@ -43,9 +44,14 @@ from astrai_batch.io.task_fields import task_fields
 
 
 def parse_record(
-    record: Mapping[str, Any], index: int, plan: RowPlan, duplicates: DuplicateIds
+    record: Mapping[str, Any],
+    index: int,
+    plan: RowPlan,
+    duplicates: DuplicateIds,
+    origin: CellOrigin | None = None,
 ) -> InputRow:
-    """The row for `record`; problems with the record become `InputRow.error`."""
+    """The row for `record`; problems with the record become `InputRow.error`. `origin`:
+    where a Parquet or Arrow record is stored (its image bytes' `ImageCell`s)."""
     kept = kept_values(record, plan)
     shape = row_shape(record, plan.prompt_column, plan.prompt_column_shape)
     if plan.id_column is not None:
@@ -109,7 +115,7 @@ def parse_record(
                         "image_url parts of its messages"
                     )
             else:
-                images = image_cell_refs(record.get(column), column)
+                images = image_cell_refs(record.get(column), column, origin)
                 content = with_column_images(shape, content, images, column)
         count = len(content.get("images", ()))
         if count > plan.max_images_per_row:

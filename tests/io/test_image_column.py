@@ -5,6 +5,7 @@ types are errors with exact messages."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 
 import numpy as np
@@ -14,6 +15,7 @@ import pytest
 
 from astrai_batch.errors import ConfigError, InputError
 from astrai_batch.io import open_input
+from astrai_batch.io.image_cells import CellReader
 from astrai_batch.io.image_sources import ImageRef, load_image
 
 Image = pytest.importorskip("PIL.Image")
@@ -29,6 +31,22 @@ def png(color: tuple[int, int, int]) -> bytes:
 
 RED, BLUE = png((255, 0, 0)), png((0, 0, 255))
 HF_IMAGE = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+
+
+def stored(ref: ImageRef) -> ImageRef:
+    """A Parquet cell's image as its bytes (read from where the ref says they are)."""
+    if ref.cell is None:
+        return ref
+    return dataclasses.replace(ref, data=CellReader().read(ref.cell), cell=None)
+
+
+def where(ref: ImageRef) -> tuple | None:
+    """(row group, row in it, column, list item, size) of a Parquet cell's image; None: a
+    url."""
+    cell = ref.cell
+    if cell is None:
+        return None
+    return (cell.origin.row_group, cell.origin.row, cell.column, cell.item, cell.size)
 
 
 def user(*parts) -> tuple[dict, ...]:
@@ -58,7 +76,14 @@ def test_hugging_face_image_structs_and_binary_cells(tmp_path) -> None:
     pq.write_table(table, tmp_path / "in.parquet")
     rows = list(open_input(tmp_path / "in.parquet", image_column="image").iter_rows())
     assert [row.error for row in rows] == [None] * 4
-    assert [row.images for row in rows] == [
+    # bytes are named by where they are stored (row group, row, column, list item), not kept
+    assert [[where(ref) for ref in row.images] for row in rows] == [
+        [(0, 0, "image", None, len(RED))],
+        [(0, 1, "image", None, len(BLUE))],
+        [],
+        [None],
+    ]
+    assert [tuple(map(stored, row.images)) for row in rows] == [
         (ImageRef(data=RED, path_hint="red.png"),),
         (ImageRef(data=BLUE),),
         (),
@@ -67,7 +92,7 @@ def test_hugging_face_image_structs_and_binary_cells(tmp_path) -> None:
     assert rows[0].messages == user(IMAGE, text("What color?"))
     # a row without an image meets the same chat template, as a plain user message
     assert rows[2].messages == ({"role": "user", "content": "No image"},)
-    # the bytes the reader kept decode to the stored pixels
+    # the bytes the cell names decode to the stored pixels
     assert np.asarray(load_image(rows[0].images[0]).image)[0, 0].tolist() == [255, 0, 0]
     assert rows[0].images[0].source == f"red.png ({len(RED):,} bytes)"
 
@@ -82,7 +107,11 @@ def test_lists_binary_and_string_cells(tmp_path) -> None:
     )
     pq.write_table(table, tmp_path / "in.parquet")
     rows = list(open_input(tmp_path / "in.parquet", image_column="images").iter_rows())
-    assert rows[0].images == (ImageRef(data=RED), ImageRef(data=BLUE))
+    assert tuple(map(stored, rows[0].images)) == (ImageRef(data=RED), ImageRef(data=BLUE))
+    assert [where(ref) for ref in rows[0].images] == [
+        (0, 0, "images", 0, len(RED)),
+        (0, 0, "images", 1, len(BLUE)),
+    ]
     assert rows[0].messages == user(IMAGE, IMAGE, text("Compare"))
     assert rows[2].images == () and rows[2].messages == ({"role": "user", "content": "None"},)
 

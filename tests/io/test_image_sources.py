@@ -16,6 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from astrai_batch.errors import ConfigError, ImageError
+from astrai_batch.io.filesystems import resolve
+from astrai_batch.io.image_cells import CellOrigin
 from astrai_batch.io.image_sources import ImageLimits, ImageRef, load_image
 
 Image = pytest.importorskip("PIL.Image")
@@ -233,10 +235,10 @@ def test_limits_and_refs_are_validated() -> None:
     for bad in ({"max_pixels": 0}, {"max_images_per_row": True}, {"max_bytes": 1.5}):
         with pytest.raises(ConfigError):
             ImageLimits(**bad)
-    with pytest.raises(ValueError, match="exactly one of url and data"):
-        ImageRef()
-    with pytest.raises(ValueError, match="exactly one of url and data"):
-        ImageRef(url="a.png", data=b"x")
+    cell = CellOrigin(resolve("in.parquet"), "parquet", 0, 0).cell("img", None, 1)
+    for fields in ({}, {"url": "a.png", "data": b"x"}, {"data": b"x", "cell": cell}):
+        with pytest.raises(ValueError, match=r"^an ImageRef has exactly one of url, data and cel"):
+            ImageRef(**fields)
     with pytest.raises(ValueError, match="detail must be one of"):
         ImageRef(url="a.png", detail="medium")
     # messages and reprs never carry a data URL's bytes

@@ -112,10 +112,13 @@ def pixel_key(pixel_values: torch.Tensor, extras: Sequence[torch.Tensor] = ()) -
 
 def placeholder_ids(key: bytes, length: int) -> list[int]:
     """The content ids of an image's `length` placeholder positions (all negative)."""
-    words = [
-        int.from_bytes(key[4 * i : 4 * i + 4], "little") >> (32 - _ID_BITS) for i in range(_WORDS)
+    ids = [
+        -1 - (int.from_bytes(key[4 * i : 4 * i + 4], "little") >> (32 - _ID_BITS))
+        for i in range(_WORDS)
     ]
-    return [-1 - words[j % _WORDS] for j in range(length)]
+    # the same 8 int objects cycled: a prompt waiting in its window keeps 8 per image, not
+    # one per placeholder (576 for LLaVA-1.5)
+    return [ids[j % _WORDS] for j in range(length)]
 
 
 def image_prompt(

@@ -294,6 +294,8 @@ class JobExecution:
                 self._timeline.sample(self._engine.stats(), self.rows_before + self._run_rows)
 
     def _complete_row(self, row: PreparedRow, records: list[dict[str, Any]]) -> None:
+        if self._window is not None:
+            self._window.release(row.index)  # its images: only unfinished rows keep theirs
         self._part.add(records)
         self._remaining -= 1
         self._run_rows += 1

@@ -6,9 +6,11 @@ tokens), and each image's placeholder tokens turned into its content ids
 text before an image and the image itself. A bad image is the row's error, in one line.
 
 Decoded images live only while their row is encoded: a row in its window keeps each image's
-key and how to load it again (its `ImageRef`), and the engine loads the pixels when the row's
-request arrives, so the requests in the engine (bounded by its waiting list and batch) are
-the only ones holding pixels. The cost: an image is decoded and preprocessed twice.
+key and how to load it again (its `ImageRef`: for a Parquet cell, where its bytes are stored,
+`io.image_cells`), and the engine loads the pixels when the row's request
+arrives, so the requests in the engine (bounded by its waiting list and batch) are the only
+ones holding pixels or cell bytes. The cost: an image is read, decoded and preprocessed
+twice.
 """
 
 from __future__ import annotations
@@ -21,14 +23,21 @@ import torch
 
 from astrai_batch.engine.vision.image_inputs import image_prompt
 from astrai_batch.errors import ImageError
+from astrai_batch.io.image_cells import CellReader
 from astrai_batch.io.image_sources import ImageLimits, ImageRef, check_image_count, load_image
 
 
 def encode_image_row(
-    tower: Any, model_name: str, text: str, refs: Sequence[ImageRef], limits: ImageLimits
+    tower: Any,
+    model_name: str,
+    text: str,
+    refs: Sequence[ImageRef],
+    limits: ImageLimits,
+    cells: CellReader | None = None,
 ) -> tuple[tuple[int, ...], tuple] | str:
     """(the prompt's token ids with content ids, its `ImageInput`s), or the row's error. The
-    images keep a loader, not their pixels (`ImageInput.materialized`)."""
+    images keep a loader, not their pixels (`ImageInput.materialized`); Parquet cells'
+    bytes are read through `cells`, at both loads."""
     processor = tower.processor
     if processor is None:
         return (
@@ -39,7 +48,7 @@ def encode_image_row(
         )
     try:
         check_image_count(len(refs), limits)
-        images = [load_image(ref, limits).image for ref in refs]
+        images = [load_image(ref, limits, cells).image for ref in refs]
     except ImageError as exc:
         return str(exc)
     try:
@@ -47,7 +56,7 @@ def encode_image_row(
         processed = [image_tensors(processor, image, tower) for image in images]
     except Exception as exc:  # a processor may raise anything on odd input
         return f"image processing failed: {_one_line(exc)}"
-    loaders = [partial(_reload, ref, limits, processor) for ref in refs]
+    loaders = [partial(_reload, ref, limits, processor, cells) for ref in refs]
     extras = [more for _, more in processed]
     try:
         ids, inputs = image_prompt(
@@ -74,8 +83,10 @@ def image_tensors(
     return out["pixel_values"], (() if tower is None else tower.image_extras(out))
 
 
-def _reload(ref: ImageRef, limits: ImageLimits, processor: Any) -> torch.Tensor:
-    return image_tensors(processor, load_image(ref, limits).image)[0]
+def _reload(
+    ref: ImageRef, limits: ImageLimits, processor: Any, cells: CellReader | None
+) -> torch.Tensor:
+    return image_tensors(processor, load_image(ref, limits, cells).image)[0]
 
 
 def vision_model_at(location: str, trust_remote_code: bool = False) -> bool:

@@ -28,6 +28,7 @@ from typing import Any
 from astrai_batch.engine.model.support import has_chat_template, no_chat_template_message
 from astrai_batch.errors import AstraiBatchError, ConfigError
 from astrai_batch.io import InputRow
+from astrai_batch.io.image_cells import CellReader
 from astrai_batch.io.image_sources import ImageLimits
 from astrai_batch.jobs.planning.image_encoding import encode_image_row
 
@@ -96,6 +97,12 @@ class PromptEncoder:
         self.model_name = model_name
         self.vision = vision
         self.image_limits = image_limits or ImageLimits()
+        # reads a waiting row's Parquet image cells again when its request enters the engine
+        self.image_cells = CellReader()
+        # one int object per vocabulary id for every row's token ids: a tokenizer makes a new
+        # one per token (28 bytes), which a window of waiting rows would keep once per token
+        self._token_ints: dict[int, int] = {}
+        self._vocab_size = len(tokenizer) if hasattr(tokenizer, "__len__") else 0
         # the error of a row with images where no vision tower is loaded: a text model's, or
         # the limitation of a path that does not load a vision model's tower (Ray, plan)
         self.images_refused = images_refused or text_only_message(model_name)
@@ -128,7 +135,7 @@ class PromptEncoder:
             if row.error is not None:
                 results[position] = Encoding(error=row.error)
             elif row.prompt_token_ids is not None:
-                results[position] = Encoding(token_ids=tuple(row.prompt_token_ids))
+                results[position] = Encoding(token_ids=self._shared(row.prompt_token_ids))
             elif row.prompt is not None:
                 plain.append((position, row.prompt))
             else:
@@ -162,7 +169,9 @@ class PromptEncoder:
         encoded = iter(self._encode_texts(texts, True))
         extra = []
         for number, prompt in enumerate(prompts, start=1):
-            encoding = Encoding(token_ids=tuple(prompt)) if not isinstance(prompt, str) else None
+            encoding = None
+            if not isinstance(prompt, str):
+                encoding = Encoding(token_ids=self._shared(prompt))
             encoding = encoding or next(encoded)
             if encoding.error is not None:
                 return Encoding(error=f"prompt {number}: {encoding.error}")
@@ -202,11 +211,11 @@ class PromptEncoder:
 
     def _encode_images(self, row: InputRow, text: str) -> Encoding:
         encoded = encode_image_row(
-            self.vision, self.model_name, text, row.images, self.image_limits
+            self.vision, self.model_name, text, row.images, self.image_limits, self.image_cells
         )
         if isinstance(encoded, str):
             return Encoding(error=encoded)
-        return Encoding(token_ids=encoded[0], images=encoded[1])
+        return Encoding(token_ids=self._shared(encoded[0]), images=encoded[1])
 
     def _encode_texts(self, texts: list[str], add_special_tokens: bool) -> list[Encoding]:
         if not texts:
@@ -216,20 +225,28 @@ class PromptEncoder:
         except Exception:
             # One bad text fails the whole batch; encode one by one to find it.
             return [self._encode_one(text, add_special_tokens) for text in texts]
-        return [_encoding_of(ids) for ids in batch]
+        return [self._encoding_of(ids) for ids in batch]
 
     def _encode_one(self, text: str, add_special_tokens: bool) -> Encoding:
         try:
             ids = self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]
         except Exception as exc:
             return Encoding(error=f"tokenization failed: {_one_line(exc)}")
-        return _encoding_of(ids)
+        return self._encoding_of(ids)
 
+    def _encoding_of(self, ids: Sequence[int]) -> Encoding:
+        if not ids:
+            return Encoding(error="prompt is empty after tokenization")
+        return Encoding(token_ids=self._shared(ids))
 
-def _encoding_of(ids: Sequence[int]) -> Encoding:
-    if not ids:
-        return Encoding(error="prompt is empty after tokenization")
-    return Encoding(token_ids=tuple(int(token) for token in ids))
+    def _shared(self, ids: Sequence[int]) -> tuple[int, ...]:
+        """`ids` as a tuple of the encoder's int objects for vocabulary ids (others, such as
+        an image's negative content ids or an id the engine will refuse, as they are)."""
+        table, vocab = self._token_ints, self._vocab_size
+        return tuple(
+            table.setdefault(token, token) if 0 <= token < vocab else token
+            for token in map(int, ids)
+        )
 
 
 def _one_line(exc: Exception) -> str:

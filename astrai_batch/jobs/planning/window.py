@@ -84,11 +84,12 @@ class PreparedRow:
 
 @dataclass(frozen=True)
 class PreparedWindow:
-    """A window's rows in input order and the order in which the runnable ones execute."""
+    """A window's rows in input order and the order in which the runnable ones execute.
+    `rows` changes only by `release` (a finished row's images dropped)."""
 
     number: int
     start: int
-    rows: tuple[PreparedRow, ...]
+    rows: list[PreparedRow]
     order: tuple[int, ...]  # positions in `rows` of runnable rows, in execution order
     group_offset: int
     num_groups: int
@@ -99,6 +100,15 @@ class PreparedWindow:
         if not 0 <= position < len(self.rows):
             raise AstraiBatchError(f"row {index} is not in window {self.number}")
         return self.rows[position]
+
+    def release(self, index: int) -> None:
+        """Drop the images of row `index`, which has finished: what loads them again (a data
+        URL's text, a path, a Parquet cell's place) is no longer needed, while the rest of
+        the window, and the next window, may take long."""
+        position = index - self.start
+        row = self.rows[position]
+        if row.images:
+            self.rows[position] = dataclasses.replace(row, images=())
 
     def requests(self, skip: Collection[int] = ()) -> Iterator[GenerationRequest]:
         """The engine requests of runnable rows not in `skip`, in execution order."""
@@ -310,7 +320,7 @@ def prepare_window(
         adapters=[row_adapter(staged[position][0], adapters) for position in runnable],
     )
     group_of = {runnable[p]: plan.prefix_group[p] for p in range(len(runnable))}
-    rows = tuple(
+    rows = [
         PreparedRow(
             index=row.index,
             id=row.id,
@@ -332,7 +342,7 @@ def prepare_window(
             images=encodings[position].images if error is None else (),
         )
         for position, (row, token_ids, params, error) in enumerate(staged)
-    )
+    ]
     return PreparedWindow(
         number=number,
         start=start,

@@ -72,3 +72,39 @@ def test_rows_are_saved_every_checkpoint_seconds(loaded, tmp_path: Path) -> None
     ticks = itertools.count(step=100.0)  # every reading of the clock is 100 s later
     _, checkpoint = execute(loaded, tmp_path, clock=lambda: next(ticks))
     assert part_rows(checkpoint) == [(0, 1)] * 4 + [(1, 1)] * 4 + [(2, 1)] * 2
+
+
+def test_finished_rows_leave_no_images_in_their_window(tmp_path: Path) -> None:
+    """Rows with data URL images, 3 windows of 2 rows: once the job is done, the window it
+    ran last holds no row's images (each released as its row finished), and the rows ran."""
+    from vision_kit import png_data_url, random_image, save_tiny_llava
+
+    llava = load_model(save_tiny_llava(tmp_path / "llava"))
+    lines = [
+        {"id": f"r{i}", "prompt": f"What is {i}?", "img": png_data_url(random_image(60 + i))}
+        for i in range(6)
+    ]
+    source = open_input(write_jsonl(tmp_path / "in.jsonl", lines), image_column="img")
+    config = JobConfig.from_options(
+        {"max_tokens": 1, "kv_cache_memory": "8MiB", "group_window": 2, "image_column": "img"}
+    )
+    checkpoint = open_checkpoint(
+        tmp_path / ".ckpt", {"job": 1}, planning=config.planning_options(), restart=False
+    )
+    execution = JobExecution(
+        config=config,
+        loaded=llava,
+        source=source,
+        checkpoint=checkpoint,
+        schema=part_schema(source.kept_schema()),
+        total_rows=6,
+        progress=Progress(),
+    )
+    result = anyio.run(execution.run)
+    assert (result.run_stats.input_rows, result.run_stats.failed_rows) == (6, 0)
+    last = execution._window
+    assert last is not None and last.number == 2
+    assert [(row.index, row.error, row.images) for row in last.rows] == [
+        (4, None, ()),
+        (5, None, ()),
+    ]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 
 import pytest
 import torch
@@ -155,3 +156,146 @@ def test_the_planner_groups_rows_by_the_text_before_and_the_image(tower, tmp_pat
         assert other.token_ids[:end] == first.token_ids[:end]
     assert window.rows[1].token_ids[:end] != first.token_ids[:end]
     assert [len(window.rows[i].images) for i in range(6)] == [1, 1, 0, 1, 1, 1]
+
+
+def bytes_reached(roots, shared) -> list[int]:
+    """The lengths of the `bytes` objects, and of the strings over 256 characters (data
+    URLs), reachable from `roots` (by `gc.get_referents`), not through `shared` (the job's
+    objects every row points at: processor, reader, limits) nor functions, classes and
+    modules (their globals)."""
+    import gc
+    import types
+
+    skipped = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType)
+    seen, stack, found = {id(obj) for obj in shared}, list(roots), []
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen or isinstance(obj, skipped):
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, bytes) or (isinstance(obj, str) and len(obj) > 256):
+            found.append(len(obj))
+        else:
+            stack.extend(gc.get_referents(obj))
+    return found
+
+
+def parquet_image_rows(path, images, rows: int):
+    """A Parquet file of `rows` prompt rows, row i with the binary image i % len(images), in
+    row groups of 2 rows."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    cells = [png_bytes(images[i % len(images)]) for i in range(rows)]
+    prompts = [f"What is in picture {i}?" for i in range(rows)]
+    pq.write_table(pa.table({"prompt": prompts, "img": cells}), path, row_group_size=2)
+
+
+def png_bytes(image) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def prepared(tower, path, encoder=None):
+    from astrai_batch.engine.sampling.params import SamplingParams
+    from astrai_batch.io import open_input
+    from astrai_batch.jobs.planning.tokenize import PromptEncoder
+    from astrai_batch.jobs.planning.window import prepare_window
+
+    rows = list(open_input(path, image_column="img").iter_rows())
+    encoder = encoder or PromptEncoder(tower.processor.tokenizer, "tiny", vision=tower)
+    window = prepare_window(
+        0, 0, rows, encoder=encoder, base_params=SamplingParams(), page_size=4,
+        group_offset=0, grouping=True,
+    )  # fmt: skip
+    return window, encoder, rows
+
+
+@pytest.mark.parametrize("rows", [3, 12])
+def test_rows_waiting_in_a_window_hold_no_parquet_image_bytes(tower, tmp_path, rows):
+    """A prepared window of Parquet image cells keeps, per image, its 32-byte key and where
+    its bytes are stored: no image's bytes, however many rows wait (before, each image row
+    held its cell's bytes from the reader until its window was done)."""
+    images = [random_image(41), random_image(42, (64, 48))]
+    parquet_image_rows(tmp_path / "in.parquet", images, rows)
+    window, encoder, input_rows = prepared(tower, tmp_path / "in.parquet")
+    assert all(row.images[0].cell is not None for row in input_rows)  # named, not read
+    waiting = [image for row in window.rows for image in row.images]
+    assert len(waiting) == rows
+    shared = (encoder, tower.processor, encoder.image_cells, encoder.image_limits)
+    assert sorted(bytes_reached([window], shared)) == [32] * rows  # the images' keys
+
+
+def test_a_parquet_image_read_again_gives_the_first_reads_pixels(tower, tmp_path):
+    """The engine's load reads each cell again and gets the pixels keyed at the first read;
+    a cell whose image changed since fails its row with the changed-image reason, as a
+    changed file does."""
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "in.parquet"
+    images = [random_image(43), random_image(44)]
+    parquet_image_rows(path, images, 5)
+    window, encoder, _ = prepared(tower, path)
+    by_index = {row.index: row.images[0] for row in window.rows}
+    processor = tower.processor
+    for index in range(5):
+        loaded = by_index[index].materialized()
+        want = processor.image_processor(images=[images[index % 2]], return_tensors="pt")
+        assert torch.equal(loaded.pixel_values, want["pixel_values"])
+        assert loaded.key == pixel_key(want["pixel_values"])
+    # row groups {0, 1}, {2, 3}, {4}: read as the window was prepared, and again (the
+    # reader keeps the last 2) as the rows entered the engine in input order
+    assert encoder.image_cells.reads == 3 + 3
+    table = pq.read_table(path)
+    swapped = table.set_column(1, "img", table.column("img").take([1, 0, 2, 3, 4]))
+    pq.write_table(swapped, path, row_group_size=2)
+    fresh, _, _ = prepared(tower, path, encoder)
+    assert fresh.rows[0].images[0].materialized().key == by_index[1].key
+    with pytest.raises(ValueError, match=r"^the image changed after the job first read it$"):
+        by_index[0].materialized()
+    path.unlink()  # row 2's row group is no longer kept by the reader: read, and gone
+    with pytest.raises(ImageError, match=r"in\.parquet is gone: its images cannot be read again"):
+        by_index[2].materialized()
+
+
+def test_waiting_rows_share_one_int_object_per_token_id(tower, tmp_path):
+    """Every vocabulary id of a window's prompts is one int object, whatever the number of
+    rows; an image's placeholders hold 8 (its content ids cycled), not one per token."""
+    parquet_image_rows(tmp_path / "in.parquet", [random_image(45), random_image(46)], 6)
+    window, _, _ = prepared(tower, tmp_path / "in.parquet")
+    tokens = [t for row in window.rows for t in row.token_ids if t >= 0]
+    assert max(tokens) > 256  # past the ints CPython shares by itself
+    assert len({id(t) for t in tokens}) == len(set(tokens))
+    for row in window.rows:
+        (image,) = row.images
+        content = row.token_ids[image.offset : image.end]
+        assert len({id(t) for t in content}) == 8 < image.length == TOKENS_PER_IMAGE
+
+
+def test_a_finished_rows_images_are_released_from_its_window(tower, tmp_path):
+    """Data URLs stay in their rows (a JSONL line's text is the image), but only until the
+    row finishes: `release` drops a row's images, the job calls it for each finished row."""
+    from astrai_batch.engine.sampling.params import SamplingParams
+    from astrai_batch.io import open_input
+    from astrai_batch.jobs.planning.tokenize import PromptEncoder
+    from astrai_batch.jobs.planning.window import prepare_window
+
+    urls = [data_url(random_image(47 + i, (40 + 8 * i, 40))) for i in range(3)]
+    lines = [{"id": f"r{i}", "prompt": f"What is {i}?", "img": urls[i]} for i in range(3)]
+    path = tmp_path / "in.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    rows = list(open_input(path, image_column="img").iter_rows())
+    encoder = PromptEncoder(tower.processor.tokenizer, "tiny", vision=tower)
+    window = prepare_window(
+        0, 0, rows, encoder=encoder, base_params=SamplingParams(), page_size=4,
+        group_offset=0, grouping=True,
+    )  # fmt: skip
+    del rows
+    shared = (encoder, tower.processor, encoder.image_cells, encoder.image_limits)
+    held = sorted(bytes_reached([window], shared))
+    assert held == [32] * 3 + sorted(len(url) for url in urls)  # keys, and the data URLs
+    window.release(1)
+    assert [len(row.images) for row in window.rows] == [1, 0, 1]
+    held = sorted(bytes_reached([window], shared))
+    assert held == [32] * 2 + sorted(len(urls[i]) for i in (0, 2))
