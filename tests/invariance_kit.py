@@ -19,6 +19,27 @@ def run_capturing(loaded, requests, config: EngineConfig):
     return capture_rows(core, requests), core.stats()
 
 
+def assert_alone_equals_crowds(
+    loaded, requests, watched, budgets, *, page_size: int = 8, pages: int = 64
+) -> list:
+    """Each watched row alone (no prefix cache), then every row together (prefix cache on,
+    twice the pages) at each token budget: the watched rows' tokens and logits the same
+    bits. Returns each crowd run's stats."""
+    alone: dict = {}
+    for i in watched:
+        config = EngineConfig(page_size=page_size, num_pages=pages, enable_prefix_cache=False)
+        alone.update(run_capturing(loaded, [requests[i]], config)[0])
+    stats = []
+    for budget in budgets:
+        config = EngineConfig(
+            page_size=page_size, num_pages=2 * pages, max_num_batched_tokens=budget
+        )
+        crowd, crowd_stats = run_capturing(loaded, requests, config)
+        assert_same_rows(alone, crowd, watched)
+        stats.append(crowd_stats)
+    return stats
+
+
 def capture_rows(core: EngineCore, requests) -> dict:
     """{request id: (token ids, [logits of each generated position])} of a run on `core`."""
     logits: dict = {}

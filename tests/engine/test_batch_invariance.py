@@ -189,6 +189,7 @@ def test_fast_numerics_is_selectable(loaded):
     assert sorted(got) == [0, 1, 2, 3]
 
 
+@pytest.mark.long  # Triton interpreted on CPU: ~2 minutes (kernel-level: tests/engine/attention)
 def test_alone_equals_in_crowd_in_the_cuda_kernels(tiny_llama_dir, monkeypatch):
     """The engine built with the Triton kernels passes its own start-up probe, and a row alone
     equals the row among chunked prefills, shared-prefix decodes and preemptions."""

@@ -134,6 +134,7 @@ def test_windows_across_key_blocks_alone_equal_in_crowd(tmp_path):
             assert stats.cache.hit_tokens >= 1024
 
 
+@pytest.mark.long  # Triton interpreted on CPU (kernel-level: tests/engine/attention)
 def test_the_cuda_kernel_applies_windows_and_softcapping(tmp_path, monkeypatch):
     """On CUDA the invariant Triton kernel (here through Triton's interpreter) takes each
     layer's window, the softcap and sinks per call: greedy tokens equal transformers', and a

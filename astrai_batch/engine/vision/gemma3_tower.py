@@ -19,16 +19,15 @@ What differs from LLaVA for the engine:
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from astrai_batch.engine.vision.image_inputs import ImageInput
-from astrai_batch.engine.vision.tower import VisionTower
+from astrai_batch.engine.vision.tower import FixedCountTower
 
 
-class Gemma3Tower(VisionTower):
+class Gemma3Tower(FixedCountTower):
     bidirectional_images = True
 
     def __init__(self, vlm: Any, processor: Any = None) -> None:
@@ -45,13 +44,6 @@ class Gemma3Tower(VisionTower):
             lm.config = copy.copy(lm.config)
             lm.config.final_logit_softcapping = None
         return lm
-
-    def image_lengths(self, extras: Sequence[tuple[torch.Tensor, ...]]) -> list[int]:
-        return [self.tokens_per_image] * len(extras)
-
-    def split_processed(self, batch: Any) -> list[tuple[torch.Tensor, tuple[torch.Tensor, ...]]]:
-        pixels = batch.get("pixel_values", ())
-        return [(pixels[i : i + 1], ()) for i in range(len(pixels))]
 
     @torch.inference_mode()
     def encode(self, image: ImageInput) -> torch.Tensor:

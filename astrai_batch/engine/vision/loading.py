@@ -14,7 +14,7 @@ from astrai_batch.engine.vision.llava_next_tower import LlavaNextTower
 from astrai_batch.engine.vision.qwen_vl_tower import QwenVLTower
 from astrai_batch.engine.vision.tower import LlavaTower, VisionTower
 
-# each vision model type's tower (every type in `tower.VISION_MODEL_TYPES`)
+# each vision model type's tower (every type in `model.support.VISION_MODEL_TYPES`)
 _TOWERS: dict[str, type[VisionTower]] = {
     "llava": LlavaTower,
     "llava_next": LlavaNextTower,

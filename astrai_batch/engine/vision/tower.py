@@ -19,25 +19,9 @@ import numpy as np
 import torch
 from transformers import AutoModelForCausalLM
 
+from astrai_batch.engine.model.support import VISION_MODEL_TYPES
 from astrai_batch.engine.vision.encoder_cache import EncoderCache
 from astrai_batch.engine.vision.image_inputs import ImageInput
-
-# vision-language model types the engine runs, each with a tiny random-weight test against
-# transformers (tests/engine/vision/test_llava_exact.py, test_llava_next_exact.py,
-# test_qwen_vl_exact.py, test_gemma3_exact.py, test_idefics3_exact.py); the tower of each is
-# picked by `loading.vision_tower`
-VISION_MODEL_TYPES: frozenset[str] = frozenset(
-    {
-        "llava",
-        "llava_next",
-        "qwen2_vl",
-        "qwen2_5_vl",
-        "qwen3_vl",
-        "gemma3",
-        "idefics3",
-        "smolvlm",
-    }
-)
 
 
 class VisionTower:
@@ -102,8 +86,22 @@ class VisionTower:
         return features.to(self.vlm.lm_head.weight.dtype)
 
 
-class LlavaTower(VisionTower):
-    """LLaVA: every image is resized to the tower's size, so it takes a fixed count."""
+class FixedCountTower(VisionTower):
+    """A family whose processor resizes every image to the tower's size, so every image
+    takes the same count (`tokens_per_image`) and its pixels are one row of the batch's."""
+
+    tokens_per_image: int
+
+    def image_lengths(self, extras: Sequence[tuple[torch.Tensor, ...]]) -> list[int]:
+        return [self.tokens_per_image] * len(extras)
+
+    def split_processed(self, batch: Any) -> list[tuple[torch.Tensor, tuple[torch.Tensor, ...]]]:
+        pixels = batch.get("pixel_values", ())
+        return [(pixels[i : i + 1], ()) for i in range(len(pixels))]
+
+
+class LlavaTower(FixedCountTower):
+    """LLaVA: the tower's patches, less the CLS position the "default" strategy drops."""
 
     def __init__(self, vlm: Any, processor: Any = None) -> None:
         super().__init__(vlm, processor)
@@ -112,13 +110,6 @@ class LlavaTower(VisionTower):
         patches = (vision.image_size // vision.patch_size) ** 2
         # "default" drops the CLS position, "full" keeps it
         self.tokens_per_image = patches + (config.vision_feature_select_strategy == "full")
-
-    def image_lengths(self, extras: Sequence[tuple[torch.Tensor, ...]]) -> list[int]:
-        return [self.tokens_per_image] * len(extras)
-
-    def split_processed(self, batch: Any) -> list[tuple[torch.Tensor, tuple[torch.Tensor, ...]]]:
-        pixels = batch.get("pixel_values", ())
-        return [(pixels[i : i + 1], ()) for i in range(len(pixels))]
 
     @torch.inference_mode()
     def encode(self, image: ImageInput) -> torch.Tensor:

@@ -12,6 +12,7 @@ import dataclasses
 import pytest
 import torch
 from invariance_kit import (
+    assert_alone_equals_crowds,
     assert_same_rows,
     capture_rows,
     run_capturing,
@@ -132,15 +133,10 @@ def test_image_rows_are_batch_invariant(gemma3, monkeypatch, path):
         engine_request(loaded, i, b, sampled if i % 2 else greedy) for i, b in enumerate(inputs)
     ]
     watched = [1, 2, 6]  # one image (sampled), two images (greedy), a text row
-    alone = {}
-    for i in watched:
-        config = EngineConfig(page_size=4, num_pages=64, enable_prefix_cache=False)
-        found, _ = run_capturing(loaded, [requests[i]], config)
-        alone.update(found)
-    for budget in (17, 512):
-        config = EngineConfig(page_size=4, num_pages=256, max_num_batched_tokens=budget)
-        crowd, stats = run_capturing(loaded, requests, config)
-        assert_same_rows(alone, crowd, watched)
+    crowds = assert_alone_equals_crowds(
+        loaded, requests, watched, (17, 512), page_size=4, pages=128
+    )
+    for stats in crowds:
         assert stats.images_encoded == 3  # once each per engine
 
 

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from idefics3_kit import FRAME_TOKENS, idefics3_processor, save_tiny_idefics3
-from invariance_kit import assert_same_rows, run_capturing
+from invariance_kit import assert_alone_equals_crowds
 from jobs.jobkit import run_cli, write_jsonl
 from vision_kit import (
     engine_prompt,
@@ -94,15 +94,8 @@ def test_image_rows_are_batch_invariant(idefics3):
         engine_request(tower, i, b, sampled if i % 2 else greedy) for i, b in enumerate(inputs)
     ]
     watched = [2, 5, 4, 8]  # one and two split images, a text row, greedy and sampled
-    alone = {}
-    for i in watched:
-        config = EngineConfig(page_size=8, num_pages=96, enable_prefix_cache=False)
-        rows, _ = run_capturing(loaded, [requests[i]], config)
-        alone.update(rows)
-    for budget in (24, 512):  # 24: chunks cut inside runs and between them
-        config = EngineConfig(page_size=8, num_pages=192, max_num_batched_tokens=budget)
-        crowd, _ = run_capturing(loaded, requests, config)
-        assert_same_rows(alone, crowd, watched)
+    # 24: chunks cut inside runs and between them
+    assert_alone_equals_crowds(loaded, requests, watched, (24, 512), pages=96)
 
 
 def test_a_repeated_image_is_read_from_the_prefix_cache(idefics3):

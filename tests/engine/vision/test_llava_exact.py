@@ -5,7 +5,7 @@ same bits alone as beside other image and text rows, whatever chunking its prefi
 from __future__ import annotations
 
 import pytest
-from invariance_kit import assert_same_rows, run_capturing
+from invariance_kit import assert_alone_equals_crowds
 from vision_kit import (
     TOKENS_PER_IMAGE,
     engine_prompt,
@@ -74,13 +74,5 @@ def test_image_rows_are_batch_invariant(llava):
         engine_request(loaded, i, b, sampled if i % 2 else greedy) for i, b in enumerate(inputs)
     ]
     watched = [2, 5, 7]  # image rows and a text row, greedy and sampled
-    alone = {}
-    for i in watched:
-        config = EngineConfig(page_size=8, num_pages=64, enable_prefix_cache=False)
-        rows, _ = run_capturing(loaded, [requests[i]], config)
-        alone.update(rows)
-    for budget in (16, 512):
-        config = EngineConfig(page_size=8, num_pages=128, max_num_batched_tokens=budget)
-        crowd, stats = run_capturing(loaded, requests, config)
-        assert_same_rows(alone, crowd, watched)
+    for stats in assert_alone_equals_crowds(loaded, requests, watched, (16, 512)):
         assert stats.images_encoded == 4  # once each per engine

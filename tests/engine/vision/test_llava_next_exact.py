@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from invariance_kit import assert_same_rows, run_capturing
+from invariance_kit import assert_alone_equals_crowds
 from llava_next_kit import save_tiny_llava_next
 from vision_kit import (
     engine_prompt,
@@ -126,15 +126,7 @@ def test_image_rows_are_batch_invariant(llava_next):
         engine_request(loaded, i, b, sampled if i % 2 else greedy) for i, b in enumerate(inputs)
     ]
     watched = [2, 5, 4, 8]  # one and two images, a text row, greedy and sampled
-    alone = {}
-    for i in watched:
-        config = EngineConfig(page_size=8, num_pages=96, enable_prefix_cache=False)
-        rows, _ = run_capturing(loaded, [requests[i]], config)
-        alone.update(rows)
-    for budget in (16, 512):
-        config = EngineConfig(page_size=8, num_pages=192, max_num_batched_tokens=budget)
-        crowd, stats = run_capturing(loaded, requests, config)
-        assert_same_rows(alone, crowd, watched)
+    for stats in assert_alone_equals_crowds(loaded, requests, watched, (16, 512), pages=96):
         assert stats.images_encoded == 3  # once each per engine
 
 

@@ -11,7 +11,7 @@ import dataclasses
 
 import pytest
 import torch
-from invariance_kit import assert_same_rows, run_capturing
+from invariance_kit import assert_alone_equals_crowds
 from qwen_vl_kit import qwen_vl_processor, save_tiny_qwen_vl
 from vision_kit import (
     engine_prompt,
@@ -85,15 +85,7 @@ def test_image_rows_are_batch_invariant(qwen_vl):
         engine_request(loaded, i, b, sampled if i % 2 else greedy) for i, b in enumerate(inputs)
     ]
     watched = [2, 5, 4, 8]  # one and two images, a text row, greedy and sampled
-    alone = {}
-    for i in watched:
-        config = EngineConfig(page_size=8, num_pages=64, enable_prefix_cache=False)
-        rows, _ = run_capturing(loaded, [requests[i]], config)
-        alone.update(rows)
-    for budget in (16, 512):
-        config = EngineConfig(page_size=8, num_pages=128, max_num_batched_tokens=budget)
-        crowd, _ = run_capturing(loaded, requests, config)
-        assert_same_rows(alone, crowd, watched)
+    assert_alone_equals_crowds(loaded, requests, watched, (16, 512))
 
 
 def test_a_repeated_image_is_read_from_the_prefix_cache(qwen_vl):
