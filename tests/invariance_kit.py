@@ -40,6 +40,18 @@ def assert_alone_equals_crowds(
     return stats
 
 
+def run_one_after_another(core: EngineCore, requests) -> list:
+    """Each request run to its end before the next is added (so a later one can read the
+    earlier ones' pages from the prefix cache); their results in order, invariants checked."""
+    results = []
+    for request in requests:
+        assert core.add_request(request) == []
+        while core.num_unfinished:
+            results.extend(core.step())
+    core.check_invariants()
+    return results
+
+
 def capture_rows(core: EngineCore, requests) -> dict:
     """{request id: (token ids, [logits of each generated position])} of a run on `core`."""
     logits: dict = {}

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from idefics3_kit import FRAME_TOKENS, idefics3_processor, save_tiny_idefics3
-from invariance_kit import assert_alone_equals_crowds
+from invariance_kit import assert_alone_equals_crowds, run_one_after_another
 from jobs.jobkit import run_cli, write_jsonl
 from vision_kit import (
     engine_prompt,
@@ -115,12 +115,7 @@ def test_a_repeated_image_is_read_from_the_prefix_cache(idefics3):
     assert len(image.spans) == 5
     assert list(first.prompt_token_ids[: image.end]) == list(second.prompt_token_ids[: image.end])
     core = EngineCore(loaded, EngineConfig(page_size=2, num_pages=192))
-    results = []
-    for req in (first, second):
-        assert core.add_request(req) == []
-        while core.num_unfinished:
-            results.extend(core.step())
-    core.check_invariants()
+    results = run_one_after_another(core, (first, second))
     assert results[1].cached_tokens >= image.end
     assert [list(r.token_ids) for r in results] == expected
     stats = core.stats()

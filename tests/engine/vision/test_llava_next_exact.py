@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from invariance_kit import assert_alone_equals_crowds
+from invariance_kit import assert_alone_equals_crowds, run_one_after_another
 from llava_next_kit import save_tiny_llava_next
 from vision_kit import (
     engine_prompt,
@@ -147,12 +147,7 @@ def test_a_repeated_image_is_read_from_the_prefix_cache(llava_next):
     image_end = first.images[0].end
     assert list(first.prompt_token_ids[:image_end]) == list(second.prompt_token_ids[:image_end])
     core = EngineCore(loaded, EngineConfig(page_size=4, num_pages=96))
-    results = []
-    for req in (first, second):
-        assert core.add_request(req) == []
-        while core.num_unfinished:
-            results.extend(core.step())
-    core.check_invariants()
+    results = run_one_after_another(core, (first, second))
     # every full page up to the image's end (the question after it differs)
     assert results[1].cached_tokens >= image_end - image_end % 4 >= first.images[0].length
     assert [list(r.token_ids) for r in results] == expected

@@ -11,7 +11,7 @@ import dataclasses
 
 import pytest
 import torch
-from invariance_kit import assert_alone_equals_crowds
+from invariance_kit import assert_alone_equals_crowds, run_one_after_another
 from qwen_vl_kit import qwen_vl_processor, save_tiny_qwen_vl
 from vision_kit import (
     engine_prompt,
@@ -104,12 +104,7 @@ def test_a_repeated_image_is_read_from_the_prefix_cache(qwen_vl):
     image_end = first.images[0].end
     assert list(first.prompt_token_ids[:image_end]) == list(second.prompt_token_ids[:image_end])
     core = EngineCore(loaded, EngineConfig(page_size=4, num_pages=64))
-    results = []
-    for req in (first, second):
-        assert core.add_request(req) == []
-        while core.num_unfinished:
-            results.extend(core.step())
-    core.check_invariants()
+    results = run_one_after_another(core, (first, second))
     assert results[1].cached_tokens >= image_end
     assert [list(r.token_ids) for r in results] == expected
     assert core.stats().images_encoded == 1
