@@ -32,7 +32,7 @@ def test_a_log_gets_loading_steps_periodic_lines_and_a_summary_that_names_its_ra
     output = tmp_path / "out.parquet"
     code, stdout, stderr = run(
         "run", source, output, "--model", tiny_llama_dir, "--kv-cache-memory", "8MiB",
-        "--max-tokens", "48", "--ignore-eos", "--progress-seconds", "0.05",
+        "--max-tokens", "160", "--ignore-eos", "--progress-seconds", "0.02",
     )  # fmt: skip
     assert code == 0, stderr
     lines = stderr.splitlines()
@@ -43,7 +43,9 @@ def test_a_log_gets_loading_steps_periodic_lines_and_a_summary_that_names_its_ra
     progress = [LINE.match(line) for line in lines if re.search(r": \d+/\d+ rows", line)]
     assert len(progress) >= 3 and all(progress), stderr
     # The bad row finishes first, before any step: a line, but nothing to base an ETA on;
-    # then lines keep coming while the other rows generate, with an ETA.
+    # then lines keep coming while the other rows generate, with an ETA (160 steps of a
+    # millisecond or more each against a 0.02 s interval: a fast CI machine once finished
+    # 48 steps between two 0.05 s lines).
     first = progress[0]
     assert first.group(1) == "1" and " 0.0 generated tok/s" in first.group(0)
     assert first.group(3) is None
