@@ -4,10 +4,14 @@ decodes, and a float64 brute force with windows, sinks and softcapping."""
 
 from __future__ import annotations
 
+import functools
 import random
 
 import numpy as np
 import torch
+
+from astrai_batch.engine.attention.block_plan import block_tokens_for
+from astrai_batch.engine.numerics.blas_rows import RowScheme, attention_row_scheme
 
 PAGE = 16
 KV_HEADS, GROUP, DIM = 2, 3, 16
@@ -17,6 +21,15 @@ LENGTHS = (5, 40, 300, 511, 512, 513, 700, 1100, 1500)  # the pool's sequences
 # whole 512-key blocks (the cascade): 513 and 700 share 512 tokens with 512, 1500 shares
 # 1,024 with 1100
 SHARED = {5: (4, 32), 6: (4, 32), 8: (7, 64)}
+
+
+@functools.cache
+def probed_gemm_rows() -> RowScheme:
+    """The block attention's GEMM row scheme on this CPU, as the engine probes it: a fixed
+    scheme holds only on the BLAS it was read from (CI's CPU differs from ours)."""
+    return attention_row_scheme(
+        DIM, DIM, block_tokens_for(PAGE), 3 * 1024, torch.device("cpu"), torch.float32
+    )
 
 
 class Pool:

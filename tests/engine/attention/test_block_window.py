@@ -14,15 +14,23 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from attention_kit import LENGTHS, PAGE, SCALE, SINKS, Pool, brute_force, random_steps
+from attention_kit import (
+    LENGTHS,
+    PAGE,
+    SCALE,
+    SINKS,
+    Pool,
+    brute_force,
+    probed_gemm_rows,
+    random_steps,
+)
 
-from astrai_batch.engine.attention.block_plan import block_tokens_for
 from astrai_batch.engine.attention.host_staging import HostStaging
 from astrai_batch.engine.attention.page_gather import PageGatherer
 from astrai_batch.engine.attention.paged_attention import paged_attention
 from astrai_batch.engine.attention.score_features import WindowPlans
 from astrai_batch.engine.attention.step_arrays import StepArrays
-from astrai_batch.engine.numerics.blas_rows import ROWS_AT_LEAST_TWO, attention_row_scheme
+from astrai_batch.engine.numerics.blas_rows import ROWS_AT_LEAST_TWO
 from astrai_batch.engine.runner.attention_batches import block_batch
 
 
@@ -53,10 +61,7 @@ def step_of(pool: Pool, chunks) -> tuple[StepArrays, torch.Tensor]:
 
 @pytest.fixture(scope="module")
 def gemm_rows():
-    """The block attention's GEMM row scheme on this CPU, as the engine probes it."""
-    return attention_row_scheme(
-        16, 16, block_tokens_for(PAGE), 3 * 1024, torch.device("cpu"), torch.float32
-    )
+    return probed_gemm_rows()
 
 
 def run_step(pool: Pool, chunks, window=None, sinks=None, softcap=None, gemm_rows=None) -> dict:

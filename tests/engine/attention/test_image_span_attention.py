@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from attention_kit import GROUP, KV_HEADS, LENGTHS, PAGE, SCALE, Pool
+from attention_kit import GROUP, KV_HEADS, LENGTHS, PAGE, SCALE, Pool, probed_gemm_rows
 
 from astrai_batch.engine.attention.block_attention import block_attention
 from astrai_batch.engine.attention.flash_block_plan import plan_flash_step
@@ -27,7 +27,6 @@ from astrai_batch.engine.attention.host_staging import HostStaging
 from astrai_batch.engine.attention.page_gather import PageGatherer
 from astrai_batch.engine.attention.paged_attention import paged_attention
 from astrai_batch.engine.attention.step_arrays import StepArrays
-from astrai_batch.engine.numerics.blas_rows import ROWS_AT_LEAST_TWO
 from astrai_batch.engine.runner.attention_batches import block_batch, step_shaped_batch
 from astrai_batch.engine.vision.image_inputs import ImageInput
 from astrai_batch.engine.vision.image_spans import key_limits
@@ -106,7 +105,7 @@ def run_block(pool: Pool, chunks, window=None) -> dict:
         HostStaging("cpu"),
         PageGatherer(),
         use_cascade=True,
-        gemm_rows=ROWS_AT_LEAST_TWO,
+        gemm_rows=probed_gemm_rows(),
         window=window,
     )
     return outputs(chunks, block_attention(q, pool.keys, pool.values, batch, SCALE))
