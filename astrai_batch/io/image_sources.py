@@ -37,6 +37,7 @@ import pyarrow as pa
 
 from astrai_batch.checks import require_positive_int
 from astrai_batch.errors import ConfigError, ImageError
+from astrai_batch.io.data_url_spans import DataUrlSpan, read_data_url
 from astrai_batch.io.filesystems import is_uri, resolve, shown_uri
 from astrai_batch.io.image_cells import CellReader, ImageCell
 
@@ -65,8 +66,9 @@ _SHOWN_URL = 60  # the longest path or URI a message repeats in full
 @dataclass(frozen=True, slots=True)
 class ImageRef:
     """One image of a row, as the row names it: exactly one of `url` (a data URL, a local
-    path or a filesystem URI), `data` (encoded bytes) and `cell` (where a Parquet or Arrow
-    cell stores them: the readers keep that, not the bytes, `io.image_cells`). `detail` is
+    path or a filesystem URI), `data` (encoded bytes), `cell` (where a Parquet or Arrow
+    cell stores them: the readers keep that, not the bytes, `io.image_cells`) and `span`
+    (where a JSONL line stores a large data URL, `io.data_url_spans`). `detail` is
     OpenAI's ``auto`` / ``low`` / ``high`` (None: not given); `path_hint` names bytes in
     messages (Hugging Face's Image struct stores the file name beside them)."""
 
@@ -75,10 +77,12 @@ class ImageRef:
     detail: str | None = None
     path_hint: str | None = None
     cell: ImageCell | None = None
+    span: DataUrlSpan | None = None
 
     def __post_init__(self) -> None:
-        if sum(value is not None for value in (self.url, self.data, self.cell)) != 1:
-            raise ValueError("an ImageRef has exactly one of url, data and cell")
+        given = (self.url, self.data, self.cell, self.span)
+        if sum(value is not None for value in given) != 1:
+            raise ValueError("an ImageRef has exactly one of url, data, cell and span")
         if self.url is not None and (not isinstance(self.url, str) or not self.url):
             raise ValueError("ImageRef.url must be a non-empty string")
         if self.data is not None and not isinstance(self.data, bytes):
@@ -89,6 +93,8 @@ class ImageRef:
     @property
     def source(self) -> str:
         """How messages name this image: short, never the bytes of a data URL."""
+        if self.span is not None:
+            return self.span.shown
         if self.url is None:
             named = f"{_shorten(self.path_hint)} " if self.path_hint else ""
             size = self.cell.size if self.cell is not None else len(self.data or b"")
@@ -166,6 +172,8 @@ def load_image(
         data = ref.data
     elif ref.cell is not None:
         data = (cells or CellReader(keep=0)).read(ref.cell)
+    elif ref.span is not None:
+        data = _data_url_bytes(read_data_url(ref.span), source)
     else:
         data = _read_url(ref.url or "", source, limits)
     if len(data) > limits.max_bytes:

@@ -18,14 +18,15 @@ import array
 import gzip
 import zlib
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pyarrow as pa
 
 from astrai_batch.errors import InputError
+from astrai_batch.io.data_url_spans import locate_data_url
 from astrai_batch.io.filesystems import Location
-from astrai_batch.io.image_sources import DEFAULT_MAX_IMAGES_PER_ROW
+from astrai_batch.io.image_sources import DEFAULT_MAX_IMAGES_PER_ROW, ImageRef
 from astrai_batch.io.input_source import InputSource, check_start
 from astrai_batch.io.kept_types import KeptTypes
 from astrai_batch.io.row_ids import DuplicateIds, IdScan, read_ids
@@ -84,19 +85,32 @@ class JsonlSource(InputSource):
             offset=self.marks.offsets[mark],
             line_number=self.marks.lines[mark],
         )
-        for line_number, raw, _ in lines:
+        for line_number, raw, line_start in lines:
             if index >= start:
-                yield self._row(raw, line_number, index)
+                yield self._row(raw, line_number, index, line_start)
             index += 1
             if index >= stop:
                 return
 
-    def _row(self, raw: bytes, line_number: int, index: int) -> InputRow:
+    def _row(self, raw: bytes, line_number: int, index: int, line_start: int) -> InputRow:
         try:
             value = decode_line(raw, line_number)
         except RowProblem as problem:
             return unreadable_row(index, str(problem), self.plan)
-        return parse_record(value, index, self.plan, self.duplicates)
+        row = parse_record(value, index, self.plan, self.duplicates)
+        if row.images and not self.compressed:
+            # a waiting row names its large data URLs by their place in the file, not
+            # their text (a gzip stream cannot be read again from the middle: kept)
+            row = replace(
+                row, images=tuple(self._located(ref, raw, line_start) for ref in row.images)
+            )
+        return row
+
+    def _located(self, ref: ImageRef, raw: bytes, line_start: int) -> ImageRef:
+        if ref.url is None:
+            return ref
+        span = locate_data_url(ref.url, raw, self.path, line_start)
+        return ref if span is None else ImageRef(span=span, detail=ref.detail)
 
 
 @dataclass(frozen=True)

@@ -237,7 +237,7 @@ def test_limits_and_refs_are_validated() -> None:
             ImageLimits(**bad)
     cell = CellOrigin(resolve("in.parquet"), "parquet", 0, 0).cell("img", None, 1)
     for fields in ({}, {"url": "a.png", "data": b"x"}, {"data": b"x", "cell": cell}):
-        with pytest.raises(ValueError, match=r"^an ImageRef has exactly one of url, data and cel"):
+        with pytest.raises(ValueError, match=r"^an ImageRef has exactly one of url, data, cell a"):
             ImageRef(**fields)
     with pytest.raises(ValueError, match="detail must be one of"):
         ImageRef(url="a.png", detail="medium")
