@@ -1,6 +1,7 @@
 """Peak memory of `astrai-batch run --image-column` on Parquet image bytes as the rows grow.
 
-Run: PYTHONPATH=$PWD python scripts/bench_image_memory.py [--rows 2000 10000] [-- RUN ARGS]
+Run: PYTHONPATH=$PWD python scripts/bench_image_memory.py [--rows 2000 10000] [--jsonl]
+     [-- RUN ARGS]
 
 Writes a Parquet file of `--rows` rows: a prompt column and a binary image column of PNG bytes,
 a few distinct 64x64 images and, every `--large-every`-th row, one of two 512x512 ones (random
@@ -10,12 +11,15 @@ runs the console command on the file in a child process (`--max-tokens 1`) and p
 line per size with the child's peak RSS (ru_maxrss from os.wait4: the kernel's high-water mark,
 the figure `/usr/bin/time -v` prints as "Maximum resident set size"). Arguments after `--` go to
 `astrai-batch run` (e.g. `-- --group-window 1000`). The child runs torch with one thread, as in
-scripts/bench_memory.py.
+scripts/bench_memory.py. `--jsonl` writes the same rows as a plain JSONL file whose image
+column holds base64 PNG data URLs (the reader keeps large ones as byte ranges of the file,
+`astrai_batch/io/data_url_spans.py`).
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import io
 import json
 import os
@@ -69,6 +73,28 @@ def write_rows(path: Path, rows: int, large_every: int) -> int:
     return total
 
 
+def write_jsonl_rows(path: Path, rows: int, large_every: int) -> int:
+    """The same rows as `write_rows`, as JSON lines with data URLs; returns the image bytes."""
+    urls = {}
+    total = 0
+    with path.open("w") as out:
+        for i in range(rows):
+            large = bool(large_every) and i % large_every == 0
+            if large:
+                key = ("large", (i // large_every) % DISTINCT_LARGE)
+            else:
+                key = ("small", i % DISTINCT_SMALL)
+            if key not in urls:
+                seed, size = (100 + key[1], LARGE) if large else (key[1], SMALL)
+                data = png_bytes(seed, size)
+                urls[key] = (len(data), "data:image/png;base64," + base64.b64encode(data).decode())
+            size, url = urls[key]
+            total += size
+            line = {"id": f"r{i}", "prompt": f"Question {i}: what is in the image?", "img": url}
+            out.write(json.dumps(line) + "\n")
+    return total
+
+
 def build_tiny_llava(directory: Path) -> Path:
     # The test suite's builder: a 2-layer CLIP tower (32x32 images) and the tiny Llama decoder.
     sys.path.insert(0, str(REPO_ROOT / "tests"))
@@ -97,6 +123,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[10_000])
     parser.add_argument("--large-every", type=int, default=50, help="0: no 512x512 images")
+    parser.add_argument("--jsonl", action="store_true", help="data URLs in a JSONL file")
     parser.add_argument("--workdir", type=Path, default=None, help="keep files here")
     parser.add_argument("run_args", nargs="*", help="extra arguments for astrai-batch run")
     args = parser.parse_args()
@@ -105,8 +132,12 @@ def main() -> None:
         workdir.mkdir(parents=True, exist_ok=True)
         model = build_tiny_llava(workdir / "tiny-llava")
         for rows in args.rows:
-            source = workdir / f"images-{rows}.parquet"
-            stored = write_rows(source, rows, args.large_every)
+            if args.jsonl:
+                source = workdir / f"images-{rows}.jsonl"
+                stored = write_jsonl_rows(source, rows, args.large_every)
+            else:
+                source = workdir / f"images-{rows}.parquet"
+                stored = write_rows(source, rows, args.large_every)
             output = workdir / f"out-{rows}.parquet"
             seconds, peak, status = run_once(source, output, model, args.run_args)
             if status != 0:
@@ -115,7 +146,8 @@ def main() -> None:
                 "rows": rows,
                 "run_args": args.run_args,
                 "image_bytes_mib": round(stored / 2**20, 1),
-                "parquet_file_mib": round(source.stat().st_size / 2**20, 1),
+                "input": source.suffix[1:],
+                "input_file_mib": round(source.stat().st_size / 2**20, 1),
                 "seconds": round(seconds, 1),
                 "peak_rss_mib": round(peak / 2**20, 1),
                 "load_average": [round(load, 2) for load in os.getloadavg()],
