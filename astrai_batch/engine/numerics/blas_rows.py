@@ -15,16 +15,20 @@ position), against the rows of one `max_rows`-row GEMM. `scripts/probe_blas_rows
 the exhaustive sweep (every M from 1 to 2048).
 
 bfloat16 and float16 GEMMs go to oneDNN's AMX / AVX-512 brgemm kernels, which block K and
-split the work among threads by M in a way that has no M range to trust: measured on a
-Sapphire Rapids Xeon (torch 2.13, oneDNN 3.12, 2 threads), the rows of K x N 1536 x 576 agree
-with a 520-row GEMM for M = 37-255, 417-422, 449-459 and 481-505 and nowhere else, and a
-49152-column LM head has other ranges than its first 768 columns. So in those dtypes every
-GEMM runs exactly one tile of T rows (`probe_tile_scheme`: fixed shape, fixed kernel and
-thread split), probed per shape at its full width; a row's place inside the tile must not
-matter, and a short remainder pads to a smaller probed size only where that one agrees.
-Their probe data is adversarial (`_adversarial`): a bf16 output hides most reorderings of an
-fp32 sum in its rounding (random data showed one differing element in 24,576), so its rows
-carry large products that cancel, and any other summation order shows in the result.
+split the work among threads by M. Whether that leaves an M range to trust depends on the
+kernel: measured on a Sapphire Rapids Xeon (AMX; torch 2.13, oneDNN 3.12, 2 threads), the rows
+of K x N 1536 x 576 agree with a 520-row GEMM for M = 37-255, 417-422, 449-459 and 481-505 and
+nowhere else, and a 49152-column LM head has other ranges than its first 768 columns; on an
+AMD Zen 4 (AVX-512 BF16, no AMX) every M from 2 to 1,024 agrees, for every shape of SmolLM2.
+So those dtypes are probed per shape at its full width: first for a range, as float32 is (one
+GEMM per step; tiles cost 1.25-2.5x one GEMM on a 1,024-row prefill on that Zen 4,
+`docs/performance.md`), and where none holds, every GEMM runs exactly one tile of T rows
+(`probe_tile_scheme`: fixed shape, fixed kernel and thread split); a row's place inside the
+tile must not matter, and a short remainder pads to a smaller probed size only where that one
+agrees. Their probe data is adversarial (`_adversarial`): a bf16 output hides most
+reorderings of an fp32 sum in its rounding (random data showed one differing element in
+24,576), so its rows carry large products that cancel, and any other summation order shows
+in the result.
 """
 
 from __future__ import annotations
@@ -83,6 +87,8 @@ class RowScheme:
     def describe(self) -> str:
         if self.min_rows == self.max_rows:
             return f"tiles of {self.max_rows} rows"
+        if self.min_rows == 1:
+            return f"one GEMM up to {self.max_rows} rows"
         return (
             f"M < {self.min_rows} padded to {sorted(set(self.pad_to[1:]))}, "
             f"one GEMM up to {self.max_rows} rows"
@@ -99,8 +105,7 @@ def probe_row_scheme(
 
     Raises NumericsUnavailableError when no probed M gives a row the same bits everywhere.
     """
-    candidates = sorted({*range(1, SMALL_ROWS + 1), *LARGE_ROWS, max_rows} - {0})
-    candidates = [m for m in candidates if m <= max_rows]
+    candidates = _candidates(max_rows)
     valid = set(candidates)
     generator = torch.Generator().manual_seed(25)
     shapes = sorted({(k, min(n, PROBE_COLUMNS), bias) for k, n, bias in shapes})
@@ -113,10 +118,20 @@ def probe_row_scheme(
             f"gives no GEMM row count whose rows are independent of it (K x N {first[0]} x "
             f"{first[1]}); run with --fast-numerics"
         )
-    # the smallest M from which every probed M is invariant: one GEMM for those
+    return _range_scheme(candidates, valid, max_rows) or RowScheme.tiles(max(valid))
+
+
+def _candidates(max_rows: int) -> list[int]:
+    candidates = sorted({*range(1, SMALL_ROWS + 1), *LARGE_ROWS, max_rows} - {0})
+    return [m for m in candidates if m <= max_rows]
+
+
+def _range_scheme(candidates: list[int], valid: set[int], max_rows: int) -> RowScheme | None:
+    """Small M padded, one GEMM from the smallest M on which every probed M is invariant up
+    to `max_rows`; None where no such range reaches `max_rows`."""
     min_rows = next((m for m in candidates if all(c in valid for c in candidates if c >= m)), None)
     if min_rows is None or max_rows not in valid:
-        return RowScheme.tiles(max(valid))
+        return None
     pad_to = [0]
     for m in range(1, min_rows):
         pad_to.append(min(c for c in valid if c >= m))
@@ -136,7 +151,30 @@ def probe_row_schemes(
         scheme = probe_row_scheme(shapes, max_rows, gemm, dtype)
         return {shape: scheme for shape in shapes}
     generator = torch.Generator().manual_seed(25)
-    return {shape: probe_tile_scheme(*shape, gemm, dtype, generator) for shape in shapes}
+    return {shape: _reduced_scheme(*shape, max_rows, gemm, dtype, generator) for shape in shapes}
+
+
+def _reduced_scheme(k, n, bias, max_rows, gemm, dtype, generator) -> RowScheme:
+    """A range (small M padded, one GEMM up to `max_rows`) where the kernel keeps a row's
+    bits at every probed M on adversarial data and small steps pad to at most a tile's size:
+    every candidate M on `PROBE_COLUMNS` columns, then the M the scheme runs and a spread of
+    large ones again at the full width (a wide LM head's later columns may differ, and a
+    probe of every M at 49,152 columns takes seconds); else fixed tiles
+    (`probe_tile_scheme`)."""
+    candidates = _candidates(max_rows)
+    valid = _invariant_row_counts(
+        k, min(n, PROBE_COLUMNS), bias, candidates, max_rows, gemm, generator, dtype, True
+    )
+    scheme = _range_scheme(candidates, valid, max_rows)
+    if scheme is not None and scheme.min_rows <= TILE_ROWS[0]:
+        if n <= PROBE_COLUMNS:
+            return scheme
+        runs = {*scheme.pad_to[1:], scheme.min_rows, 33, 129, max_rows}
+        runs = sorted(m for m in runs if scheme.min_rows <= m <= max_rows or m in scheme.pad_to)
+        full = _invariant_row_counts(k, n, bias, runs, max_rows, gemm, generator, dtype, True)
+        if full == set(runs):
+            return scheme
+    return probe_tile_scheme(k, n, bias, gemm, dtype, generator)
 
 
 def probe_tile_scheme(
@@ -191,21 +229,34 @@ def _adversarial(rows: int, k: int, generator: torch.Generator) -> torch.Tensor:
     return x
 
 
-def _invariant_row_counts(k, n, bias, candidates, max_rows, gemm, generator, dtype) -> set[int]:
+def _invariant_row_counts(
+    k, n, bias, candidates, max_rows, gemm, generator, dtype, adversarial=False
+) -> set[int]:
     """The candidate M whose every row, at every probed offset, equals that row inside one
-    `max_rows + spread`-row GEMM."""
+    `max_rows + spread`-row GEMM (on `_adversarial` data, and at two offsets for large M,
+    where `adversarial`)."""
     spread = 8
     total = max_rows + spread
-    weight = torch.randn(n, k, generator=generator).to(dtype)
+    weight = torch.randn(n, k, generator=generator)
+    if adversarial:
+        weight[:, ::8] = 64.0
+        a = _adversarial(total, k, generator).to(dtype)
+    else:
+        a = None
+    weight = weight.to(dtype)
     b = torch.randn(n, generator=generator).to(dtype) if bias else None
-    a = torch.randn(total, k, generator=generator).to(dtype)
+    if a is None:
+        a = torch.randn(total, k, generator=generator).to(dtype)
     with torch.inference_mode():
         reference = gemm(a, weight, b)
         valid = set()
         for m in candidates:
             # rows land at other positions than in the reference: a row block's position
             # is checked with its count
-            offsets = {0, 1, total - m} if m <= SMALL_ROWS else {total - m}
+            if m <= SMALL_ROWS:
+                offsets = {0, 1, total - m}
+            else:
+                offsets = {1, total - m} if adversarial else {total - m}
             if all(
                 torch.equal(gemm(a[o : o + m], weight, b), reference[o : o + m]) for o in offsets
             ):

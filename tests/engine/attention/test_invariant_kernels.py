@@ -156,10 +156,34 @@ def test_probe_on_this_machine_finds_a_scheme_for_the_model_shapes():
     )
 
 
-def test_reduced_precision_runs_fixed_tiles_padding_to_smaller_ones_that_agree():
-    """bfloat16: every GEMM one tile; a remainder pads to the smallest probed size whose
-    rows equal the tile's (here the cut is the same from 8 rows on)."""
+def test_reduced_precision_runs_one_gemm_where_every_large_count_keeps_a_rows_bits():
+    """bfloat16 on a kernel whose cut is the same from 7 rows on (oneDNN's AVX-512 BF16 on
+    AMD Zen 4 is like that from 2): small steps pad to 7, one GEMM up to 512 rows; a wide
+    output is checked at its full width too."""
     gemm = split_k_at(lambda m: 7 if m >= 8 else m)
+    shapes = [(64, 32, False), (64, 48, True), (64, 1000, False)]
+    schemes = probe_row_schemes(shapes, gemm=gemm, dtype=torch.bfloat16)
+    want = RowScheme(min_rows=7, max_rows=512, pad_to=(0, *[7] * 6))
+    assert set(schemes.values()) == {want}
+    assert want.describe() == "M < 7 padded to [7], one GEMM up to 512 rows"
+
+    def late_columns_differ(a, weight, bias):  # past 768 columns, large M cut elsewhere
+        out = gemm(a, weight, bias)
+        if a.shape[0] > 100:
+            out[:, 768:] = split_k_at(lambda m: 3)(a, weight[768:], None)
+        return out
+
+    (wide,) = probe_row_schemes(
+        [(64, 1000, False)], gemm=late_columns_differ, dtype=torch.bfloat16
+    ).values()
+    assert (wide.min_rows, wide.max_rows) == (64, 64)
+
+
+def test_reduced_precision_runs_fixed_tiles_padding_to_smaller_ones_that_agree():
+    """bfloat16 where large counts sum otherwise than a tile's: every GEMM one tile; a
+    remainder pads to the smallest probed size whose rows equal the tile's (here the cut is
+    the same from 8 to 64 rows)."""
+    gemm = split_k_at(lambda m: m if m < 8 else 7 if m <= 64 else 3)
     schemes = probe_row_schemes([(64, 32, False), (64, 48, True)], gemm=gemm, dtype=torch.bfloat16)
     pad_to = (0, *[8] * 8, *[16] * 8, *[32] * 16, *[64] * 31)
     assert set(schemes.values()) == {RowScheme(min_rows=64, max_rows=64, pad_to=pad_to)}
