@@ -1,16 +1,18 @@
 """Rows with images on a vision model (the tiny LLaVA) outside the local executor: `plan`
 counts their image tokens as `run` plans them (placeholders holding content ids, so two rows
 share an image's pages only when the image is the same; checked against a brute-force page
-count on the processor's own output), and `--executor ray`, whose workers do not load the
-vision tower, fails those rows with a line naming that limitation while text rows run."""
+count on the processor's own output), and `--executor ray` writes what a local run writes for
+them (its read tasks encode the images with the model's processor, its workers load the
+tower): the same completions, row errors and image counts."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
-from jobs.jobkit import engine_args, read_rows, run_cli, write_jsonl
+from jobs.jobkit import engine_args, run_cli, summary_of, write_jsonl
 from vision_kit import png_data_url, processed, random_image, save_tiny_llava
 
 PAGE = 16
@@ -60,20 +62,36 @@ def test_plan_counts_image_tokens_and_keeps_different_images_apart(llava_dir, tm
     assert report["reusable_tokens"] == prompt_tokens - report["unique_tokens"] > 0
 
 
-def test_ray_fails_image_rows_with_the_limitation_and_runs_text_rows(
-    llava_dir, tmp_path, ray_address
-):
-    lines = [chat("image", "What?", random_image(71)), chat("text", "Hello")]
+def test_ray_writes_what_a_local_run_writes_for_image_rows(llava_dir, tmp_path, ray_address):
+    """Two images each asked twice (one large enough to wait as a byte range of the file),
+    a broken image and a text row, on two workers: rows, errors and image counts as local."""
+    one, two = random_image(71, (96, 96)), random_image(72)
+    broken = {
+        "custom_id": "broken",
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {"messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+            {"type": "text", "text": "What?"},
+        ]}]},
+    }  # fmt: skip
+    lines = [chat("a", "What?", one), chat("b", "Why?", one), chat("c", "What?", two)]
+    lines += [chat("d", "Why?", two), broken, chat("text", "Hello")]
     source = write_jsonl(tmp_path / "in.jsonl", lines)
-    output = tmp_path / "out.parquet"
-    result = run_cli(
-        "run", source, output, *engine_args(llava_dir),
-        "--executor", "ray", "--workers", "1", "--worker-threads", "1",
+    local, sharded = tmp_path / "local.parquet", tmp_path / "ray.parquet"
+    first = run_cli("run", source, local, *engine_args(llava_dir))
+    second = run_cli(
+        "run", source, sharded, *engine_args(llava_dir),
+        "--executor", "ray", "--workers", "2", "--worker-threads", "1",
     )  # fmt: skip
-    assert result.exit_code == 0, result.stderr
-    rows = {row["id"]: row for row in read_rows(output)}
-    assert rows["image"]["error"] == (
-        "rows with images do not run under --executor ray yet (its workers do not load the "
-        f"vision tower of '{llava_dir}'); run them with --executor local"
-    )
-    assert rows["text"]["error"] is None and rows["text"]["finish_reason"] in ("stop", "length")
+    assert first.exit_code == 0, first.stderr
+    assert second.exit_code == 0, second.stderr
+    columns = ["id", "completion", "finish_reason", "error", "prompt_tokens"]
+    want = pq.read_table(local).select(columns).to_pylist()
+    assert pq.read_table(sharded).select(columns).to_pylist() == want
+    errors = {row["id"]: row["error"] for row in want if row["error"] is not None}
+    assert list(errors) == ["broken"] and errors["broken"].startswith("image data URL")
+    counts = ("failed_rows", "images_encoded")
+    local_summary, ray_summary = summary_of(first.stdout), summary_of(second.stdout)
+    assert [ray_summary[key] for key in counts] == [local_summary[key] for key in counts]
+    assert local_summary["images_encoded"] >= 2

@@ -39,7 +39,6 @@ from astrai_batch.jobs.executors.ray_stages import (
     ChunkReader,
     Router,
     ignored_names,
-    ray_images_refused,
     summaries_of,
     summarize_batch,
 )
@@ -50,6 +49,7 @@ from astrai_batch.jobs.options.config import JobConfig
 from astrai_batch.jobs.output.checkpoint import Checkpoint, ExecutorMark
 from astrai_batch.jobs.output.identity import model_identity_of
 from astrai_batch.jobs.output.stats import total
+from astrai_batch.jobs.planning.image_encoding import vision_model_at
 from astrai_batch.jobs.planning.sharding import SHARDING_VERSION, assign_shards
 from astrai_batch.jobs.progress import Progress
 
@@ -75,9 +75,9 @@ class RayExecutor:
     config: JobConfig
     # --task embed: the job's request, its pooling resolved on the driver as a local run does
     embed: EmbedRequest | None = field(default=None, init=False)
-    # a vision model's rows with images: their row error (the workers load no vision tower),
-    # decided once on the driver from the model's config
-    images_refused: str | None = field(default=None, init=False)
+    # a vision-language model (decided once on the driver from the model's config): the
+    # read tasks encode rows' images with its processor, the workers load its tower
+    vision: bool = field(default=False, init=False)
 
     def mark(self) -> ExecutorMark:
         return ExecutorMark("ray", self.config.workers, SHARDING_VERSION)
@@ -97,12 +97,9 @@ class RayExecutor:
         tokenizer, tokenizer_source = load_tokenizer(
             config.model, revision=config.revision, trust_remote_code=config.trust_remote_code
         )
-        self.images_refused = ray_images_refused(config, tokenizer_source)
+        self.vision = vision_model_at(tokenizer_source, config.trust_remote_code)
         encoder = PromptEncoder(
-            tokenizer,
-            config.model,
-            chat_template_kwargs=config.chat_template_kwargs,
-            images_refused=self.images_refused,
+            tokenizer, config.model, chat_template_kwargs=config.chat_template_kwargs
         )
         if source.shape == "messages" and not encoder.has_chat_template:
             raise ConfigError(no_chat_template_message(config.model))
@@ -131,7 +128,7 @@ class RayExecutor:
             owns_ray = start_ray(ray, self.config)
             try:
                 pending = (source, store, before, schema, total_rows, progress)
-                pending += (self.embed, self.images_refused)
+                pending += (self.embed, self.vision)
                 _run_pending(ray, self.config, *pending)
             finally:
                 if owns_ray:
@@ -192,7 +189,7 @@ def _run_pending(
     total_rows: int,
     progress: Progress,
     embed: EmbedRequest | None,
-    images_refused: str | None,
+    vision: bool,
 ) -> None:
     import ray.data
 
@@ -205,7 +202,7 @@ def _run_pending(
     # Ray Data's default of 200 shuffle partitions is sized for large clusters; a partition
     # per CPU keeps a small job from spending its time scheduling empty tasks.
     partitions = max(1, int(cpus))
-    reader = ChunkReader(source, config, chunk_rows, config.model, embed, images_refused)
+    reader = ChunkReader(source, config, chunk_rows, config.model, embed, vision)
     keyed = (
         ray.data.range(chunks, override_num_blocks=chunks)
         .map_batches(reader, batch_size=1, batch_format="pyarrow")

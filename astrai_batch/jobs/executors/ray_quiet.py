@@ -20,6 +20,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+from astrai_batch import errors
 from astrai_batch.errors import AstraiBatchError, ConfigError, ExecutorError
 from astrai_batch.jobs.crash_points import CRASH_ENV
 from astrai_batch.jobs.options.config import JobConfig
@@ -108,10 +109,32 @@ def ray_errors_in_one_line() -> Iterator[None]:
     except Exception as exc:
         if not type(exc).__module__.startswith("ray"):
             raise
-        cause = getattr(exc, "cause", None)
+        cause = getattr(exc, "cause", None)  # a plain task's exception, where Ray kept it
         if isinstance(cause, AstraiBatchError):
             raise cause from None
-        raise ExecutorError(f"the Ray executor failed: {_first_line(exc)}") from None
+        name, message = _task_error(exc)
+        ours = getattr(errors, name.removeprefix("astrai_batch.errors."), None)
+        ours_type = isinstance(ours, type) and issubclass(ours, AstraiBatchError)
+        if name.startswith("astrai_batch.errors.") and ours_type:  # raised in a Ray Data task
+            raise ours(message) from None
+        text = f"{name}: {message}" if name else message
+        raise ExecutorError(f"the Ray executor failed: {text}") from None
+
+
+_CHAINED = "The above exception was the direct cause of the following exception"
+
+
+def _task_error(exc: BaseException) -> tuple[str, str]:
+    """(the exception's qualified type name, its message) that a failed task raised, read
+    from the traceback text Ray carries (a Ray Data task's exception object does not travel:
+    only its text does); ("", Ray's first line) where the text has none."""
+    first = str(exc).split(_CHAINED, 1)[0]
+    for line in reversed(first.splitlines()):
+        name, colon, message = line.partition(": ")
+        named = all(part.isidentifier() for part in name.split("."))
+        if colon and named and name.endswith(("Error", "Exception", "Exit")):
+            return name, message.strip()
+    return "", _first_line(exc)
 
 
 def _first_line(exc: BaseException) -> str:

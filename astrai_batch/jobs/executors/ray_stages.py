@@ -25,7 +25,7 @@ from astrai_batch.io import InputSource
 from astrai_batch.jobs.options.config import JobConfig
 from astrai_batch.jobs.options.openai_options import served_names
 from astrai_batch.jobs.planning.embed_rows import job_embed_request, read_matryoshka
-from astrai_batch.jobs.planning.image_encoding import ray_images_message, vision_model_at
+from astrai_batch.jobs.planning.image_encoding import weightless_tower
 from astrai_batch.jobs.planning.sharding import (
     GroupSummary,
     KeyedRow,
@@ -80,21 +80,25 @@ class ChunkReader:
     chunk_rows: int
     model_name: str
     embed: EmbedRequest | None = None  # --task embed: the job's request (pooling resolved)
-    images_refused: str | None = None  # rows with images: the driver's `ray_images_refused`
+    vision: bool = False  # a vision-language model: rows' images are encoded here
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         from astrai_batch.engine import load_tokenizer
         from astrai_batch.jobs.planning.tokenize import PromptEncoder
 
         config = self.config
-        tokenizer, _ = load_tokenizer(
+        tokenizer, location = load_tokenizer(
             config.model, revision=config.revision, trust_remote_code=config.trust_remote_code
         )
+        # images as a local run encodes them (the processor, their keys and placeholders),
+        # with the model's config and processor only: the workers load the weights
+        tower = weightless_tower(location, config.trust_remote_code) if self.vision else None
         encoder = PromptEncoder(
             tokenizer,
             self.model_name,
             chat_template_kwargs=config.chat_template_kwargs,
-            images_refused=self.images_refused,
+            vision=tower,
+            image_limits=config.image_limits(),
         )
         out: list[dict[str, Any]] = []
         for chunk in batch.column("id").to_pylist():
@@ -126,14 +130,6 @@ class ChunkReader:
                 for row in window.rows
             )
         return pa.Table.from_pylist(out, schema=KEYED_SCHEMA)
-
-
-def ray_images_refused(config: Any, location: str) -> str | None:
-    """The row error for images under Ray on a vision model (its workers load the language
-    model only), or None for a text model (whose own message says it reads text only)."""
-    if vision_model_at(location, config.trust_remote_code):
-        return ray_images_message(config.model)
-    return None
 
 
 def ignored_names(batch: pa.Table) -> pa.Table:

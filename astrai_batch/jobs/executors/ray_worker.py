@@ -47,6 +47,8 @@ class ShardWorker:
         if self.store.part(shard).exists():
             info = self.store.read_info(shard)
         else:
+            if self.loaded.vision is not None:
+                rows = self._with_images(rows)
             result = run_shard(self.loaded, self.config, rows)
             groups = {row.prefix_group for row in rows if row.prefix_group is not None}
             info = ShardInfo(shard, result.stats, len(groups), self.model)
@@ -54,3 +56,19 @@ class ShardWorker:
         return pa.Table.from_pylist(
             [{"shard": shard, "info": info.to_json()}], schema=RESULT_SCHEMA
         )
+
+    def _with_images(self, rows: list) -> list:
+        """Rows whose images load through this worker's processor (they came pickled
+        without one, `ImageReload`), Parquet cells through one reader per shard."""
+        import dataclasses
+
+        from astrai_batch.io.image_cells import CellReader
+        from astrai_batch.jobs.planning.image_encoding import with_processor
+
+        processor, cells = self.loaded.vision.processor, CellReader()
+        return [
+            dataclasses.replace(row, images=with_processor(row.images, processor, cells))
+            if row.images
+            else row
+            for row in rows
+        ]

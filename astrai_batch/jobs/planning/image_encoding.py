@@ -15,8 +15,9 @@ twice.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
-from functools import partial
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -56,7 +57,7 @@ def encode_image_row(
         processed = [image_tensors(processor, image, tower) for image in images]
     except Exception as exc:  # a processor may raise anything on odd input
         return f"image processing failed: {_one_line(exc)}"
-    loaders = [partial(_reload, ref, limits, processor, cells) for ref in refs]
+    loaders = [ImageReload(ref, limits, processor, cells) for ref in refs]
     extras = [more for _, more in processed]
     try:
         ids, inputs = image_prompt(
@@ -83,10 +84,39 @@ def image_tensors(
     return out["pixel_values"], (() if tower is None else tower.image_extras(out))
 
 
-def _reload(
-    ref: ImageRef, limits: ImageLimits, processor: Any, cells: CellReader | None
-) -> torch.Tensor:
-    return image_tensors(processor, load_image(ref, limits, cells).image)[0]
+@dataclass(frozen=True)
+class ImageReload:
+    """An `ImageInput.load`: the image's pixel tensor made again (read, decode, process)
+    when its request enters the engine. Pickled (a Ray task's rows, for the workers) as its
+    `ref` and `limits` only: the worker binds its own processor and cell reader (`bound`),
+    so a row never carries the processor (and its tokenizer) along."""
+
+    ref: ImageRef
+    limits: ImageLimits
+    processor: Any = field(default=None, compare=False)
+    cells: CellReader | None = field(default=None, compare=False)
+
+    def __call__(self) -> torch.Tensor:
+        if self.processor is None:
+            raise ImageError(f"image {self.ref.source} reached an engine without its processor")
+        return image_tensors(self.processor, load_image(self.ref, self.limits, self.cells).image)[0]
+
+    def __reduce__(self) -> tuple:
+        return (ImageReload, (self.ref, self.limits))
+
+    def bound(self, processor: Any, cells: CellReader | None) -> ImageReload:
+        return dataclasses.replace(self, processor=processor, cells=cells)
+
+
+def with_processor(images: tuple, processor: Any, cells: CellReader | None) -> tuple:
+    """A row's `ImageInput`s with their loads bound to `processor` and `cells` (a worker's,
+    after the rows came pickled from the task that encoded them)."""
+    return tuple(
+        dataclasses.replace(image, load=image.load.bound(processor, cells))
+        if isinstance(image.load, ImageReload)
+        else image
+        for image in images
+    )
 
 
 def vision_model_at(location: str, trust_remote_code: bool = False) -> bool:
@@ -120,14 +150,6 @@ def _vision_config(location: str, trust_remote_code: bool) -> Any:
     except Exception:  # GGUF or an unreadable config: text models only; the loader reports
         return None
     return config if is_vision_model(config) else None
-
-
-def ray_images_message(model_name: str) -> str:
-    """A row with images under `--executor ray` on a vision model: not run yet."""
-    return (
-        f"rows with images do not run under --executor ray yet (its workers do not load "
-        f"the vision tower of {model_name!r}); run them with --executor local"
-    )
 
 
 def _one_line(exc: Exception) -> str:

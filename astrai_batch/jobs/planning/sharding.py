@@ -39,8 +39,12 @@ SPLIT_ABOVE = 1.5
 
 
 def page_key(token_ids: Sequence[int], pages: int, page_size: int) -> str:
-    """A short stable hash of the first `pages` full pages of `token_ids`."""
-    prefix = array("I", token_ids[: pages * page_size])
+    """A short stable hash of the first `pages` full pages of `token_ids`. Text ids hash as
+    unsigned 32-bit words (the keys of jobs begun before images); a page holding an image's
+    content ids (negative, `engine.vision.image_inputs.placeholder_ids`) as signed 64-bit
+    ones."""
+    ids = token_ids[: pages * page_size]
+    prefix = array("I" if min(ids, default=0) >= 0 else "q", ids)
     return hashlib.blake2b(prefix.tobytes(), digest_size=KEY_BYTES).hexdigest()
 
 

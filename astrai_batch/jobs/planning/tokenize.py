@@ -91,7 +91,6 @@ class PromptEncoder:
         chat_template_kwargs: Mapping[str, Any] | None = None,
         vision: Any = None,
         image_limits: ImageLimits | None = None,
-        images_refused: str | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.model_name = model_name
@@ -103,9 +102,8 @@ class PromptEncoder:
         # one per token (28 bytes), which a window of waiting rows would keep once per token
         self._token_ints: dict[int, int] = {}
         self._vocab_size = len(tokenizer) if hasattr(tokenizer, "__len__") else 0
-        # the error of a row with images where no vision tower is loaded: a text model's, or
-        # the limitation of a path that does not load a vision model's tower (Ray, plan)
-        self.images_refused = images_refused or text_only_message(model_name)
+        # the error of a row with images where no vision tower is given: a text model's
+        self.images_refused = text_only_message(model_name)
         processor = None if vision is None else vision.processor
         # a processor's own chat template (saved apart from the tokenizer's) renders chats
         self._templater = (
