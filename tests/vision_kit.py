@@ -90,6 +90,85 @@ def save_llava(
     return path
 
 
+PIXTRAL_TOKENS = ("[IMG]", "[IMG_BREAK]", "[IMG_END]")
+PIXTRAL_PATCH, PIXTRAL_MERGE, PIXTRAL_LONGEST = 4, 2, 40  # 8 pixels a feature, <= 5x5 features
+# Mistral 3's chat: an image part is [IMG], which the processor expands into rows of [IMG]
+# ending in [IMG_BREAK], the last in [IMG_END]
+PIXTRAL_CHAT_TEMPLATE = VISION_CHAT_TEMPLATE.replace("<image>", "[IMG]")
+
+
+def save_tiny_mistral3(path: Path, seed: int = 13) -> Path:
+    """A Mistral 3: a 2-layer Pixtral encoder (4x4 patches, images resized to at most 40
+    pixels a side, 2x2 patches merged into one feature) and the tiny decoder as a Mistral,
+    random weights; saved as a hub repo saves it: Pixtral's image processor config, the
+    fixture tokenizer with Pixtral's three image tokens, and a `PixtralProcessor` config
+    (which transformers cannot load without torchvision)."""
+    import json
+
+    from transformers import (
+        Mistral3Config,
+        Mistral3ForConditionalGeneration,
+        MistralConfig,
+        PixtralImageProcessorPil,
+        PixtralVisionConfig,
+    )
+
+    tokenizer = build_tiny_tokenizer()
+    tokenizer.add_special_tokens({"additional_special_tokens": list(PIXTRAL_TOKENS)})
+    tokenizer.chat_template = PIXTRAL_CHAT_TEMPLATE
+    vision = PixtralVisionConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        head_dim=16,
+        image_size=PIXTRAL_LONGEST,
+        patch_size=PIXTRAL_PATCH,
+    )
+    config = Mistral3Config(
+        vision_config=vision,
+        text_config=MistralConfig(**tiny_config_kwargs(tokenizer), sliding_window=None),
+        image_token_index=tokenizer.convert_tokens_to_ids("[IMG]"),
+        spatial_merge_size=PIXTRAL_MERGE,
+        vision_feature_layer=-1,
+        tie_word_embeddings=False,
+    )
+    config.architectures = ["Mistral3ForConditionalGeneration"]
+    torch.manual_seed(seed)
+    model = Mistral3ForConditionalGeneration(config).to(torch.float32)
+    model.save_pretrained(path)
+    image_processor = PixtralImageProcessorPil(
+        size={"longest_edge": PIXTRAL_LONGEST},
+        patch_size={"height": PIXTRAL_PATCH, "width": PIXTRAL_PATCH},
+    )
+    image_processor.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    processor = {
+        "processor_class": "PixtralProcessor",
+        "patch_size": PIXTRAL_PATCH,
+        "spatial_merge_size": PIXTRAL_MERGE,
+        "image_token": "[IMG]",
+        "image_break_token": "[IMG_BREAK]",
+        "image_end_token": "[IMG_END]",
+    }
+    (path / "processor_config.json").write_text(json.dumps(processor))
+    (path / "chat_template.jinja").write_text(PIXTRAL_CHAT_TEMPLATE)
+    return path
+
+
+def pixtral_prompt_ids(tokenizer, text: str, image_sizes) -> list[int]:
+    """A brute force of `PixtralProcessor`'s text: each [IMG] of `text` (in order) becomes
+    its image's rows of [IMG] x columns + [IMG_BREAK], the last break [IMG_END]."""
+    feature = PIXTRAL_PATCH * PIXTRAL_MERGE
+    pieces = text.split("[IMG]")
+    assert len(pieces) == len(image_sizes) + 1
+    out = pieces[0]
+    for (height, width), after in zip(image_sizes, pieces[1:], strict=True):
+        rows = ["[IMG]" * (int(width) // feature) + "[IMG_BREAK]"] * (int(height) // feature)
+        out += "".join(rows)[: -len("[IMG_BREAK]")] + "[IMG_END]" + after
+    return tokenizer(out, add_special_tokens=False)["input_ids"]
+
+
 GEMMA3_TOKENS_PER_IMAGE = 16
 
 # Gemma's way: an image part is <start_of_image>, which the processor expands into

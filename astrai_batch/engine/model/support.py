@@ -114,6 +114,7 @@ VISION_MODEL_TYPES: frozenset[str] = frozenset(
         "gemma3",
         "idefics3",
         "smolvlm",
+        "mistral3",
     }
 )
 # language models that run only as a vision model's half (no causal-LM class of their own):
@@ -160,6 +161,14 @@ def unsupported_reason(config: Any, vision_half: bool = False) -> str | None:
     """
     model_type = getattr(config, "model_type", None)
     if is_vision_model(config):
+        tower_type = getattr(getattr(config, "vision_config", None), "model_type", None)
+        if model_type == "llava" and tower_type == "pixtral":
+            # Pixtral-12B: its images are rows broken by [IMG_BREAK] (Mistral 3's layout),
+            # which LLaVA's fixed count per image does not describe
+            return (
+                "a LLaVA with a Pixtral vision tower (Pixtral-12B) is not run: its image "
+                "rows are broken by [IMG_BREAK]; Mistral 3 (mistral3) models run"
+            )
         reason = unsupported_reason(config.text_config, vision_half=True)
         return None if reason is None else f"its language model is not supported: {reason}"
     if getattr(config, "vision_config", None) is not None:

@@ -11,6 +11,8 @@ import torch
 from astrai_batch.engine.vision.gemma3_tower import Gemma3Tower
 from astrai_batch.engine.vision.idefics3_tower import Idefics3Tower
 from astrai_batch.engine.vision.llava_next_tower import LlavaNextTower
+from astrai_batch.engine.vision.pixtral_processor import pixtral_processor
+from astrai_batch.engine.vision.pixtral_tower import PixtralTower
 from astrai_batch.engine.vision.qwen_vl_tower import QwenVLTower
 from astrai_batch.engine.vision.tower import LlavaTower, VisionTower
 
@@ -24,6 +26,7 @@ _TOWERS: dict[str, type[VisionTower]] = {
     "gemma3": Gemma3Tower,
     "idefics3": Idefics3Tower,
     "smolvlm": Idefics3Tower,  # Idefics3's code under its own config and processor classes
+    "mistral3": PixtralTower,
 }
 
 
@@ -62,6 +65,10 @@ def load_image_processor(location: str, hub: dict[str, Any]) -> Any:
 
     try:
         processor = AutoProcessor.from_pretrained(location, **hub)
-    except (OSError, ValueError, TypeError, ImportError):
+    except ImportError:
+        # Mistral 3's PixtralProcessor needs torchvision: the same work from transformers'
+        # Pillow image processor (`pixtral_processor`)
+        return pixtral_processor(location, hub)
+    except (OSError, ValueError, TypeError):
         return None
     return processor if hasattr(processor, "image_processor") else None

@@ -402,10 +402,16 @@ def test_supported_configs(config):
             "a recurrent state per sequence where the engine pages keys and values",
         ),
         (
-            transformers.Mistral3Config(),
-            "model type 'mistral3' is not supported: it is a vision-language model of a type "
-            "the engine does not run (vision-language model types: gemma3, idefics3, llava, "
-            "llava_next, qwen2_5_vl, qwen2_vl, qwen3_vl, smolvlm)",
+            transformers.LlavaOnevisionConfig(),
+            "model type 'llava_onevision' is not supported: it is a vision-language model of a "
+            "type the engine does not run (vision-language model types: gemma3, idefics3, "
+            "llava, llava_next, mistral3, qwen2_5_vl, qwen2_vl, qwen3_vl, smolvlm)",
+        ),
+        (
+            transformers.LlavaConfig(vision_config={"model_type": "pixtral"}),
+            "model type 'llava' is not supported: a LLaVA with a Pixtral vision tower "
+            "(Pixtral-12B) is not run: its image rows are broken by [IMG_BREAK]; Mistral 3 "
+            "(mistral3) models run",
         ),
         (  # Qwen2-VL's language half runs only inside its vision model
             transformers.Qwen2VLConfig().text_config,
