@@ -7,9 +7,10 @@ before reaching the model are counted and left out.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -233,7 +234,7 @@ def plan_input(
                     keyed.append(KeyedRow(row.index, token_ids, DEFAULT_MAX_TOKENS, row.lora))
     stats = builder.result()
     previews = tuple(
-        tokenizer.decode(list(prefix.preview_token_ids)) for prefix in stats.top_shared_prefixes
+        preview_text(tokenizer, prefix.preview_token_ids) for prefix in stats.top_shared_prefixes
     )
     return PlanReport(
         input=source.path.shown,
@@ -278,6 +279,16 @@ class ConstraintCounter:
 def _batches(rows: Iterator[InputRow]) -> Iterator[list[InputRow]]:
     while batch := read_window(rows, ENCODE_BATCH_ROWS):
         yield batch
+
+
+def preview_text(tokenizer: Any, token_ids: Sequence[int]) -> str:
+    """A prefix's tokens as text; each run of an image's placeholders (content ids, negative)
+    as ``<image: N tokens>``, which no tokenizer could decode."""
+    pieces: list[str] = []
+    for image, ids in itertools.groupby(token_ids, key=lambda t: t < 0):
+        run = list(ids)
+        pieces.append(f"<image: {len(run)} tokens>" if image else tokenizer.decode(run))
+    return "".join(pieces)
 
 
 def _short(text: str) -> str:

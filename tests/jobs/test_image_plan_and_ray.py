@@ -60,6 +60,12 @@ def test_plan_counts_image_tokens_and_keeps_different_images_apart(llava_dir, tm
     assert report["unique_tokens"] == len(pages) * PAGE + tails
     # a and b share the first page (the image's placeholders), c's other image shares none
     assert report["reusable_tokens"] == prompt_tokens - report["unique_tokens"] > 0
+    # the shared prefix shows the image's content ids (negative) and a readable preview
+    (shared,) = report["top_shared_prefixes"]
+    keyed = processed(processor, "What?", [one])["input_ids"][0].tolist()
+    images = [t for t in shared["preview_token_ids"] if t < 0]
+    assert len(images) == keyed[: len(shared["preview_token_ids"])].count(image_token) > 0
+    assert f"<image: {len(images)} tokens>" in shared["preview"]
 
 
 def test_ray_writes_what_a_local_run_writes_for_image_rows(llava_dir, tmp_path, ray_address):

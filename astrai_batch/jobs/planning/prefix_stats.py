@@ -136,7 +136,8 @@ def _tokens_of(page_bytes: bytes) -> list[int]:
     tokens.frombytes(page_bytes)
     if sys.byteorder == "little":
         tokens.byteswap()
-    return tokens.tolist()
+    # content ids back to what the engine holds (negative: `_with_content_ids`)
+    return [t - 2**32 if t >= 2**31 else t for t in tokens.tolist()]
 
 
 class PrefixStatsBuilder:
