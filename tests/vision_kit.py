@@ -307,6 +307,21 @@ def hf_vlm_greedy(model_dir: Path, inputs: list[dict], max_new_tokens: int) -> l
     return outputs
 
 
+def image_chat_lines(rows) -> list[dict]:
+    """OpenAI chat batch lines of (custom_id, question, image or None): the image, as a PNG
+    data URL, before the question."""
+    lines = []
+    for custom_id, question, image in rows:
+        content = [{"type": "text", "text": question}]
+        if image is not None:
+            content.insert(0, {"type": "image_url", "image_url": {"url": png_data_url(image)}})
+        body = {"messages": [{"role": "user", "content": content}]}
+        lines.append(
+            {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions", "body": body}
+        )
+    return lines
+
+
 def png_data_url(image) -> str:
     """A PIL image as a `data:image/png;base64,...` URL (what OpenAI image parts carry)."""
     buffer = io.BytesIO()

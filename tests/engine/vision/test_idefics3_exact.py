@@ -18,6 +18,7 @@ from jobs.jobkit import run_cli, write_jsonl
 from vision_kit import (
     engine_prompt,
     hf_vlm_greedy,
+    image_chat_lines,
     image_message,
     png_data_url,
     processed,
@@ -186,15 +187,7 @@ def test_a_cli_job_runs_split_images_exactly(idefics3, tmp_path):
         ("c", "What is shown? Briefly.", photo),
         ("t", "Just text.", None),
     ]
-    lines = []
-    for custom_id, question, image in rows:
-        content = [{"type": "text", "text": question}]
-        if image is not None:
-            content.insert(0, {"type": "image_url", "image_url": {"url": png_data_url(image)}})
-        body = {"messages": [{"role": "user", "content": content}]}
-        lines.append(
-            {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions", "body": body}
-        )
+    lines = image_chat_lines(rows)
     output = tmp_path / "out.parquet"
     result = run_cli(
         "run", write_jsonl(tmp_path / "in.jsonl", lines), output, "--model", model_dir,

@@ -21,9 +21,9 @@ from vision_kit import (
     PIXTRAL_CHAT_TEMPLATE,
     engine_prompt,
     hf_vlm_greedy,
+    image_chat_lines,
     image_message,
     pixtral_prompt_ids,
-    png_data_url,
     random_image,
     save_tiny_mistral3,
 )
@@ -155,15 +155,7 @@ def test_a_cli_job_runs_image_lines_exactly(mistral3, tmp_path):
         ("c", "What is shown? Briefly.", photo),
         ("t", "Just text.", None),
     ]
-    lines = []
-    for custom_id, question, image in rows:
-        content = [{"type": "text", "text": question}]
-        if image is not None:
-            content.insert(0, {"type": "image_url", "image_url": {"url": png_data_url(image)}})
-        body = {"messages": [{"role": "user", "content": content}]}
-        lines.append(
-            {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions", "body": body}
-        )
+    lines = image_chat_lines(rows)
     output = tmp_path / "out.parquet"
     result = run_cli(
         "run", write_jsonl(tmp_path / "in.jsonl", lines), output, "--model", model_dir,
