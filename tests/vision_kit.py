@@ -322,6 +322,25 @@ def image_chat_lines(rows) -> list[dict]:
     return lines
 
 
+def run_image_job(model_dir: Path, rows, tmp_path: Path, max_new: int) -> tuple[dict, dict]:
+    """`astrai-batch run` on the OpenAI image lines of `rows` (`image_chat_lines`), tokens
+    saved: (the output rows by id, the JSON summary)."""
+    import json
+
+    import pyarrow.parquet as pq
+    from jobs.jobkit import run_cli, write_jsonl
+
+    output = tmp_path / "out.parquet"
+    result = run_cli(
+        "run", write_jsonl(tmp_path / "in.jsonl", image_chat_lines(rows)), output,
+        "--model", model_dir, "--max-tokens", max_new, "--kv-cache-memory", "8MiB",
+        "--save-tokens", "--quiet",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    got = {row["id"]: row for row in pq.read_table(output).to_pylist()}
+    return got, json.loads(result.stdout.strip().splitlines()[-1])
+
+
 def png_data_url(image) -> str:
     """A PIL image as a `data:image/png;base64,...` URL (what OpenAI image parts carry)."""
     buffer = io.BytesIO()

@@ -7,22 +7,18 @@ from the prefix cache and encoded once; a job's image row as the processor write
 
 from __future__ import annotations
 
-import json
-
-import pyarrow.parquet as pq
 import pytest
 import torch
 from idefics3_kit import FRAME_TOKENS, idefics3_processor, save_tiny_idefics3
 from invariance_kit import assert_alone_equals_crowds, run_one_after_another
-from jobs.jobkit import run_cli, write_jsonl
 from vision_kit import (
     engine_prompt,
     hf_vlm_greedy,
-    image_chat_lines,
     image_message,
     png_data_url,
     processed,
     random_image,
+    run_image_job,
 )
 
 from astrai_batch.engine import EngineConfig, GenerationRequest, SamplingParams, generate_sync
@@ -187,15 +183,7 @@ def test_a_cli_job_runs_split_images_exactly(idefics3, tmp_path):
         ("c", "What is shown? Briefly.", photo),
         ("t", "Just text.", None),
     ]
-    lines = image_chat_lines(rows)
-    output = tmp_path / "out.parquet"
-    result = run_cli(
-        "run", write_jsonl(tmp_path / "in.jsonl", lines), output, "--model", model_dir,
-        "--max-tokens", MAX_NEW, "--kv-cache-memory", "8MiB", "--save-tokens", "--quiet",
-    )  # fmt: skip
-    assert result.exit_code == 0, result.stderr
-    got = {row["id"]: row for row in pq.read_table(output).to_pylist()}
-    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    got, summary = run_image_job(model_dir, rows, tmp_path, MAX_NEW)
     if loaded.vision.vlm.config.model_type == "smolvlm":
         assert {got[c]["finish_reason"] for c in "abc"} == {"error"}
         assert "(Qwen-VL's: torchvision; SmolVLM's: num2words, torchvision)" in got["a"]["error"]

@@ -10,21 +10,17 @@ builds the same processing from transformers' Pillow image processor
 
 from __future__ import annotations
 
-import json
-
-import pyarrow.parquet as pq
 import pytest
 import torch
 from invariance_kit import assert_alone_equals_crowds, run_one_after_another
-from jobs.jobkit import run_cli, write_jsonl
 from vision_kit import (
     PIXTRAL_CHAT_TEMPLATE,
     engine_prompt,
     hf_vlm_greedy,
-    image_chat_lines,
     image_message,
     pixtral_prompt_ids,
     random_image,
+    run_image_job,
     save_tiny_mistral3,
 )
 
@@ -155,16 +151,9 @@ def test_a_cli_job_runs_image_lines_exactly(mistral3, tmp_path):
         ("c", "What is shown? Briefly.", photo),
         ("t", "Just text.", None),
     ]
-    lines = image_chat_lines(rows)
-    output = tmp_path / "out.parquet"
-    result = run_cli(
-        "run", write_jsonl(tmp_path / "in.jsonl", lines), output, "--model", model_dir,
-        "--max-tokens", MAX_NEW, "--kv-cache-memory", "8MiB", "--save-tokens", "--quiet",
-    )  # fmt: skip
-    assert result.exit_code == 0, result.stderr
-    got = {row["id"]: row for row in pq.read_table(output).to_pylist()}
+    got, summary = run_image_job(model_dir, rows, tmp_path, MAX_NEW)
     inputs = [reference(tower, q, [image] if image else []) for _, q, image in rows]
     expected = hf_vlm_greedy(model_dir, inputs, MAX_NEW)
     for (custom_id, *_), want in zip(rows, expected, strict=True):
         assert got[custom_id]["completion_token_ids"] == want, custom_id
-    assert json.loads(result.stdout.strip().splitlines()[-1])["images_encoded"] == 2
+    assert summary["images_encoded"] == 2
