@@ -5,9 +5,10 @@ Drawn from streams of their own (`draw_kind`), so the formats, executors and fau
 drew before these dimensions existed are unchanged. Score and embed run on the local executor
 and write Parquet only, so they are drawn only where the rest allows them; adapters go with
 generation (on either executor, and an OpenAI line picks one by `body.model`). Images go with
-plain generation on the local executor (Ray refuses image rows), on a tiny LLaVA built once
-beside the test model: rows cycle three images (so the encoder and prefix caches are hit
-across a resume), and some bad rows carry an undecodable image instead of a bad prompt.
+plain generation (on either executor), on a tiny LLaVA built once beside the test model: rows
+cycle three images (so the encoder and prefix caches are hit across a resume; their data URLs
+long enough to wait as byte ranges of a plain JSONL file), and some bad rows carry an
+undecodable image instead of a bad prompt.
 """
 
 from __future__ import annotations
@@ -43,7 +44,6 @@ def draw_kind(seed: int, *, uses_ray: bool, input_format: str, output_format: st
     images = (
         task == "generate"
         and not adapters
-        and not uses_ray
         and random.Random(f"job-images-{seed}").random() < 0.3
     )
     return JobKind(task, adapters=adapters, images=images)
