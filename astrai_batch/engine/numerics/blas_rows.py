@@ -169,8 +169,9 @@ def _reduced_scheme(k, n, bias, max_rows, gemm, dtype, generator) -> RowScheme:
     if scheme is not None and scheme.min_rows <= TILE_ROWS[0]:
         if n <= PROBE_COLUMNS:
             return scheme
-        runs = {*scheme.pad_to[1:], scheme.min_rows, 33, 129, max_rows}
-        runs = sorted(m for m in runs if scheme.min_rows <= m <= max_rows or m in scheme.pad_to)
+        low, high = scheme.min_rows, max_rows
+        spread = [m for m in (low, 33, 129, high) if low <= m <= high]
+        runs = sorted({*scheme.pad_to[1:], *spread})
         full = _invariant_row_counts(k, n, bias, runs, max_rows, gemm, generator, dtype, True)
         if full == set(runs):
             return scheme
@@ -240,13 +241,12 @@ def _invariant_row_counts(
     weight = torch.randn(n, k, generator=generator)
     if adversarial:
         weight[:, ::8] = 64.0
-        a = _adversarial(total, k, generator).to(dtype)
-    else:
-        a = None
+        a = _adversarial(total, k, generator)
     weight = weight.to(dtype)
     b = torch.randn(n, generator=generator).to(dtype) if bias else None
-    if a is None:
-        a = torch.randn(total, k, generator=generator).to(dtype)
+    if not adversarial:  # drawn after the bias: float32's probe data as it always was
+        a = torch.randn(total, k, generator=generator)
+    a = a.to(dtype)
     with torch.inference_mode():
         reference = gemm(a, weight, b)
         valid = set()

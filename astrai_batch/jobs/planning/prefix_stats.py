@@ -136,7 +136,7 @@ def _tokens_of(page_bytes: bytes) -> list[int]:
     tokens.frombytes(page_bytes)
     if sys.byteorder == "little":
         tokens.byteswap()
-    # content ids back to what the engine holds (negative: `_with_content_ids`)
+    # content ids back to what the engine holds (negative: `packed_ids`)
     return [t - 2**32 if t >= 2**31 else t for t in tokens.tolist()]
 
 
@@ -161,12 +161,8 @@ class PrefixStatsBuilder:
     def add(self, token_ids: Sequence[int]) -> None:
         """Add one row (the prompt's token ids as the engine will prefill them)."""
         try:
-            packed = array(_TOKEN_TYPECODE, token_ids)
-        except OverflowError:
-            # an image's content ids (`engine.vision.image_inputs`: -2**31..-1) as uint32:
-            # 2**31 and above, where no vocabulary id is, so pages keep them apart exactly
-            packed = _with_content_ids(token_ids, self._rows)
-        except TypeError as exc:
+            packed = packed_ids(token_ids)
+        except (OverflowError, TypeError) as exc:
             raise InputError(
                 f"row {self._rows}: token ids must be integers in [0, {_MAX_TOKEN_ID}]"
             ) from exc
@@ -293,8 +289,11 @@ def ideal_prefix_stats(
     return builder.result()
 
 
-def _with_content_ids(token_ids: Sequence[int], row: int) -> array:
+def packed_ids(token_ids: Sequence[int]) -> array:
+    """`token_ids` as unsigned 32-bit words; an image's content ids
+    (`engine.vision.image_inputs`: -2**31..-1) as 2**31 and above, where no vocabulary id is,
+    so pages keep them apart exactly. OverflowError or TypeError for anything else."""
     try:
+        return array(_TOKEN_TYPECODE, token_ids)
+    except OverflowError:
         return array(_TOKEN_TYPECODE, [t + 2**32 if -(2**31) <= t < 0 else t for t in token_ids])
-    except (OverflowError, TypeError) as exc:
-        raise InputError(f"row {row}: token ids must be integers in [0, {_MAX_TOKEN_ID}]") from exc

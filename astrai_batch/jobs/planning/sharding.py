@@ -22,12 +22,12 @@ from __future__ import annotations
 import hashlib
 import heapq
 import itertools
-from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from astrai_batch.errors import AstraiBatchError, ConfigError
 from astrai_batch.jobs.planning.prefix_order import adapter_order
+from astrai_batch.jobs.planning.prefix_stats import packed_ids
 
 KEY_BYTES = 12
 # Part of a sharded job's identity: a change to how rows are assigned must not let a rerun
@@ -39,12 +39,9 @@ SPLIT_ABOVE = 1.5
 
 
 def page_key(token_ids: Sequence[int], pages: int, page_size: int) -> str:
-    """A short stable hash of the first `pages` full pages of `token_ids`. Text ids hash as
-    unsigned 32-bit words (the keys of jobs begun before images); a page holding an image's
-    content ids (negative, `engine.vision.image_inputs.placeholder_ids`) as signed 64-bit
-    ones."""
-    ids = token_ids[: pages * page_size]
-    prefix = array("I" if min(ids, default=0) >= 0 else "q", ids)
+    """A short stable hash of the first `pages` full pages of `token_ids` (an image's content
+    ids packed as `prefix_stats` packs them)."""
+    prefix = packed_ids(token_ids[: pages * page_size])
     return hashlib.blake2b(prefix.tobytes(), digest_size=KEY_BYTES).hexdigest()
 
 

@@ -42,9 +42,7 @@ def draw_kind(seed: int, *, uses_ray: bool, input_format: str, output_format: st
         task = rng.choice(("generate", "generate", "score", "embed"))
     adapters = task == "generate" and rng.random() < 0.3
     images = (
-        task == "generate"
-        and not adapters
-        and random.Random(f"job-images-{seed}").random() < 0.3
+        task == "generate" and not adapters and random.Random(f"job-images-{seed}").random() < 0.3
     )
     return JobKind(task, adapters=adapters, images=images)
 
