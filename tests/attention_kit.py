@@ -1,6 +1,6 @@
 """Shared pieces of the paged attention tests: a pool of sequences over shuffled (some
 shared) pages with a fixed query per position, random step mixes of their chunks and
-decodes, and a float64 brute force with windows, sinks and softcapping."""
+decodes as a step's arrays, and a float64 brute force with windows, sinks and softcapping."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from astrai_batch.engine.attention.block_plan import block_tokens_for
+from astrai_batch.engine.attention.step_arrays import StepArrays
 from astrai_batch.engine.numerics.blas_rows import RowScheme, attention_row_scheme
 
 PAGE = 16
@@ -102,3 +103,30 @@ def brute_force(pool: Pool, seq: int, p: int, window=None, sinks=None, softcap=N
 
 
 SINKS = torch.tensor([0.5, -1.0, 2.0, 8.0, -30.0, 1.5])  # one above every score, one far below
+
+
+def step_for(pool: Pool, chunks: list[tuple[int, int, int]]) -> tuple[StepArrays, torch.Tensor]:
+    """The step holding `chunks` (sequence, start, length) and its queries, packed."""
+    width = max(len(pool.tables[s]) for s, _, _ in chunks)
+    tables = np.zeros((len(chunks), width), dtype=np.int64)
+    starts, queries = [], []
+    row = 0
+    for i, (seq, start, n) in enumerate(chunks):
+        tables[i, : len(pool.tables[seq])] = pool.tables[seq]
+        starts.append(row)
+        queries.append(pool.queries[seq][start : start + n])
+        row += n
+    num_tokens = np.array([n for _, _, n in chunks], dtype=np.int64)
+    step = StepArrays(
+        token_ids=np.zeros(row, dtype=np.int64),
+        positions=np.zeros(row, dtype=np.int64),
+        write_slots=np.zeros(row, dtype=np.int64),
+        logit_rows=np.zeros(0, dtype=np.int64),
+        token_start=np.array(starts, dtype=np.int64),
+        num_tokens=num_tokens,
+        context_start=np.array([s for _, s, _ in chunks], dtype=np.int64),
+        page_tables=tables,
+        decodes=np.flatnonzero(num_tokens == 1),
+        longest_context=max(s + n for _, s, n in chunks),
+    )
+    return step, torch.cat(queries)

@@ -56,14 +56,9 @@ def flash_block_attention(
         queries[:, :, :rows].view(b, kv_heads, group, t, head_dim).copy_(
             picked.view(b, t, kv_heads, group, head_dim).permute(0, 2, 3, 1, 4)
         )
-        keys = batch.gatherer.gather("key", k_cache, call.page_tables, batch.page_size)
-        values = batch.gatherer.gather("value", v_cache, call.page_tables, batch.page_size)
+        keys, values = _keys_and_values(call, k_cache, v_cache, batch)
         result, lse = kernel(
-            queries,
-            keys[:, : call.keys].transpose(1, 2).to(q.dtype),
-            values[:, : call.keys].transpose(1, 2).to(q.dtype),
-            attn_mask=call.mask,
-            scale=scale,
+            queries, keys.to(q.dtype), values.to(q.dtype), attn_mask=call.mask, scale=scale
         )
         # [b, Hkv, rows, Dv] -> [b * t, Hq, Dv]
         result = result[:, :, :rows].reshape(b, kv_heads, group, t, width).permute(0, 3, 1, 2, 4)
@@ -83,6 +78,23 @@ def flash_block_attention(
         folded = fold_blocks(block_out, block_lse, merge, sinks)
         out.index_copy_(0, merge.rows, folded.to(q.dtype))
     return out
+
+
+def _keys_and_values(call, k_cache, v_cache, batch: FlashBlockBatch):
+    """A call's keys and values as [elements, kv_heads, keys, D]: contiguous where the plan
+    gave head-major rows, else a view of the page gather."""
+    if call.head_rows is not None:
+        shape = (call.elements, k_cache.shape[1], call.keys, k_cache.shape[2])
+        keys = batch.gatherer.gather_rows("key_rows", k_cache, call.head_rows, shape)
+        shape = (*shape[:3], v_cache.shape[2])
+        values = batch.gatherer.gather_rows("value_rows", v_cache, call.head_rows, shape)
+        return keys, values
+    keys = batch.gatherer.gather("key", k_cache, call.page_tables, batch.page_size)
+    values = batch.gatherer.gather("value", v_cache, call.page_tables, batch.page_size)
+    return (
+        keys[:, : call.keys].transpose(1, 2),
+        values[:, : call.keys].transpose(1, 2),
+    )
 
 
 def fold_blocks(

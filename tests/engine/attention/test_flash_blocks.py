@@ -26,6 +26,7 @@ from attention_kit import (
     Pool,
     brute_force,
     random_steps,
+    step_for,
 )
 
 from astrai_batch.engine.attention import flash_probe
@@ -53,28 +54,7 @@ def run_step(
     """chunks: (sequence, start, length) -> {(sequence, position): output row}; with a
     sliding `window` and per-head `sinks`, as a windowed layer's plan computes them, in
     key blocks of `block`."""
-    width = max(len(pool.tables[s]) for s, _, _ in chunks)
-    tables = np.zeros((len(chunks), width), dtype=np.int64)
-    starts, queries = [], []
-    row = 0
-    for i, (seq, start, n) in enumerate(chunks):
-        tables[i, : len(pool.tables[seq])] = pool.tables[seq]
-        starts.append(row)
-        queries.append(pool.queries[seq][start : start + n])
-        row += n
-    num_tokens = np.array([n for _, _, n in chunks], dtype=np.int64)
-    step = StepArrays(
-        token_ids=np.zeros(row, dtype=np.int64),
-        positions=np.zeros(row, dtype=np.int64),
-        write_slots=np.zeros(row, dtype=np.int64),
-        logit_rows=np.zeros(0, dtype=np.int64),
-        token_start=np.array(starts, dtype=np.int64),
-        num_tokens=num_tokens,
-        context_start=np.array([s for _, s, _ in chunks], dtype=np.int64),
-        page_tables=tables,
-        decodes=np.flatnonzero(num_tokens == 1),
-        longest_context=max(s + n for _, s, n in chunks),
-    )
+    step, queries = step_for(pool, chunks)
     staging = HostStaging("cpu")
     rules = FlashRules(GROUP, tails, block)
     calls, merge = plan_flash_step(step, PAGE, rules, torch.float32, staging, window)
@@ -92,7 +72,7 @@ def run_step(
         PageGatherer(),
         window,
     )
-    out = flash_block_attention(torch.cat(queries), pool.keys, pool.values, batch, SCALE, sinks)
+    out = flash_block_attention(queries, pool.keys, pool.values, batch, SCALE, sinks)
     got, row = {}, 0
     for seq, start, n in chunks:
         for p in range(start, start + n):
