@@ -2,10 +2,11 @@
 key blocks of each length, beside the fast path's cascade, alternated in one process.
 
 Run: .venv/bin/python scripts/bench_flash_blocks.py [--threads 2] [--dtype bfloat16]
-     [--repeat 5] [--blocks 64,128,256,512]
+     [--repeat 5] [--blocks 64,128,256,512] [--prefix-pages 18] [--first-position 300]
 
-64 decodes over 8 system prompts of 288 tokens (18 shared pages of 16 tokens) at positions
-300..363, SmolLM2-135M's attention shapes (9 query heads, 3 KV heads, head size 64). Each
+64 decodes over 8 system prompts of 288 tokens (18 shared pages of 16 tokens; --prefix-pages)
+at positions 300..363 (--first-position), SmolLM2-135M's attention shapes (9 query heads, 3 KV
+heads, head size 64). Each
 variant plans the step and attends it 30 times (one per layer); the median over rounds is
 printed per variant, with the keys each reads.
 """
@@ -31,20 +32,22 @@ from astrai_batch.engine.attention.step_arrays import StepArrays
 from astrai_batch.engine.runner.attention_batches import with_head_rows
 
 Q_HEADS, KV_HEADS, DIM, PAGE, LAYERS = 9, 3, 64, 16, 30
-GROUPS, PER_GROUP, PREFIX_PAGES = 8, 8, 18
+GROUPS, PER_GROUP = 8, 8
 
 
-def workload(dtype):
+def workload(dtype, prefix_pages: int = 18, first_position: int = 300):
+    if first_position < prefix_pages * PAGE:
+        raise SystemExit("--first-position must be past the shared prefix")
     rng = np.random.default_rng(0)
     n = GROUPS * PER_GROUP
-    positions = 300 + rng.permutation(n)
+    positions = first_position + rng.permutation(n)
     pages_each = (positions // PAGE + 1).max()
     tables = np.zeros((n, pages_each), dtype=np.int64)
     free = iter(range(1, 100_000))
     for g in range(GROUPS):
-        prefix = [next(free) for _ in range(PREFIX_PAGES)]
+        prefix = [next(free) for _ in range(prefix_pages)]
         for i in range(g * PER_GROUP, (g + 1) * PER_GROUP):
-            own = [next(free) for _ in range(pages_each - PREFIX_PAGES)]
+            own = [next(free) for _ in range(pages_each - prefix_pages)]
             tables[i] = prefix + own
     slots = (int(tables.max()) + 1) * PAGE
     keys = torch.randn(slots, KV_HEADS, DIM).to(dtype)
@@ -97,10 +100,12 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--blocks", default="64,128,256,512")
+    parser.add_argument("--prefix-pages", type=int, default=18)
+    parser.add_argument("--first-position", type=int, default=300)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
-    step, q, keys, values = workload(dtype)
+    step, q, keys, values = workload(dtype, args.prefix_pages, args.first_position)
     variants = {"fast cascade": lambda: fast(step, q, keys, values)}
     for block in (int(b) for b in args.blocks.split(",")):
         tails = invariant_tails(DIM, KV_HEADS, dtype, block)
@@ -125,7 +130,8 @@ def main() -> None:
         median = statistics.median(times)
         keys_read = "" if read[name] is None else f", {read[name]} keys read per KV head"
         print(
-            f"{args.dtype}, {torch.get_num_threads()} threads, {name}: {median * 1e3:.1f} ms "
+            f"{args.dtype}, {torch.get_num_threads()} threads, prefix "
+            f"{args.prefix_pages * PAGE}, {name}: {median * 1e3:.1f} ms "
             f"for {LAYERS} layers ({median / base:.2f}x the fast cascade){keys_read}",
             flush=True,
         )

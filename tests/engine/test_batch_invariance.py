@@ -133,7 +133,7 @@ def test_the_cpu_engine_runs_attention_in_the_flash_kernel_where_its_probe_passe
     dtype = next(loaded.model.parameters()).dtype
     found = probe_flash_block(head_dim, kv_heads, dtype, page_size=8)
     assert (core.runner.flash is None) == (found is None)
-    if found is not None:  # the shortest key block that keeps the rules, with its tails
+    if found is not None:  # the preferred key block that keeps the rules, with its tails
         assert (core.runner.flash.block, core.runner.flash.tails) == found
         assert core.runner.flash.group == config.num_attention_heads // kv_heads
 

@@ -5,8 +5,8 @@ and folds them in order with an online softmax; it splits queries into blocks of
 256 rows, each block's scores and probabilities x values one MKL GEMM. A query's result is
 therefore the same in every call when:
 
-Keys are cut into blocks of `rules.block` (B: 64, 128, 256 or 512, the shortest the probe
-found invariant for the model here, fixed at engine start, never chosen by a step); a call
+Keys are cut into blocks of `rules.block` (B: 128, 64, 256 or 512, the first of those the
+probe found invariant for the model here, fixed at engine start, never chosen by a step); a call
 reads at most one block, so the kernel runs it as one of its own blocks. Then:
 
 1. the key length is whole blocks of B and a *tail* from the probed set: the

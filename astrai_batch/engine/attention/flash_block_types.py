@@ -13,10 +13,15 @@ import torch
 from astrai_batch.engine.attention.page_gather import PageGatherer
 
 KERNEL_BLOCK = 512  # torch's CPU flash kernel's own key split (`kv_split_size`)
-# the key blocks the probe judges, shortest first: a call never reads more than one block,
-# so each is a single block of the kernel's; shorter blocks let decodes share shorter
-# prefixes (a block whose pages several decodes share is read once for all of them)
-BLOCK_CANDIDATES = (64, 128, 256, KERNEL_BLOCK)
+# the key blocks the probe judges, preferred first: a call never reads more than one block,
+# so each is a single block of the kernel's. A shorter block lets decodes share a shorter
+# prefix (a block whose pages several decodes share is read once for all of them); a longer
+# one costs fewer kernel elements and fold steps per query, which is what a decode's
+# attention pays for most (each element x KV head is one small kernel task). 128 keys was the
+# best compromise measured (float32 decode steps over shared prefixes of 96 to 4,000 tokens,
+# `scripts/bench_flash_blocks.py`, docs/numerics-cost.md section 5): never the slowest of
+# 64/128/256, where 64 was the slowest from 288 tokens up and 256 the slowest at 96-640.
+BLOCK_CANDIDATES = (128, 64, 256, KERNEL_BLOCK)
 
 
 def block_candidates(dtype: torch.dtype) -> tuple[int, ...]:

@@ -9,11 +9,12 @@ block of 1-3 rows; calls of any row count that is a multiple of 4 (query blocks 
 BLAS sums those P x V GEMMs' keys in other chunks).
 Another CPU, BLAS or torch may differ, so the engine asks this probe before it plans calls
 that way, with the model's head size, KV heads and dtype: `probe_flash_block` judges each
-block length of `block_candidates(dtype)`, shortest first, and the plan keys its calls by the first
-that keeps every rule (a shorter block lets decodes share a shorter prefix: the cascade's
-saving). The choice depends on the model's shapes, the dtype and the machine, never on a
-step. Where no block keeps them, the engine keeps the block attention. A few dozen kernel
-calls per block (SmolLM2's shapes: about 0.1 s each).
+block length of `block_candidates(dtype)` in order of preference (128 keys first: a shorter
+block shares a shorter prefix, a longer one costs fewer kernel elements; `flash_block_types`),
+and the plan keys its calls by the first that keeps every rule. The choice depends on the
+model's shapes, the dtype and the machine, never on a step. Where no block keeps them, the
+engine keeps the block attention. A few dozen kernel calls per block (SmolLM2's shapes:
+about 0.1 s each).
 """
 
 from __future__ import annotations
@@ -37,8 +38,9 @@ PROBE_SEED = 25
 def probe_flash_block(
     head_dim: int, kv_heads: int, dtype: torch.dtype, page_size: int
 ) -> tuple[int, tuple[int, ...]] | None:
-    """The shortest candidate block of whole pages (`block_candidates`: below float32 only
-    the kernel's 512) whose every rule holds here, with its tails; None where none does."""
+    """The first candidate block of whole pages (`block_candidates`, preferred first; below
+    float32 only the kernel's 512) whose every rule holds here, with its tails; None where
+    none does."""
     for block in block_candidates(dtype):
         if block % page_size:  # a query's blocks are whole pages
             continue

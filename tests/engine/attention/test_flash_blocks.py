@@ -340,7 +340,7 @@ def test_short_shared_prefixes_are_read_once_in_short_blocks() -> None:
 def test_below_float32_the_probe_keeps_the_kernels_own_block() -> None:
     """A bfloat16 block's output is rounded before the fold: only 512-key blocks, whose
     contexts under 512 keys are one call, as transformers' attention over the whole prompt."""
-    assert flash_probe.block_candidates(torch.float32) == (64, 128, 256, 512)
+    assert flash_probe.block_candidates(torch.float32) == (128, 64, 256, 512)
     assert flash_probe.block_candidates(torch.bfloat16) == (512,)
     assert flash_probe.block_candidates(torch.float16) == (512,)
     found = probe_flash_block(DIM, KV_HEADS, torch.bfloat16, PAGE)
@@ -375,27 +375,35 @@ def test_short_shared_prefixes_have_their_bits_alone_in_crowds(block) -> None:
     assert any(c.merged and c.tokens > 1 and c.keys == block for c in calls[:20])
 
 
-def test_the_probe_picks_the_shortest_block_that_keeps_the_rules(monkeypatch) -> None:
+def test_the_probe_prefers_128_keys_then_falls_back_to_64(monkeypatch) -> None:
     real = flash_kernel()
+    uneven = {128}
 
-    def short_calls_uneven(q, k, v, **kwargs):  # small calls over 64 keys come out otherwise
+    def short_calls_uneven(q, k, v, **kwargs):  # small calls over these keys come out otherwise
         out, lse = real(q, k, v, **kwargs)
-        if k.shape[2] == 64 and q.shape[2] < 16:
+        if k.shape[2] in uneven and q.shape[2] < 16:
             out = out + 1e-6
         return out, lse
 
     monkeypatch.setattr(flash_probe, "flash_kernel", lambda: short_calls_uneven)
+    if invariant_tails(DIM, KV_HEADS, torch.float32, 64) is None:
+        pytest.skip("this CPU's kernel keeps no 64-key block: nothing to fall back to")
+    assert probe_flash_block(DIM, KV_HEADS, torch.float32, PAGE) == (
+        64,
+        invariant_tails(DIM, KV_HEADS, torch.float32, 64),
+    )
+    uneven.clear()
     found = probe_flash_block(DIM, KV_HEADS, torch.float32, PAGE)
-    if found is None or invariant_tails(DIM, KV_HEADS, torch.float32, 128) is None:
-        pytest.skip("this CPU's kernel keeps no 128-key block: nothing to choose between")
-    assert found[0] == 128 and found[1] == invariant_tails(DIM, KV_HEADS, torch.float32, 128)
+    if invariant_tails(DIM, KV_HEADS, torch.float32, 128) is None:
+        pytest.skip("this CPU's kernel keeps no 128-key block")
+    assert found == (128, invariant_tails(DIM, KV_HEADS, torch.float32, 128))
     assert found[1][-1] == 128
 
 
 @pytest.mark.parametrize("page", [16, 128, 24])
 def test_the_probe_takes_the_first_candidate_of_whole_pages_that_passes(page) -> None:
     """The block is a function of the shapes, dtype, pages and machine alone: the first of
-    the candidates (shortest first) that holds whole pages and passes."""
+    the candidates (preferred first) that holds whole pages and passes."""
     want = next(
         (
             (b, t)
