@@ -105,8 +105,12 @@ def brute_force(pool: Pool, seq: int, p: int, window=None, sinks=None, softcap=N
 SINKS = torch.tensor([0.5, -1.0, 2.0, 8.0, -30.0, 1.5])  # one above every score, one far below
 
 
-def step_for(pool: Pool, chunks: list[tuple[int, int, int]]) -> tuple[StepArrays, torch.Tensor]:
-    """The step holding `chunks` (sequence, start, length) and its queries, packed."""
+def step_for(
+    pool: Pool, chunks: list[tuple[int, int, int]], key_limits=None, with_slots: bool = False
+) -> tuple[StepArrays, torch.Tensor]:
+    """The step holding `chunks` (sequence, start, length) and its queries, packed; its
+    write slots the tokens' pool slots when `with_slots`, `key_limits(positions)` each
+    query's last key where given (image spans)."""
     width = max(len(pool.tables[s]) for s, _, _ in chunks)
     tables = np.zeros((len(chunks), width), dtype=np.int64)
     starts, queries = [], []
@@ -117,10 +121,14 @@ def step_for(pool: Pool, chunks: list[tuple[int, int, int]]) -> tuple[StepArrays
         queries.append(pool.queries[seq][start : start + n])
         row += n
     num_tokens = np.array([n for _, _, n in chunks], dtype=np.int64)
+    positions = np.concatenate([s + np.arange(n) for _, s, n in chunks])
+    slots = np.zeros(row, dtype=np.int64)
+    if with_slots:
+        slots = np.concatenate([pool.slots(seq, range(s, s + n)) for seq, s, n in chunks])
     step = StepArrays(
         token_ids=np.zeros(row, dtype=np.int64),
-        positions=np.zeros(row, dtype=np.int64),
-        write_slots=np.zeros(row, dtype=np.int64),
+        positions=positions,
+        write_slots=slots,
         logit_rows=np.zeros(0, dtype=np.int64),
         token_start=np.array(starts, dtype=np.int64),
         num_tokens=num_tokens,
@@ -128,5 +136,6 @@ def step_for(pool: Pool, chunks: list[tuple[int, int, int]]) -> tuple[StepArrays
         page_tables=tables,
         decodes=np.flatnonzero(num_tokens == 1),
         longest_context=max(s + n for _, s, n in chunks),
+        key_limits=None if key_limits is None else key_limits(positions),
     )
     return step, torch.cat(queries)

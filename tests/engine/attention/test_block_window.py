@@ -23,40 +23,15 @@ from attention_kit import (
     brute_force,
     probed_gemm_rows,
     random_steps,
+    step_for,
 )
 
 from astrai_batch.engine.attention.host_staging import HostStaging
 from astrai_batch.engine.attention.page_gather import PageGatherer
 from astrai_batch.engine.attention.paged_attention import paged_attention
 from astrai_batch.engine.attention.score_features import WindowPlans
-from astrai_batch.engine.attention.step_arrays import StepArrays
 from astrai_batch.engine.numerics.blas_rows import ROWS_AT_LEAST_TWO
 from astrai_batch.engine.runner.attention_batches import block_batch
-
-
-def step_of(pool: Pool, chunks) -> tuple[StepArrays, torch.Tensor]:
-    width = max(len(pool.tables[s]) for s, _, _ in chunks)
-    tables = np.zeros((len(chunks), width), dtype=np.int64)
-    starts, queries, row = [], [], 0
-    for i, (seq, start, n) in enumerate(chunks):
-        tables[i, : len(pool.tables[seq])] = pool.tables[seq]
-        starts.append(row)
-        queries.append(pool.queries[seq][start : start + n])
-        row += n
-    num_tokens = np.array([n for _, _, n in chunks], dtype=np.int64)
-    step = StepArrays(
-        token_ids=np.zeros(row, dtype=np.int64),
-        positions=np.concatenate([s + np.arange(n) for _, s, n in chunks]),
-        write_slots=np.zeros(row, dtype=np.int64),
-        logit_rows=np.zeros(0, dtype=np.int64),
-        token_start=np.array(starts, dtype=np.int64),
-        num_tokens=num_tokens,
-        context_start=np.array([s for _, s, _ in chunks], dtype=np.int64),
-        page_tables=tables,
-        decodes=np.flatnonzero(num_tokens == 1),
-        longest_context=max(s + n for _, s, n in chunks),
-    )
-    return step, torch.cat(queries)
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +42,7 @@ def gemm_rows():
 def run_step(pool: Pool, chunks, window=None, sinks=None, softcap=None, gemm_rows=None) -> dict:
     """The step through `paged_attention` as a layer calls it: its plans by window, the
     layer's window, sinks and softcap as transformers passes them."""
-    step, q = step_of(pool, chunks)
+    step, q = step_for(pool, chunks)
     view = SimpleNamespace(key_cache=[pool.keys], value_cache=[pool.values], page_size=PAGE)
     staging, gatherer = HostStaging("cpu"), PageGatherer()
 

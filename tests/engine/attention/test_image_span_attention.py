@@ -14,10 +14,18 @@ import dataclasses
 import random
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 import torch
-from attention_kit import GROUP, KV_HEADS, LENGTHS, PAGE, SCALE, Pool, probed_gemm_rows
+from attention_kit import (
+    GROUP,
+    KV_HEADS,
+    LENGTHS,
+    PAGE,
+    SCALE,
+    Pool,
+    probed_gemm_rows,
+    step_for,
+)
 
 from astrai_batch.engine.attention.block_attention import block_attention
 from astrai_batch.engine.attention.flash_block_plan import plan_flash_step
@@ -43,34 +51,16 @@ def images_of(seq: int) -> tuple:
 
 def step_of(pool: Pool, chunks) -> tuple[StepArrays, torch.Tensor, torch.Tensor]:
     """(the step's arrays with each query's last key, its queries, its tokens' pool slots)."""
-    width = max(len(pool.tables[s]) for s, _, _ in chunks)
-    tables = np.zeros((len(chunks), width), dtype=np.int64)
-    starts, queries, row = [], [], 0
-    for i, (seq, start, n) in enumerate(chunks):
-        tables[i, : len(pool.tables[seq])] = pool.tables[seq]
-        starts.append(row)
-        queries.append(pool.queries[seq][start : start + n])
-        row += n
-    num_tokens = np.array([n for _, _, n in chunks], dtype=np.int64)
-    positions = np.concatenate([s + np.arange(n) for _, s, n in chunks])
-    scheduled = [
-        SimpleNamespace(start=s, token_ids=range(n), images=images_of(seq)) for seq, s, n in chunks
-    ]
-    slots = np.concatenate([pool.slots(seq, range(s, s + n)) for seq, s, n in chunks])
-    step = StepArrays(
-        token_ids=np.zeros(row, dtype=np.int64),
-        positions=positions,
-        write_slots=slots,
-        logit_rows=np.zeros(0, dtype=np.int64),
-        token_start=np.array(starts, dtype=np.int64),
-        num_tokens=num_tokens,
-        context_start=np.array([s for _, s, _ in chunks], dtype=np.int64),
-        page_tables=tables,
-        decodes=np.flatnonzero(num_tokens == 1),
-        longest_context=max(s + n for _, s, n in chunks),
-        key_limits=key_limits(scheduled, positions),
-    )
-    return step, torch.cat(queries), torch.from_numpy(slots)
+
+    def limits(positions):
+        scheduled = [
+            SimpleNamespace(start=s, token_ids=range(n), images=images_of(seq))
+            for seq, s, n in chunks
+        ]
+        return key_limits(scheduled, positions)
+
+    step, queries = step_for(pool, chunks, limits, with_slots=True)
+    return step, queries, torch.from_numpy(step.write_slots)
 
 
 def outputs(chunks, out) -> dict:
