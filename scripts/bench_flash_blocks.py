@@ -29,7 +29,6 @@ from astrai_batch.engine.attention.flash_probe import invariant_tails
 from astrai_batch.engine.attention.host_staging import HostStaging
 from astrai_batch.engine.attention.page_gather import PageGatherer
 from astrai_batch.engine.attention.step_arrays import StepArrays
-from astrai_batch.engine.runner.attention_batches import with_head_rows
 
 Q_HEADS, KV_HEADS, DIM, PAGE, LAYERS = 9, 3, 64, 16, 30
 GROUPS, PER_GROUP = 8, 8
@@ -69,8 +68,6 @@ def invariant(block, tails, step, q, keys, values, dtype):
     staging = HostStaging("cpu")
     rules = FlashRules(Q_HEADS // KV_HEADS, tails, block)
     calls, merge = plan_flash_step(step, PAGE, rules, dtype, staging)
-    if dtype.itemsize < 4:  # as the engine plans it (`attention_batches.flash_block_batch`)
-        calls = [with_head_rows(c, PAGE, KV_HEADS, staging) for c in calls]
     batch = FlashBlockBatch(
         [keys], [values], PAGE, staging.array(step.write_slots), 0, calls, merge, PageGatherer()
     )

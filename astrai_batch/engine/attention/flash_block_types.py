@@ -60,9 +60,6 @@ class FlashCall(NamedTuple):
     mask: torch.Tensor  # [elements, 1, query_rows or 1, keys]: 0, or -inf past the query
     slots: torch.Tensor  # [elements * tokens] output rows, or merge slots when `merged`
     merged: bool  # outputs go to the merge slots, with their log-sum-exp
-    # [elements * kv_heads * keys] the keys' cache rows, head-major (`page_gather`), where
-    # the kernel reads contiguous keys faster (below float32); None: gather by page
-    head_rows: torch.Tensor | None = None
 
 
 class FlashMerge(NamedTuple):

@@ -81,20 +81,11 @@ def flash_block_attention(
 
 
 def _keys_and_values(call, k_cache, v_cache, batch: FlashBlockBatch):
-    """A call's keys and values as [elements, kv_heads, keys, D]: contiguous where the plan
-    gave head-major rows, else a view of the page gather."""
-    if call.head_rows is not None:
-        shape = (call.elements, k_cache.shape[1], call.keys, k_cache.shape[2])
-        keys = batch.gatherer.gather_rows("key_rows", k_cache, call.head_rows, shape)
-        shape = (*shape[:3], v_cache.shape[2])
-        values = batch.gatherer.gather_rows("value_rows", v_cache, call.head_rows, shape)
-        return keys, values
-    keys = batch.gatherer.gather("key", k_cache, call.page_tables, batch.page_size)
-    values = batch.gatherer.gather("value", v_cache, call.page_tables, batch.page_size)
-    return (
-        keys[:, : call.keys].transpose(1, 2),
-        values[:, : call.keys].transpose(1, 2),
-    )
+    """A call's keys and values as [elements, kv_heads, keys, D] (`PageGatherer.gather_heads`)."""
+    gather = batch.gatherer.gather_heads
+    keys = gather("key", k_cache, call.page_tables, batch.page_size, call.keys)
+    values = gather("value", v_cache, call.page_tables, batch.page_size, call.keys)
+    return keys, values
 
 
 def fold_blocks(

@@ -10,10 +10,10 @@ on first touch. Measured on the 2-core CI machine, 224 sequences x 304 tokens of
 keys: 17 ms per fresh gather vs 4.5 ms into a kept buffer, and the whole decode attention
 of a layer 46 ms vs 17 ms.
 
-`gather_rows` gathers head-major instead ([N, kv_heads, keys, head_dim] contiguous, one
-head_dim row per key and head), for the flash attention below float32: torch's CPU flash
-kernel runs a bfloat16 or float16 call faster on contiguous keys and values than on the page
-gather's transposed view, with the same bits. Measured in a job's decode step on AMD Zen 4
+`gather_heads` gathers head-major instead ([N, kv_heads, keys, head_dim] contiguous, one
+head_dim row per key and head) on the CPU below float32: torch's CPU flash kernel runs a
+bfloat16 or float16 call faster on contiguous keys and values than on the page gather's
+transposed view, with the same bits. Measured in a job's decode step on AMD Zen 4
 (SmolLM2, 64 decodes x 384 keys, bfloat16): the kernel 3.70 -> 2.78 ms a layer, each gather
 0.53 -> 0.73 ms (128-byte rows instead of whole pages). In float32 the same kernel call is
 slower on contiguous keys (5.8-6.3 vs 3.1-3.6 ms, 64 x 384 keys alone), so the page gather
@@ -22,10 +22,10 @@ stays there.
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 GROWTH = 1.5  # a growing context regrows the buffer every few steps, not every step
+ROW_MEMO = 64  # head-major row indexes kept (one per page table tensor of recent steps)
 
 
 class PageGatherer:
@@ -35,8 +35,10 @@ class PageGatherer:
     the largest gather a step has needed, which the step needed transiently anyway.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, head_major: bool | None = None) -> None:
         self._buffers: dict[str, torch.Tensor] = {}
+        self._head_major = head_major  # None: by the cache's dtype and device
+        self._row_memo: list[tuple[torch.Tensor, int, torch.Tensor]] = []
 
     def gather(
         self, name: str, cache: torch.Tensor, page_tables: torch.Tensor, page_size: int
@@ -52,16 +54,47 @@ class PageGatherer:
         torch.index_select(by_page, 0, page_tables.reshape(-1), out=out)
         return out.view(rows, pages * page_size, heads, dim)
 
-    def gather_rows(
-        self, name: str, cache: torch.Tensor, rows: torch.Tensor, shape: tuple[int, ...]
+    def gather_heads(
+        self,
+        name: str,
+        cache: torch.Tensor,
+        page_tables: torch.Tensor,
+        page_size: int,
+        keys: int | None = None,
     ) -> torch.Tensor:
-        """`rows` of the cache viewed [slots * kv_heads, head_dim] (`head_major_rows`) ->
-        `shape` ([N, kv_heads, keys, head_dim]), contiguous."""
+        """[N, pages] page ids -> [N, kv_heads, keys, head_dim] (`keys`: all the pages' keys
+        when None): head-major and contiguous where that is faster (`head_major`), else a
+        view of the page gather."""
         slots, heads, dim = cache.shape
+        keys = page_tables.shape[1] * page_size if keys is None else keys
+        if not self.head_major(cache):
+            gathered = self.gather(name, cache, page_tables, page_size)
+            return gathered[:, :keys].transpose(1, 2)
+        rows = self._rows(page_tables, keys, page_size, heads)
         by_row = cache.view(slots * heads, dim)
-        out = self._buffer(name, rows.numel(), by_row)
+        out = self._buffer(name + " rows", rows.numel(), by_row)
         torch.index_select(by_row, 0, rows, out=out)
-        return out.view(shape)
+        return out.view(page_tables.shape[0], heads, keys, dim)
+
+    def head_major(self, cache: torch.Tensor) -> bool:
+        """Whether `gather_heads` gathers head-major: torch's CPU kernels below float32."""
+        if self._head_major is not None:
+            return self._head_major
+        return cache.device.type == "cpu" and cache.element_size() < 4
+
+    def _rows(self, page_tables: torch.Tensor, keys: int, page_size: int, heads: int):
+        """The cache rows (slot * kv_heads + head) of each table's first `keys` keys, ordered
+        [N, kv_heads, keys]; built once per table tensor (a step's layers share its tables)."""
+        for table, count, rows in self._row_memo:
+            if table is page_tables and count == keys:
+                return rows
+        offsets = torch.arange(keys, device=page_tables.device)
+        slots = page_tables[:, offsets // page_size] * page_size + offsets % page_size
+        head = torch.arange(heads, device=page_tables.device)
+        rows = (slots[:, None, :] * heads + head[None, :, None]).reshape(-1)
+        # holding the tables keeps their identity unique; a step plans a few dozen at most
+        self._row_memo = [*self._row_memo[-(ROW_MEMO - 1) :], (page_tables, keys, rows)]
+        return rows
 
     def reserved_bytes(self) -> int:
         return sum(b.numel() * b.element_size() for b in self._buffers.values())
@@ -81,18 +114,6 @@ class PageGatherer:
             buffer = by_page.new_empty(rows, by_page.shape[1])
             self._buffers[name] = buffer
         return buffer[:num_pages]
-
-
-def head_major_rows(
-    page_tables: np.ndarray, keys: int, page_size: int, kv_heads: int
-) -> np.ndarray:
-    """[N, pages] page ids -> the cache rows (slot * kv_heads + head) of each table's first
-    `keys` keys, ordered [N, kv_heads, keys] (`PageGatherer.gather_rows`)."""
-    offsets = np.arange(page_tables.shape[1] * page_size)
-    slots = page_tables[:, offsets // page_size] * page_size + offsets % page_size
-    slots = slots[:, :keys]
-    heads = np.arange(kv_heads, dtype=np.int64)
-    return (slots[:, None, :] * kv_heads + heads[None, :, None]).reshape(-1)
 
 
 def _consecutive_run_start(page_tables: torch.Tensor) -> int | None:

@@ -21,16 +21,12 @@ from astrai_batch.engine.attention.block_plan import (
 from astrai_batch.engine.attention.cascade import DecodePartition, partition_rows
 from astrai_batch.engine.attention.cascade_plan import CascadeBatch, plan_cascade
 from astrai_batch.engine.attention.flash_block_plan import plan_flash_step
-from astrai_batch.engine.attention.flash_block_types import (
-    FlashBlockBatch,
-    FlashCall,
-    FlashRules,
-)
+from astrai_batch.engine.attention.flash_block_types import FlashBlockBatch, FlashRules
 from astrai_batch.engine.attention.host_staging import HostStaging
 from astrai_batch.engine.attention.kernels.interface import KernelBatch, PagedKernel
 from astrai_batch.engine.attention.kernels.invariant_batch import InvariantKernelBatch
 from astrai_batch.engine.attention.kernels.paged_kv_metadata import paged_kv_metadata
-from astrai_batch.engine.attention.page_gather import PageGatherer, head_major_rows
+from astrai_batch.engine.attention.page_gather import PageGatherer
 from astrai_batch.engine.attention.paged_attention import (
     AttentionBatch,
     DecodeGroup,
@@ -94,9 +90,6 @@ def flash_block_batch(
 ) -> FlashBlockBatch:
     dtype = pool.key_cache[0].dtype
     calls, merge = plan_flash_step(step, pool.page_size, rules, dtype, staging, window, share)
-    if dtype.itemsize < 4:  # the kernel's reduced-precision path: contiguous keys (`page_gather`)
-        kv_heads = pool.key_cache[0].shape[1]
-        calls = [with_head_rows(c, pool.page_size, kv_heads, staging) for c in calls]
     return FlashBlockBatch(
         key_cache=pool.key_cache,
         value_cache=pool.value_cache,
@@ -108,13 +101,6 @@ def flash_block_batch(
         gatherer=gatherer,
         window=window,
     )
-
-
-def with_head_rows(
-    call: FlashCall, page_size: int, kv_heads: int, staging: HostStaging
-) -> FlashCall:
-    rows = head_major_rows(call.page_tables.cpu().numpy(), call.keys, page_size, kv_heads)
-    return call._replace(head_rows=staging.array(rows))
 
 
 def invariant_kernel_batch(

@@ -1,44 +1,51 @@
-"""Head-major key gathers (`page_gather.gather_rows`) give the flash attention the same bits as
-the page gather, in the dtypes the engine uses them for, across random steps.
+"""Head-major key gathers (`PageGatherer.gather_heads`) give the attention the same bits as the
+page gather's transposed view, in the dtypes the engine uses them for.
 
-Below float32 the engine hands torch's CPU flash kernel contiguous [elements, kv_heads, keys,
-head_dim] keys and values (faster there) instead of a transposed view of whole gathered
-pages; the kernel must not tell the two apart, or a job's output would depend on the dtype's
-gather as well as its arithmetic.
+On the CPU below float32 the gatherer hands torch's flash kernel contiguous [elements,
+kv_heads, keys, head_dim] keys and values (faster there) instead of a view of whole gathered
+pages; the kernel must not tell the two apart, or a job's output would depend on the gather
+as well as on its arithmetic (the invariant flash path over random steps).
 """
 
 from __future__ import annotations
 
 import random
 
-import numpy as np
 import pytest
 import torch
-from attention_kit import GROUP, KV_HEADS, PAGE, SCALE, Pool, random_steps, step_for
+from attention_kit import GROUP, PAGE, SCALE, Pool, random_steps, step_for
 
 from astrai_batch.engine.attention.flash_block_plan import plan_flash_step
 from astrai_batch.engine.attention.flash_block_types import FlashBlockBatch, FlashRules
 from astrai_batch.engine.attention.flash_blocks import flash_block_attention
 from astrai_batch.engine.attention.host_staging import HostStaging
-from astrai_batch.engine.attention.page_gather import PageGatherer, head_major_rows
-from astrai_batch.engine.runner.attention_batches import with_head_rows
+from astrai_batch.engine.attention.page_gather import PageGatherer
 
 
-def test_head_major_rows_name_each_key_and_head_in_order():
-    tables = np.array([[7, 2, 0], [3, 9, 4]])
-    rows = head_major_rows(tables, keys=37, page_size=16, kv_heads=3)
-    want = []
-    for table in tables:
-        for head in range(3):
+def test_gather_heads_puts_each_key_and_head_in_its_place():
+    slots, heads, dim, page = 12 * 16, 3, 4, 16
+    # each row holds its own slot and head, so the output names where it came from
+    cache = torch.zeros(slots, heads, dim, dtype=torch.bfloat16)
+    cache[:, :, 0] = torch.arange(slots, dtype=torch.bfloat16)[:, None]
+    cache[:, :, 1] = torch.arange(heads, dtype=torch.bfloat16)[None, :]
+    tables = torch.tensor([[7, 2, 0], [3, 9, 4]])
+    gatherer = PageGatherer()
+    assert gatherer.head_major(cache)
+    out = gatherer.gather_heads("key", cache, tables, page, keys=37)
+    assert out.shape == (2, heads, 37, dim) and out.is_contiguous()
+    for n, table in enumerate(tables.tolist()):
+        for head in range(heads):
             for key in range(37):
-                slot = int(table[key // 16]) * 16 + key % 16
-                want.append(slot * 3 + head)
-    assert rows.tolist() == want
+                slot = table[key // page] * page + key % page
+                assert out[n, head, key, 0] == slot and out[n, head, key, 1] == head
+    paged = PageGatherer(head_major=False).gather_heads("key", cache, tables, page, keys=37)
+    assert torch.equal(paged, out)
+    assert not PageGatherer().head_major(cache.float())
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("block", [64, 512])
-def test_head_major_gather_gives_the_page_gathers_bits(dtype, block):
+def test_flash_blocks_get_the_page_gathers_bits(dtype, block):
     seed = 11 + block
     pool = Pool(seed)
     keys, values = pool.keys.to(dtype), pool.values.to(dtype)
@@ -48,13 +55,11 @@ def test_head_major_gather_gives_the_page_gathers_bits(dtype, block):
         step, queries = step_for(pool, chunks)
         staging = HostStaging("cpu")
         calls, merge = plan_flash_step(step, PAGE, rules, dtype, staging)
-        rows = [with_head_rows(c, PAGE, KV_HEADS, staging) for c in calls]
-        assert all(c.head_rows is not None for c in rows)
         outs = []
-        for planned in (calls, rows):
+        for head_major in (False, True):
             batch = FlashBlockBatch(
-                [keys], [values], PAGE, staging.array(step.write_slots), 0, planned, merge,
-                PageGatherer(),
+                [keys], [values], PAGE, staging.array(step.write_slots), 0, calls, merge,
+                PageGatherer(head_major),
             )  # fmt: skip
             outs.append(flash_block_attention(queries.to(dtype), keys, values, batch, SCALE))
         assert torch.equal(outs[0], outs[1]), (seed, chunks)
