@@ -69,7 +69,15 @@ def invariant(block, tails, step, q, keys, values, dtype):
     rules = FlashRules(Q_HEADS // KV_HEADS, tails, block)
     calls, merge = plan_flash_step(step, PAGE, rules, dtype, staging)
     batch = FlashBlockBatch(
-        [keys], [values], PAGE, staging.array(step.write_slots), 0, calls, merge, PageGatherer()
+        [keys],
+        [values],
+        PAGE,
+        staging.array(step.write_slots),
+        0,
+        calls,
+        merge,
+        PageGatherer(),
+        row_memo={},  # as the engine's step keeps its row indexes for its layers
     )
     for _ in range(LAYERS):
         flash_block_attention(q, keys, values, batch, DIM**-0.5)

@@ -81,6 +81,9 @@ class FlashBlockBatch(NamedTuple):
     merge: FlashMerge | None
     gatherer: PageGatherer
     window: int | None = None  # the sliding window this plan applies (None: full attention)
+    # the step's head-major row indexes (`PageGatherer.gather_heads`), built by its first
+    # layer and read by the others; None: each layer builds its own
+    row_memo: dict | None = None
 
 
 def padded_rows(rows: int) -> int:

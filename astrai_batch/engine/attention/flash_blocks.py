@@ -56,7 +56,9 @@ def flash_block_attention(
         queries[:, :, :rows].view(b, kv_heads, group, t, head_dim).copy_(
             picked.view(b, t, kv_heads, group, head_dim).permute(0, 2, 3, 1, 4)
         )
-        keys, values = _keys_and_values(call, k_cache, v_cache, batch)
+        gather, tables, page = batch.gatherer.gather_heads, call.page_tables, batch.page_size
+        keys = gather("key", k_cache, tables, page, call.keys, batch.row_memo)
+        values = gather("value", v_cache, tables, page, call.keys, batch.row_memo)
         result, lse = kernel(
             queries, keys.to(q.dtype), values.to(q.dtype), attn_mask=call.mask, scale=scale
         )
@@ -78,14 +80,6 @@ def flash_block_attention(
         folded = fold_blocks(block_out, block_lse, merge, sinks)
         out.index_copy_(0, merge.rows, folded.to(q.dtype))
     return out
-
-
-def _keys_and_values(call, k_cache, v_cache, batch: FlashBlockBatch):
-    """A call's keys and values as [elements, kv_heads, keys, D] (`PageGatherer.gather_heads`)."""
-    gather = batch.gatherer.gather_heads
-    keys = gather("key", k_cache, call.page_tables, batch.page_size, call.keys)
-    values = gather("value", v_cache, call.page_tables, batch.page_size, call.keys)
-    return keys, values
 
 
 def fold_blocks(

@@ -25,7 +25,6 @@ from __future__ import annotations
 import torch
 
 GROWTH = 1.5  # a growing context regrows the buffer every few steps, not every step
-ROW_MEMO = 64  # head-major row indexes kept (one per page table tensor of recent steps)
 
 
 class PageGatherer:
@@ -38,7 +37,6 @@ class PageGatherer:
     def __init__(self, head_major: bool | None = None) -> None:
         self._buffers: dict[str, torch.Tensor] = {}
         self._head_major = head_major  # None: by the cache's dtype and device
-        self._row_memo: list[tuple[torch.Tensor, int, torch.Tensor]] = []
 
     def gather(
         self, name: str, cache: torch.Tensor, page_tables: torch.Tensor, page_size: int
@@ -61,16 +59,23 @@ class PageGatherer:
         page_tables: torch.Tensor,
         page_size: int,
         keys: int | None = None,
+        memo: dict | None = None,
     ) -> torch.Tensor:
         """[N, pages] page ids -> [N, kv_heads, keys, head_dim] (`keys`: all the pages' keys
         when None): head-major and contiguous where that is faster (`head_major`), else a
-        view of the page gather."""
+        view of the page gather. `memo`: the step's row indexes by table, so its layers build
+        each once; the caller keeps it (and the tables) for one step only."""
         slots, heads, dim = cache.shape
         keys = page_tables.shape[1] * page_size if keys is None else keys
         if not self.head_major(cache):
             gathered = self.gather(name, cache, page_tables, page_size)
             return gathered[:, :keys].transpose(1, 2)
-        rows = self._rows(page_tables, keys, page_size, heads)
+        key = (id(page_tables), keys, page_size, heads)
+        rows = None if memo is None else memo.get(key)
+        if rows is None:
+            rows = _head_major_rows(page_tables, keys, page_size, heads)
+            if memo is not None:
+                memo[key] = rows
         by_row = cache.view(slots * heads, dim)
         out = self._buffer(name + " rows", rows.numel(), by_row)
         torch.index_select(by_row, 0, rows, out=out)
@@ -81,20 +86,6 @@ class PageGatherer:
         if self._head_major is not None:
             return self._head_major
         return cache.device.type == "cpu" and cache.element_size() < 4
-
-    def _rows(self, page_tables: torch.Tensor, keys: int, page_size: int, heads: int):
-        """The cache rows (slot * kv_heads + head) of each table's first `keys` keys, ordered
-        [N, kv_heads, keys]; built once per table tensor (a step's layers share its tables)."""
-        for table, count, rows in self._row_memo:
-            if table is page_tables and count == keys:
-                return rows
-        offsets = torch.arange(keys, device=page_tables.device)
-        slots = page_tables[:, offsets // page_size] * page_size + offsets % page_size
-        head = torch.arange(heads, device=page_tables.device)
-        rows = (slots[:, None, :] * heads + head[None, :, None]).reshape(-1)
-        # holding the tables keeps their identity unique; a step plans a few dozen at most
-        self._row_memo = [*self._row_memo[-(ROW_MEMO - 1) :], (page_tables, keys, rows)]
-        return rows
 
     def reserved_bytes(self) -> int:
         return sum(b.numel() * b.element_size() for b in self._buffers.values())
@@ -114,6 +105,17 @@ class PageGatherer:
             buffer = by_page.new_empty(rows, by_page.shape[1])
             self._buffers[name] = buffer
         return buffer[:num_pages]
+
+
+def _head_major_rows(
+    page_tables: torch.Tensor, keys: int, page_size: int, heads: int
+) -> torch.Tensor:
+    """The cache rows (slot * kv_heads + head) of each table's first `keys` keys, ordered
+    [N, kv_heads, keys]."""
+    offsets = torch.arange(keys, device=page_tables.device)
+    slots = page_tables[:, offsets // page_size] * page_size + offsets % page_size
+    head = torch.arange(heads, device=page_tables.device)
+    return (slots[:, None, :] * heads + head[None, :, None]).reshape(-1)
 
 
 def _consecutive_run_start(page_tables: torch.Tensor) -> int | None:

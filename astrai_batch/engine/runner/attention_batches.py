@@ -100,6 +100,7 @@ def flash_block_batch(
         merge=merge,
         gatherer=gatherer,
         window=window,
+        row_memo={},
     )
 
 

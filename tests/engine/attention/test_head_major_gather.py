@@ -55,11 +55,13 @@ def test_flash_blocks_get_the_page_gathers_bits(dtype, block):
         step, queries = step_for(pool, chunks)
         staging = HostStaging("cpu")
         calls, merge = plan_flash_step(step, PAGE, rules, dtype, staging)
-        outs = []
-        for head_major in (False, True):
+        outs, memo = [], {}
+        for head_major, row_memo in ((False, None), (True, None), (True, memo), (True, memo)):
             batch = FlashBlockBatch(
                 [keys], [values], PAGE, staging.array(step.write_slots), 0, calls, merge,
-                PageGatherer(head_major),
+                PageGatherer(head_major), row_memo=row_memo,
             )  # fmt: skip
             outs.append(flash_block_attention(queries.to(dtype), keys, values, batch, SCALE))
-        assert torch.equal(outs[0], outs[1]), (seed, chunks)
+        assert all(torch.equal(outs[0], out) for out in outs[1:]), (seed, chunks)
+        # one index per call's tables, built by the first "layer" and read by the second
+        assert len(memo) == len(calls)
