@@ -139,3 +139,51 @@ def step_for(
         key_limits=None if key_limits is None else key_limits(positions),
     )
     return step, torch.cat(queries)
+
+
+def random_kv_pool(seed, kv_heads, head_dim, value_dim, page_size, pages=80):
+    """A generator and random keys and values of `pages` pages: a paged pool."""
+    g = torch.Generator().manual_seed(seed)
+    keys = torch.randn(pages * page_size, kv_heads, head_dim, generator=g)
+    values = torch.randn(pages * page_size, kv_heads, value_dim, generator=g)
+    return g, keys, values
+
+
+def paged_brute_force(
+    q,
+    keys,
+    values,
+    tables,
+    token_table,
+    token_keys,
+    page_size,
+    scale,
+    window=None,
+    softcap=None,
+    sinks=None,
+    key_ends=None,
+):
+    """The attention kernels' interface in float64: token t sees the first token_keys[t]
+    keys of its table's pages (key_ends[t] where given, an image's end), the last `window`
+    of its own position's."""
+    kv_heads = keys.shape[1]
+    out = []
+    for t in range(q.shape[0]):
+        n = int(token_keys[t])
+        end = n if key_ends is None else int(key_ends[t])
+        row = tables[int(token_table[t])].long()
+        slots = (row[:, None] * page_size + torch.arange(page_size)).reshape(-1)[:end]
+        if window is not None:
+            slots = slots[max(n - window, 0) :]
+        k, v = keys[slots].double(), values[slots].double()
+        qq = q[t].double().view(kv_heads, -1, q.shape[-1])
+        scores = torch.einsum("hgd,khd->hgk", qq, k) * scale
+        if softcap is not None:
+            scores = torch.tanh(scores / softcap) * softcap
+        if sinks is not None:
+            column = sinks.double().view(kv_heads, -1, 1)
+            weights = torch.cat([scores, column], dim=-1).softmax(-1)[..., :-1]
+        else:
+            weights = scores.softmax(-1)
+        out.append(torch.einsum("hgk,khd->hgd", weights, v).reshape(q.shape[1], -1))
+    return torch.stack(out)

@@ -291,19 +291,31 @@ def engine_prompt(tower, batch: dict) -> tuple[list[int], tuple]:
 
 def hf_vlm_greedy(model_dir: Path, inputs: list[dict], max_new_tokens: int) -> list[list[int]]:
     """transformers `generate` on each processor output alone, greedy, float32."""
+    return [tokens for tokens, _ in hf_vlm_greedy_with_margins(model_dir, inputs, max_new_tokens)]
+
+
+def hf_vlm_greedy_with_margins(
+    model_dir: Path, inputs: list[dict], max_new_tokens: int, dtype: torch.dtype = torch.float32
+) -> list[tuple[list[int], list[tuple[float, float]]]]:
+    """`hf_vlm_greedy` in `dtype`, with each generated position's top two logits."""
     from transformers import AutoModelForImageTextToText
 
-    model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=dtype).eval()
     outputs = []
     with torch.inference_mode():
         for batch in inputs:
+            batch = {k: v.to(dtype) if v.is_floating_point() else v for k, v in batch.items()}
             out = model.generate(
                 **batch,
                 max_new_tokens=max_new_tokens,
                 do_sample=False,
                 pad_token_id=model.config.text_config.pad_token_id,
+                output_scores=True,
+                return_dict_in_generate=True,
             )
-            outputs.append(out[0, batch["input_ids"].shape[1] :].tolist())
+            tokens = out.sequences[0, batch["input_ids"].shape[1] :].tolist()
+            top2 = [tuple(s[0].float().topk(2).values.tolist()) for s in out.scores]
+            outputs.append((tokens, top2))
     return outputs
 
 

@@ -236,3 +236,36 @@ def test_kernels_that_do_not_run_here_leave_the_engine_loading(tiny_llama_dir, m
         "using the block attention" in caplog.text
     )
     assert not any("forward" in m.__dict__ for m in loaded.model.modules())
+
+
+@pytest.mark.parametrize(
+    ("budget", "num_pages"), [(64, 512), (200, 300)], ids=["chunked", "preempt"]
+)
+def test_bfloat16_rows_alone_equal_in_crowds_in_the_cpu_kernel(tiny_llama_dir, budget, num_pages):
+    """bfloat16 on the CPU runs attention in the C kernel (`invariant_cpu`): the engine passes
+    its start-up probe, and a row alone equals the row among chunked prefills, decodes
+    sharing a 600-token prefix past the kernel's 512-key split, and preempted rows
+    recomputed as prefill chunks."""
+    loaded = load_model(tiny_llama_dir, dtype="bfloat16")
+    core = EngineCore(loaded, EngineConfig(page_size=8, num_pages=64))  # probes at start
+    assert core.runner.invariant_kernel is not None and core.runner.flash is None
+    assert core.runner.invariant_kernel.__qualname__ == "CpuKernel.attend"
+    rng = random.Random(13)
+    vocab = loaded.model.config.vocab_size
+
+    def tokens(n):
+        return [rng.randrange(3, vocab) for _ in range(n)]
+
+    prefix = tokens(600)
+    prompts = [prefix + tokens(n) for n in (20, 150, 300)] + [tokens(n) for n in (700, 480, 90)]
+    requests = mixed_requests(prompts, range(len(prompts)))
+    alone = {}
+    for request in requests:
+        config = EngineConfig(page_size=8, num_pages=160, enable_prefix_cache=False)
+        alone.update(run_capturing(loaded, [request], config)[0])
+    config = EngineConfig(page_size=8, num_pages=num_pages, max_num_batched_tokens=budget)
+    crowd, stats = run_capturing(loaded, requests, config)
+    assert_same_rows(alone, crowd, range(len(prompts)))
+    assert stats.cache.hit_tokens >= 600
+    if num_pages == 300:
+        assert stats.preemptions > 0

@@ -139,7 +139,8 @@ def paged_attention(
             raise RuntimeError("the CPU flash-kernel attention cannot apply softcapping")
         out = flash_block_attention(q, k_cache, v_cache, batch, scale, sinks)
         return out.to(q.dtype).unsqueeze(0), None
-    if isinstance(batch, InvariantKernelBatch):  # invariant numerics on CUDA (Triton)
+    if isinstance(batch, InvariantKernelBatch):  # CUDA's Triton kernel, the CPU's C kernel
+        ends = {} if batch.token_key_ends is None else {"key_ends": batch.token_key_ends}
         out = batch.attend(
             q,
             k_cache,
@@ -152,6 +153,7 @@ def paged_attention(
             window=window,
             softcap=softcap,
             sinks=sinks,
+            **ends,
         )
         return out.to(q.dtype).unsqueeze(0), None
     if isinstance(batch, BlockBatch):

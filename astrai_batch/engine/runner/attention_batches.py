@@ -110,9 +110,10 @@ def invariant_kernel_batch(
     # the step packs each chunk's tokens contiguously, in chunk order (`step_buffers`); each
     # token's chunk and key count travel in one copy, the page tables in a second
     chunks = np.arange(len(step.num_tokens), dtype=np.int32)
-    per_token = staging.array(
-        np.stack([np.repeat(chunks, step.num_tokens), (step.positions + 1).astype(np.int32)])
-    )
+    rows = [np.repeat(chunks, step.num_tokens), (step.positions + 1).astype(np.int32)]
+    if step.key_limits is not None:  # an image's tokens see the whole image (the CPU kernel)
+        rows.append((step.key_limits + 1).astype(np.int32))
+    per_token = staging.array(np.stack(rows))
     return InvariantKernelBatch(
         key_cache=pool.key_cache,
         value_cache=pool.value_cache,
@@ -123,6 +124,7 @@ def invariant_kernel_batch(
         token_table=per_token[0],
         token_keys=per_token[1],
         attend=attend,
+        token_key_ends=per_token[2] if step.key_limits is not None else None,
     )
 
 

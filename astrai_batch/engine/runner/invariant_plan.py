@@ -1,6 +1,7 @@
 """The invariant numerics' plan for one runner: which row scheme its GEMMs use, and where its
-attention runs (CUDA's Triton kernel, torch's CPU flash kernel in probed blocks, or the block
-attention at probed row counts). Every probe runs once per loaded model (`probe_results`)."""
+attention runs (CUDA's Triton kernel, the CPU's C kernel in bfloat16, torch's CPU flash kernel
+in probed blocks, or the block attention at probed row counts). Every probe runs once per
+loaded model (`probe_results`)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from astrai_batch.engine.attention.block_plan import RUN_SEGMENT_BLOCKS, block_t
 from astrai_batch.engine.attention.flash_block_types import FlashRules
 from astrai_batch.engine.attention.flash_probe import probe_flash_block
 from astrai_batch.engine.numerics.blas_rows import ROWS_AT_LEAST_TWO, attention_row_scheme
+from astrai_batch.engine.runner.invariant_cpu import cpu_attention
 from astrai_batch.engine.runner.invariant_cuda import invariant_cuda_ops, runnable
 from astrai_batch.engine.runner.invariant_experts import set_expert_tiling
 from astrai_batch.engine.runner.invariant_linear import (
@@ -29,7 +31,9 @@ class NumericsPlan(NamedTuple):
     gemm_rows: object
     # the flash kernel's invariant shapes when invariant attention runs in it (the CPU)
     flash: FlashRules | None
-    invariant_kernel: object  # CUDA's invariant attention (`invariant_triton`), or None
+    # the invariant attention kernel: CUDA's (`invariant_triton`), the CPU's in bfloat16
+    # (`invariant_cpu`), or None
+    invariant_kernel: object
 
 
 def plan_numerics(
@@ -67,7 +71,10 @@ def plan_numerics(
     if mean_squares is not None or param.device.type != "cpu":
         set_norm_tiling(model, True, mean_squares)
     flash = None
-    flash_fits = features.softcap is None  # the flash kernel cannot softcap
+    flash_fits = features.softcap is None  # neither the flash kernel nor the C one softcaps
+    if graphs is None and invariant_kernel is None and flash_fits:
+        key = ("cpu kernel", heads)
+        invariant_kernel = _probed(memo, key, lambda: cpu_attention(query_heads, attention_pool))
     if graphs is None and invariant_kernel is None and flash_fits:
         flash = _probed(memo, ("flash", heads), lambda: _flash_rules(query_heads, attention_pool))
     gemm_rows = ROWS_AT_LEAST_TWO

@@ -8,6 +8,7 @@ their sequence's last known token.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -119,9 +120,15 @@ class ModelRunner:
         )
         self.gemm_rows, self.flash, self.invariant_kernel = plan
         # an image's placeholders attending to each other (Gemma 3): the CPU paths take each
-        # query's last key (`image_spans.key_limits`); CUDA's Triton kernel counts keys only
+        # query's last key (`image_spans.key_limits`, the C kernel's `key_ends`); CUDA's
+        # Triton kernel counts keys only
         self.whole_images = vision is not None and vision.bidirectional_images
-        if self.whole_images and self.invariant_kernel is not None:
+        kernel = self.invariant_kernel
+        if (
+            self.whole_images
+            and kernel is not None
+            and "key_ends" not in inspect.signature(kernel).parameters
+        ):
             raise ValueError(
                 "the CUDA invariant attention kernel cannot let an image's tokens attend to "
                 "each other (Gemma 3): run this model on the CPU or with fast numerics"

@@ -18,6 +18,9 @@ import torch
 
 triton = pytest.importorskip("triton")
 
+from attention_kit import paged_brute_force as brute_force  # noqa: E402
+from attention_kit import random_kv_pool as random_pool  # noqa: E402
+
 from astrai_batch.engine.attention.kernels.invariant_triton import (  # noqa: E402
     KEY_BLOCK,
     invariant_attention,
@@ -29,48 +32,6 @@ CASES = [  # (kv heads, group, head dim, value dim, page size)
     (1, 4, 32, 24, 4),
     (2, 5, 20, 20, 64),
 ]
-
-
-def random_pool(seed, kv_heads, head_dim, value_dim, page_size, pages=80):
-    g = torch.Generator().manual_seed(seed)
-    keys = torch.randn(pages * page_size, kv_heads, head_dim, generator=g)
-    values = torch.randn(pages * page_size, kv_heads, value_dim, generator=g)
-    return g, keys, values
-
-
-def brute_force(
-    q,
-    keys,
-    values,
-    tables,
-    token_table,
-    token_keys,
-    page_size,
-    scale,
-    window=None,
-    softcap=None,
-    sinks=None,
-):
-    kv_heads = keys.shape[1]
-    out = []
-    for t in range(q.shape[0]):
-        n = int(token_keys[t])
-        row = tables[int(token_table[t])].long()
-        slots = (row[:, None] * page_size + torch.arange(page_size)).reshape(-1)[:n]
-        if window is not None:
-            slots = slots[max(n - window, 0) :]
-        k, v = keys[slots].double(), values[slots].double()
-        qq = q[t].double().view(kv_heads, -1, q.shape[-1])
-        scores = torch.einsum("hgd,khd->hgk", qq, k) * scale
-        if softcap is not None:
-            scores = torch.tanh(scores / softcap) * softcap
-        if sinks is not None:
-            column = sinks.double().view(kv_heads, -1, 1)
-            weights = torch.cat([scores, column], dim=-1).softmax(-1)[..., :-1]
-        else:
-            weights = scores.softmax(-1)
-        out.append(torch.einsum("hgk,khd->hgd", weights, v).reshape(q.shape[1], -1))
-    return torch.stack(out)
 
 
 @pytest.mark.parametrize(("kv_heads", "group", "head_dim", "value_dim", "page_size"), CASES)

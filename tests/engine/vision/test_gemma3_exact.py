@@ -11,6 +11,7 @@ import dataclasses
 
 import pytest
 import torch
+from engine_reference import bf16_near_tie
 from invariance_kit import (
     assert_alone_equals_crowds,
     assert_same_rows,
@@ -22,6 +23,7 @@ from vision_kit import (
     GEMMA3_TOKENS_PER_IMAGE,
     engine_prompt,
     hf_vlm_greedy,
+    hf_vlm_greedy_with_margins,
     processed,
     random_image,
     save_tiny_gemma3,
@@ -112,14 +114,19 @@ def test_greedy_tokens_equal_transformers(gemma3, greedy_rows, monkeypatch, path
             assert list(found[i][0]) == want, f"row {i}, budget {budget}"
 
 
-@pytest.mark.parametrize("path", ["flash", "block"])
+@pytest.mark.parametrize("path", ["flash", "block", "bfloat16-kernel"])
 def test_image_rows_are_batch_invariant(gemma3, monkeypatch, path):
     """Each watched row alone (no prefix cache, prefill in one step) and in a crowd of image
     and text rows under two token budgets, the prefix cache on: every generated position's
-    logits torch.equal."""
-    _, loaded = gemma3
+    logits torch.equal. In bfloat16 the CPU's C kernel runs attention, an image's tokens
+    seeing the whole image through its `key_ends`."""
+    model_dir, loaded = gemma3
     if path == "block":
         loaded = _flash_off(monkeypatch, loaded)
+    if path == "bfloat16-kernel":
+        loaded = load_model(model_dir, dtype="bfloat16")
+        core = EngineCore(loaded, EngineConfig(page_size=4, num_pages=64))
+        assert core.runner.invariant_kernel.__qualname__ == "CpuKernel.attend"
     processor = loaded.vision.processor
     images = [random_image(seed, (30 + 7 * seed, 40)) for seed in range(3)]
     greedy = SamplingParams(max_tokens=6, ignore_eos=True)
@@ -138,6 +145,29 @@ def test_image_rows_are_batch_invariant(gemma3, monkeypatch, path):
     )
     for stats in crowds:
         assert stats.images_encoded == 3  # once each per engine
+
+
+def test_bfloat16_greedy_tokens_equal_transformers_in_the_cpu_kernel(gemma3, greedy_rows):
+    """bfloat16 on the CPU (the C kernel, an image's tokens seeing the whole image) against
+    transformers in bfloat16: token for token up to a near-tie of transformers' own top two
+    logits (`bf16_near_tie`)."""
+    model_dir, _ = gemma3
+    inputs, _ = greedy_rows
+    loaded = load_model(model_dir, dtype="bfloat16")
+    expected = hf_vlm_greedy_with_margins(model_dir, inputs, MAX_NEW, torch.bfloat16)
+    params = SamplingParams(max_tokens=MAX_NEW)
+    config = EngineConfig(page_size=4, num_pages=192, max_num_batched_tokens=20)
+    core = EngineCore(loaded, config)
+    assert core.runner.invariant_kernel.__qualname__ == "CpuKernel.attend"
+    found = capture_rows(core, [engine_request(loaded, i, b, params) for i, b in enumerate(inputs)])
+    exact = 0
+    for i, (want, top2) in enumerate(expected):
+        got = list(found[i][0])
+        first = next((j for j, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), None)
+        exact += first is None
+        if first is not None:
+            assert bf16_near_tie(*top2[first]), (i, first, top2[first])
+    assert exact >= len(inputs) - 1
 
 
 def test_a_prefix_cache_hit_inside_an_image_is_exact(gemma3):
