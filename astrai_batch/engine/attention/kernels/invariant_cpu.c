@@ -136,12 +136,18 @@ static inline __m512 round_bf16_vec(__m512 x) {
 }
 
 #define CHUNKS (MAX_DIM / LANES)
+#define AHEAD 8 /* keys whose rows are fetched ahead of use (pages scatter them) */
+
+static inline void prefetch_row(const uint16_t *p, int64_t n) {
+    for (int64_t b = 0; b < n * 2; b += 64) _mm_prefetch((const char *)p + b, _MM_HINT_T0);
+}
 
 static void scores_of(const Job *j, const int32_t *table, int64_t h, const float *qf,
                       int64_t lo, int64_t n, float *scores) {
     const int64_t G = j->group, D = j->head_dim, C = padded(D) / LANES;
     for (int64_t i = 0; i < n; i++) {
         const uint16_t *k = j->k + slot_of(j, table, lo + i) * j->k_slot + h * j->k_head;
+        if (i + AHEAD < n) prefetch_row(j->k + slot_of(j, table, lo + i + AHEAD) * j->k_slot + h * j->k_head, D);
         __m512 kv[CHUNKS];
         for (int64_t c = 0; c < C; c++) kv[c] = load_bf16(k + LANES * c, D - LANES * c);
         for (int64_t r = 0; r < G; r++) {
@@ -179,6 +185,7 @@ static void add_values(const Job *j, const int32_t *table, int64_t h, const floa
             for (int64_t c = 0; c < C; c++) acc[r][c] = _mm512_loadu_ps(accs + (r0 + r) * C * LANES + LANES * c);
         for (int64_t i = 0; i < n; i++) {
             const uint16_t *v = j->v + slot_of(j, table, lo + i) * j->v_slot + h * j->v_head;
+            if (i + AHEAD < n) prefetch_row(j->v + slot_of(j, table, lo + i + AHEAD) * j->v_slot + h * j->v_head, Dv);
             __m512 vv[CHUNKS];
             for (int64_t c = 0; c < C; c++) vv[c] = load_bf16(v + LANES * c, Dv - LANES * c);
             for (int64_t r = 0; r < rows; r++) {
