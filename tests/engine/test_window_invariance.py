@@ -107,13 +107,19 @@ def test_windowed_rows_alone_equal_in_crowd(name, tmp_path):
     assert (core.runner.flash is None) == (name.startswith("gemma2"))
 
 
-def test_windows_across_key_blocks_alone_equal_in_crowd(tmp_path):
-    """A window of 300 over contexts past 1024 keys in the flash kernel: a query's window
-    spans two 512-key blocks, blocks wholly before it are left out, decodes share whole
-    prefix blocks; prefills chunked across block boundaries; preempted rows recomputed."""
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_windows_across_key_blocks_alone_equal_in_crowd(tmp_path, dtype):
+    """A window of 300 over contexts past 1024 keys in the flash kernel (float32): a query's
+    window spans two 512-key blocks, blocks wholly before it are left out, decodes share
+    whole prefix blocks; prefills chunked across block boundaries; preempted rows recomputed.
+    In bfloat16 the CPU's C kernel walks the same windows over its 512-key splits."""
     overrides = dict(MODELS["gemma3-window-16"][1], sliding_window=300)
     overrides["max_position_embeddings"] = 2048
-    loaded = load_model(save_tiny(tmp_path / "gemma3-300", "gemma3_text", overrides))
+    model_dir = save_tiny(tmp_path / "gemma3-300", "gemma3_text", overrides)
+    loaded = load_model(model_dir, dtype=dtype)
+    runner = EngineCore(loaded, EngineConfig(page_size=8, num_pages=64)).runner
+    if dtype == "bfloat16":
+        assert runner.invariant_kernel.__qualname__ == "CpuKernel.attend"
     rng = random.Random(12)
     vocab = loaded.model.config.vocab_size
 
