@@ -269,3 +269,17 @@ def test_bfloat16_rows_alone_equal_in_crowds_in_the_cpu_kernel(tiny_llama_dir, b
     assert stats.cache.hit_tokens >= 600
     if num_pages == 300:
         assert stats.preemptions > 0
+
+
+def test_fast_numerics_in_bfloat16_run_the_cpu_kernel_with_plain_linears(tiny_llama_dir):
+    """`--fast-numerics` keeps the C kernel in bfloat16 (the faster attention here) and drops
+    only the row tiling: its rows are tokens like the default's."""
+    loaded = load_model(tiny_llama_dir, dtype="bfloat16")
+    fast = EngineCore(loaded, EngineConfig(page_size=8, num_pages=64, numerics="fast"))
+    assert fast.runner.invariant_kernel.__qualname__ == "CpuKernel.attend"
+    assert not any(type(m).__name__ == "RowTiledLinear" for m in loaded.model.modules())
+    prompts = invariance_prompts(loaded.model.config.vocab_size, 6, seed=8)
+    config = EngineConfig(page_size=8, num_pages=128, numerics="fast")
+    got, _ = run_capturing(loaded, mixed_requests(prompts, range(6)), config)
+    assert sorted(got) == list(range(6))
+    assert all(len(tokens) == 12 for tokens, _ in got.values())

@@ -1,7 +1,9 @@
-"""Whether invariant numerics' attention runs in the C kernel on this CPU
-(`attention.kernels.invariant_cpu`): bfloat16 pools on the CPU, where a C compiler builds it
-and it runs at the model's shapes. Elsewhere torch's flash kernel in probed blocks
-(`flash_blocks`) or the block attention run, as before, and the start-up probe judges them.
+"""Whether attention runs in the C kernel on this CPU (`attention.kernels.invariant_cpu`):
+bfloat16 pools on the CPU, where a C compiler builds it and it runs at the model's shapes,
+under either numerics (it is invariant, and the fastest bfloat16 attention measured here:
+`--fast-numerics` keeps it and drops only the linears' and norms' row tiling). Elsewhere
+torch's flash kernel in probed blocks (`flash_blocks`), the block attention or, under fast
+numerics, the step-shaped paths run, as before.
 
 `ASTRAI_BATCH_CPU_KERNEL=0` keeps torch's flash kernel (a comparison, or a machine whose
 compiler misbehaves); the build is cached per CPU kind under the cache root.

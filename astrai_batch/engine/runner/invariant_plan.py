@@ -46,13 +46,17 @@ def plan_numerics(
     probe_results: dict | None,
 ) -> NumericsPlan:
     """Sets the model's linear, expert and norm tiling for `numerics` and plans its attention."""
+    memo = {} if probe_results is None else probe_results
     if numerics != "invariant":
         set_row_tiling(model, False)
         set_expert_tiling(model, False)
         set_norm_tiling(model, False)
-        return NumericsPlan(ROWS_AT_LEAST_TWO, None, None)
+        # the C kernel is the CPU's fastest bfloat16 attention under fast numerics too
+        kernel = None
+        if graphs is None and features.softcap is None:
+            kernel = _cpu_kernel(memo, query_heads, attention_pool)
+        return NumericsPlan(ROWS_AT_LEAST_TWO, None, kernel)
     refuse_variant_linears(model)  # quantized layers: invariant, or refused
-    memo = {} if probe_results is None else probe_results
     param = next(model.parameters())
     where = (torch.get_num_threads(), param.device.type, param.dtype)
     shapes = tuple(gemm_shapes(model))
@@ -73,8 +77,7 @@ def plan_numerics(
     flash = None
     flash_fits = features.softcap is None  # neither the flash kernel nor the C one softcaps
     if graphs is None and invariant_kernel is None and flash_fits:
-        key = ("cpu kernel", heads)
-        invariant_kernel = _probed(memo, key, lambda: cpu_attention(query_heads, attention_pool))
+        invariant_kernel = _cpu_kernel(memo, query_heads, attention_pool)
     if graphs is None and invariant_kernel is None and flash_fits:
         flash = _probed(memo, ("flash", heads), lambda: _flash_rules(query_heads, attention_pool))
     gemm_rows = ROWS_AT_LEAST_TWO
@@ -82,6 +85,12 @@ def plan_numerics(
         key = ("block attention rows", heads)
         gemm_rows = _probed(memo, key, lambda: _attention_rows(query_heads, attention_pool))
     return NumericsPlan(gemm_rows, flash, invariant_kernel)
+
+
+def _cpu_kernel(memo: dict, query_heads: int, pool: KVPool):
+    """The CPU's C attention kernel for this pool (bfloat16), or None; tried once per model."""
+    key = ("cpu kernel", *_heads_key(query_heads, pool), pool.key_cache[0].dtype)
+    return _probed(memo, key, lambda: cpu_attention(query_heads, pool))
 
 
 def _heads_key(query_heads: int, pool: KVPool) -> tuple:

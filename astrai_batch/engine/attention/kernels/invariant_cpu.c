@@ -87,8 +87,19 @@ typedef struct {
     float *q, *scores, *probs, *acc; /* [G, padded D], [G, SPLIT] twice, [G, padded Dv] */
 } Scratch;
 
-static inline int64_t slot_of(const Job *j, const int32_t *table, int64_t key) {
-    return (int64_t)table[key / j->page_size] * j->page_size + key % j->page_size;
+/* The pool slots of keys [lo, lo + n): one division, then page by page (a division per key
+ * cost more than the key's arithmetic). */
+static inline void slots_of(const Job *j, const int32_t *table, int64_t lo, int64_t n,
+                            int64_t *slots) {
+    int64_t page = lo / j->page_size, offset = lo % j->page_size;
+    int64_t base = (int64_t)table[page] * j->page_size;
+    for (int64_t i = 0; i < n; i++) {
+        slots[i] = base + offset;
+        if (++offset == j->page_size && i + 1 < n) {
+            offset = 0;
+            base = (int64_t)table[++page] * j->page_size;
+        }
+    }
 }
 
 static inline int64_t padded(int64_t n) { return (n + LANES - 1) / LANES * LANES; }
@@ -142,12 +153,12 @@ static inline void prefetch_row(const uint16_t *p, int64_t n) {
     for (int64_t b = 0; b < n * 2; b += 64) _mm_prefetch((const char *)p + b, _MM_HINT_T0);
 }
 
-static void scores_of(const Job *j, const int32_t *table, int64_t h, const float *qf,
-                      int64_t lo, int64_t n, float *scores) {
+static void scores_of(const Job *j, const int64_t *slots, int64_t h, const float *qf, int64_t n,
+                      float *scores) {
     const int64_t G = j->group, D = j->head_dim, C = padded(D) / LANES;
     for (int64_t i = 0; i < n; i++) {
-        const uint16_t *k = j->k + slot_of(j, table, lo + i) * j->k_slot + h * j->k_head;
-        if (i + AHEAD < n) prefetch_row(j->k + slot_of(j, table, lo + i + AHEAD) * j->k_slot + h * j->k_head, D);
+        const uint16_t *k = j->k + slots[i] * j->k_slot + h * j->k_head;
+        if (i + AHEAD < n) prefetch_row(j->k + slots[i + AHEAD] * j->k_slot + h * j->k_head, D);
         __m512 kv[CHUNKS];
         for (int64_t c = 0; c < C; c++) kv[c] = load_bf16(k + LANES * c, D - LANES * c);
         for (int64_t r = 0; r < G; r++) {
@@ -175,8 +186,8 @@ static float exponentials(const float *sc, int64_t n, float top, float *pr) {
     return _mm512_reduce_add_ps(lanes);
 }
 
-static void add_values(const Job *j, const int32_t *table, int64_t h, const float *probs,
-                       int64_t lo, int64_t n, float *accs) {
+static void add_values(const Job *j, const int64_t *slots, int64_t h, const float *probs,
+                       int64_t n, float *accs) {
     const int64_t G = j->group, Dv = j->value_dim, C = padded(Dv) / LANES;
     for (int64_t r0 = 0; r0 < G; r0 += 4) { /* up to 4 rows' outputs held in registers */
         const int64_t rows = G - r0 < 4 ? G - r0 : 4;
@@ -184,8 +195,8 @@ static void add_values(const Job *j, const int32_t *table, int64_t h, const floa
         for (int64_t r = 0; r < rows; r++)
             for (int64_t c = 0; c < C; c++) acc[r][c] = _mm512_loadu_ps(accs + (r0 + r) * C * LANES + LANES * c);
         for (int64_t i = 0; i < n; i++) {
-            const uint16_t *v = j->v + slot_of(j, table, lo + i) * j->v_slot + h * j->v_head;
-            if (i + AHEAD < n) prefetch_row(j->v + slot_of(j, table, lo + i + AHEAD) * j->v_slot + h * j->v_head, Dv);
+            const uint16_t *v = j->v + slots[i] * j->v_slot + h * j->v_head;
+            if (i + AHEAD < n) prefetch_row(j->v + slots[i + AHEAD] * j->v_slot + h * j->v_head, Dv);
             __m512 vv[CHUNKS];
             for (int64_t c = 0; c < C; c++) vv[c] = load_bf16(v + LANES * c, Dv - LANES * c);
             for (int64_t r = 0; r < rows; r++) {
@@ -204,12 +215,12 @@ static inline float fold_lanes(float *acc) {
     return acc[0];
 }
 
-static void scores_of(const Job *j, const int32_t *table, int64_t h, const float *qf,
-                      int64_t lo, int64_t n, float *scores) {
+static void scores_of(const Job *j, const int64_t *slots, int64_t h, const float *qf, int64_t n,
+                      float *scores) {
     const int64_t G = j->group, D = j->head_dim, P = padded(D);
     float key[MAX_DIM];
     for (int64_t i = 0; i < n; i++) {
-        const uint16_t *k = j->k + slot_of(j, table, lo + i) * j->k_slot + h * j->k_head;
+        const uint16_t *k = j->k + slots[i] * j->k_slot + h * j->k_head;
         for (int64_t d = 0; d < P; d++) key[d] = d < D ? bf16_to_float(k[d]) : 0.0f;
         for (int64_t r = 0; r < G; r++) {
             const float *q = qf + r * P;
@@ -233,12 +244,12 @@ static float exponentials(const float *sc, int64_t n, float top, float *pr) {
     return fold_lanes(lanes);
 }
 
-static void add_values(const Job *j, const int32_t *table, int64_t h, const float *probs,
-                       int64_t lo, int64_t n, float *accs) {
+static void add_values(const Job *j, const int64_t *slots, int64_t h, const float *probs,
+                       int64_t n, float *accs) {
     const int64_t G = j->group, Dv = j->value_dim, P = padded(Dv);
     float value[MAX_DIM];
     for (int64_t i = 0; i < n; i++) {
-        const uint16_t *v = j->v + slot_of(j, table, lo + i) * j->v_slot + h * j->v_head;
+        const uint16_t *v = j->v + slots[i] * j->v_slot + h * j->v_head;
         for (int64_t d = 0; d < P; d++) value[d] = d < Dv ? bf16_to_float(v[d]) : 0.0f;
         for (int64_t r = 0; r < G; r++) {
             const float p = probs[r * SPLIT + i];
@@ -270,6 +281,7 @@ static void attend(const Job *j, Scratch *s, int64_t t, int64_t h) {
     if (j->window > 0 && j->token_keys[t] > j->window) first = j->token_keys[t] - j->window;
     const int32_t *table = j->tables + (int64_t)j->token_table[t] * j->table_stride;
     float max[MAX_GROUP], sum[MAX_GROUP];
+    int64_t slots[SPLIT];
     for (int64_t r = 0; r < G; r++) {
         const uint16_t *q = j->q + t * j->q_token + (h * G + r) * j->q_head;
         for (int64_t d = 0; d < P; d++) s->q[r * P + d] = d < D ? bf16_to_float(q[d]) : 0.0f;
@@ -282,7 +294,8 @@ static void attend(const Job *j, Scratch *s, int64_t t, int64_t h) {
         const int64_t lo = start > first ? start : first;
         const int64_t hi = start + SPLIT < keys ? start + SPLIT : keys;
         const int64_t n = hi - lo;
-        scores_of(j, table, h, s->q, lo, n, s->scores);
+        slots_of(j, table, lo, n, slots);
+        scores_of(j, slots, h, s->q, n, s->scores);
         for (int64_t r = 0; r < G; r++) {
             const float *sc = s->scores + r * SPLIT;
             float top = max[r];
@@ -296,7 +309,7 @@ static void attend(const Job *j, Scratch *s, int64_t t, int64_t h) {
                 for (int64_t d = 0; d < Pv; d++) acc[d] = acc[d] * rescale;
             }
         }
-        add_values(j, table, h, s->probs, lo, n, s->acc);
+        add_values(j, slots, h, s->probs, n, s->acc);
         started = 1;
     }
     for (int64_t r = 0; r < G; r++) {
