@@ -91,7 +91,13 @@ def test_rows_past_one_key_block_alone_equal_in_crowd(loaded, budget, num_pages)
     """Contexts past 512 keys (the CPU flash kernel's block): queries folded block by block,
     decodes that share a whole 512-token prefix block read it once; prefills chunked across
     the block boundary; preempted rows recomputed."""
-    rng = random.Random(12)
+    check_rows_past_one_block(loaded, budget, num_pages, seed=12)
+
+
+def check_rows_past_one_block(loaded, budget: int, num_pages: int, seed: int) -> None:
+    """Six rows, three over a 600-token shared prefix, alone and in a crowd of `budget`
+    tokens a step over `num_pages` pages (300: preempted)."""
+    rng = random.Random(seed)
     vocab = loaded.model.config.vocab_size
 
     def tokens(n):
@@ -250,25 +256,7 @@ def test_bfloat16_rows_alone_equal_in_crowds_in_the_cpu_kernel(tiny_llama_dir, b
     core = EngineCore(loaded, EngineConfig(page_size=8, num_pages=64))  # probes at start
     assert core.runner.invariant_kernel is not None and core.runner.flash is None
     assert core.runner.invariant_kernel.__qualname__ == "CpuKernel.attend"
-    rng = random.Random(13)
-    vocab = loaded.model.config.vocab_size
-
-    def tokens(n):
-        return [rng.randrange(3, vocab) for _ in range(n)]
-
-    prefix = tokens(600)
-    prompts = [prefix + tokens(n) for n in (20, 150, 300)] + [tokens(n) for n in (700, 480, 90)]
-    requests = mixed_requests(prompts, range(len(prompts)))
-    alone = {}
-    for request in requests:
-        config = EngineConfig(page_size=8, num_pages=160, enable_prefix_cache=False)
-        alone.update(run_capturing(loaded, [request], config)[0])
-    config = EngineConfig(page_size=8, num_pages=num_pages, max_num_batched_tokens=budget)
-    crowd, stats = run_capturing(loaded, requests, config)
-    assert_same_rows(alone, crowd, range(len(prompts)))
-    assert stats.cache.hit_tokens >= 600
-    if num_pages == 300:
-        assert stats.preemptions > 0
+    check_rows_past_one_block(loaded, budget, num_pages, seed=13)
 
 
 def test_fast_numerics_in_bfloat16_run_the_cpu_kernel_with_plain_linears(tiny_llama_dir):
