@@ -249,3 +249,38 @@ def test_switched_off_or_not_bfloat16_keeps_torchs_kernel(monkeypatch):
     assert cpu_attention(2, pool) is not None
     monkeypatch.setenv("ASTRAI_BATCH_CPU_KERNEL", "0")
     assert cpu_attention(2, pool) is None
+
+
+@pytest.mark.parametrize("extra", ["plain", "window", "sinks", "image"])
+def test_a_prefill_chunk_equals_its_tokens_alone(kernel, extra):
+    """A chunk's consecutive tokens are computed four at a time (their keys and values read
+    once for all of them): each token's bits equal the token computed alone, for chunks
+    starting anywhere, across 512-key splits, with windows, sinks and image ends."""
+    kv_heads, group, head_dim, page_size = 2, 3, 32, 8
+    g, keys, values = bf16_pool(7, kv_heads, head_dim, head_dim, page_size)
+    tables = tables_for(g, keys.shape[0] // page_size, 3, -(-1300 // page_size))
+    rng = random.Random(7)
+    token_table, token_keys = [], []
+    for row, (start, length) in enumerate(((0, 37), (490, 30), (1100, 9))):
+        token_table += [row] * length
+        token_keys += list(range(start + 1, start + length + 1))
+    count = len(token_keys)
+    q = torch.randn(count, kv_heads * group, head_dim, generator=g).bfloat16()
+    options = {
+        "plain": {},
+        "window": {"window": 20},
+        "sinks": {"sinks": torch.randn(kv_heads * group, generator=g)},
+        "image": {"key_ends": torch.tensor([k + rng.randint(0, 3) for k in token_keys]).int()},
+    }[extra]
+    tables_, pages = tables, page_size
+    chunk = kernel.attend(
+        q, keys, values, tables_, torch.tensor(token_table).int(), torch.tensor(token_keys).int(),
+        pages, 0.3, **options,
+    )  # fmt: skip
+    for t in range(count):
+        one = {k: v[t : t + 1] if k == "key_ends" else v for k, v in options.items()}
+        alone = kernel.attend(
+            q[t : t + 1], keys, values, tables_, torch.tensor([token_table[t]]).int(),
+            torch.tensor([token_keys[t]]).int(), pages, 0.3, **one,
+        )  # fmt: skip
+        assert torch.equal(chunk[t], alone[0]), f"{extra}: token {t}"

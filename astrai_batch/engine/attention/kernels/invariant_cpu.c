@@ -1,4 +1,5 @@
-/* Batch-invariant paged attention for the CPU, bfloat16: one query token x one KV head at a
+/* Batch-invariant paged attention for the CPU, bfloat16: one query token (or up to TILE of a
+ * prefill chunk's, each on its own arithmetic) x one KV head at a
  * time (its query heads of the group side by side), keys and values read from the paged
  * pool in place. Why the arithmetic is what it is: invariant_cpu.py.
  *
@@ -87,6 +88,13 @@ typedef struct {
     float *q, *scores, *probs, *acc; /* [G, padded D], [G, SPLIT] twice, [G, padded Dv] */
 } Scratch;
 
+#define TILE 4 /* a prefill chunk's consecutive tokens computed together (their keys read once) */
+
+/* A split's query rows: row r sees the split's keys [lo[r], lo[r] + n[r]) (n <= 0: none). */
+typedef struct {
+    int64_t count, lo[TILE * MAX_GROUP], n[TILE * MAX_GROUP];
+} Rows;
+
 /* The pool slots of keys [lo, lo + n): one division, then page by page (a division per key
  * cost more than the key's arithmetic). */
 static inline void slots_of(const Job *j, const int32_t *table, int64_t lo, int64_t n,
@@ -153,15 +161,18 @@ static inline void prefetch_row(const uint16_t *p, int64_t n) {
     for (int64_t b = 0; b < n * 2; b += 64) _mm_prefetch((const char *)p + b, _MM_HINT_T0);
 }
 
+/* Scores of the split's keys [0, n) (slots given) for `rows` query rows, row r only over its
+ * own keys [lo[r], lo[r] + count[r]); each key converted once for every row that sees it. */
 static void scores_of(const Job *j, const int64_t *slots, int64_t h, const float *qf, int64_t n,
-                      float *scores) {
-    const int64_t G = j->group, D = j->head_dim, C = padded(D) / LANES;
+                      const Rows *rows, float *scores) {
+    const int64_t D = j->head_dim, C = padded(D) / LANES;
     for (int64_t i = 0; i < n; i++) {
         const uint16_t *k = j->k + slots[i] * j->k_slot + h * j->k_head;
         if (i + AHEAD < n) prefetch_row(j->k + slots[i + AHEAD] * j->k_slot + h * j->k_head, D);
         __m512 kv[CHUNKS];
         for (int64_t c = 0; c < C; c++) kv[c] = load_bf16(k + LANES * c, D - LANES * c);
-        for (int64_t r = 0; r < G; r++) {
+        for (int64_t r = 0; r < rows->count; r++) {
+            if (i < rows->lo[r] || i >= rows->lo[r] + rows->n[r]) continue;
             const float *q = qf + r * C * LANES;
             __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(q), kv[0]);
             for (int64_t c = 1; c < C; c++)
@@ -186,26 +197,38 @@ static float exponentials(const float *sc, int64_t n, float top, float *pr) {
     return _mm512_reduce_add_ps(lanes);
 }
 
+/* acc[r] += p[r, i] x value i over each row's own keys, in key order; four rows' outputs in
+ * registers at a time, each value converted once for them. */
 static void add_values(const Job *j, const int64_t *slots, int64_t h, const float *probs,
-                       int64_t n, float *accs) {
-    const int64_t G = j->group, Dv = j->value_dim, C = padded(Dv) / LANES;
-    for (int64_t r0 = 0; r0 < G; r0 += 4) { /* up to 4 rows' outputs held in registers */
-        const int64_t rows = G - r0 < 4 ? G - r0 : 4;
+                       int64_t n, const Rows *rows, float *accs) {
+    const int64_t Dv = j->value_dim, C = padded(Dv) / LANES;
+    for (int64_t r0 = 0; r0 < rows->count; r0 += 4) {
+        const int64_t m = rows->count - r0 < 4 ? rows->count - r0 : 4;
+        int64_t from = n, to = 0;
+        for (int64_t r = r0; r < r0 + m; r++) {
+            if (rows->n[r] <= 0) continue;
+            from = rows->lo[r] < from ? rows->lo[r] : from;
+            to = rows->lo[r] + rows->n[r] > to ? rows->lo[r] + rows->n[r] : to;
+        }
         __m512 acc[4][CHUNKS];
-        for (int64_t r = 0; r < rows; r++)
-            for (int64_t c = 0; c < C; c++) acc[r][c] = _mm512_loadu_ps(accs + (r0 + r) * C * LANES + LANES * c);
-        for (int64_t i = 0; i < n; i++) {
+        for (int64_t r = 0; r < m; r++)
+            for (int64_t c = 0; c < C; c++)
+                acc[r][c] = _mm512_loadu_ps(accs + (r0 + r) * C * LANES + LANES * c);
+        for (int64_t i = from; i < to; i++) {
             const uint16_t *v = j->v + slots[i] * j->v_slot + h * j->v_head;
-            if (i + AHEAD < n) prefetch_row(j->v + slots[i + AHEAD] * j->v_slot + h * j->v_head, Dv);
+            if (i + AHEAD < to) prefetch_row(j->v + slots[i + AHEAD] * j->v_slot + h * j->v_head, Dv);
             __m512 vv[CHUNKS];
             for (int64_t c = 0; c < C; c++) vv[c] = load_bf16(v + LANES * c, Dv - LANES * c);
-            for (int64_t r = 0; r < rows; r++) {
-                const __m512 p = _mm512_set1_ps(probs[(r0 + r) * SPLIT + i]);
+            for (int64_t r = 0; r < m; r++) {
+                const int64_t row = r0 + r;
+                if (i < rows->lo[row] || i >= rows->lo[row] + rows->n[row]) continue;
+                const __m512 p = _mm512_set1_ps(probs[row * SPLIT + i]);
                 for (int64_t c = 0; c < C; c++) acc[r][c] = _mm512_fmadd_ps(p, vv[c], acc[r][c]);
             }
         }
-        for (int64_t r = 0; r < rows; r++)
-            for (int64_t c = 0; c < C; c++) _mm512_storeu_ps(accs + (r0 + r) * C * LANES + LANES * c, acc[r][c]);
+        for (int64_t r = 0; r < m; r++)
+            for (int64_t c = 0; c < C; c++)
+                _mm512_storeu_ps(accs + (r0 + r) * C * LANES + LANES * c, acc[r][c]);
     }
 }
 #else
@@ -216,13 +239,14 @@ static inline float fold_lanes(float *acc) {
 }
 
 static void scores_of(const Job *j, const int64_t *slots, int64_t h, const float *qf, int64_t n,
-                      float *scores) {
-    const int64_t G = j->group, D = j->head_dim, P = padded(D);
+                      const Rows *rows, float *scores) {
+    const int64_t D = j->head_dim, P = padded(D);
     float key[MAX_DIM];
     for (int64_t i = 0; i < n; i++) {
         const uint16_t *k = j->k + slots[i] * j->k_slot + h * j->k_head;
         for (int64_t d = 0; d < P; d++) key[d] = d < D ? bf16_to_float(k[d]) : 0.0f;
-        for (int64_t r = 0; r < G; r++) {
+        for (int64_t r = 0; r < rows->count; r++) {
+            if (i < rows->lo[r] || i >= rows->lo[r] + rows->n[r]) continue;
             const float *q = qf + r * P;
             float acc[LANES];
             for (int l = 0; l < LANES; l++) acc[l] = q[l] * key[l];
@@ -245,13 +269,14 @@ static float exponentials(const float *sc, int64_t n, float top, float *pr) {
 }
 
 static void add_values(const Job *j, const int64_t *slots, int64_t h, const float *probs,
-                       int64_t n, float *accs) {
-    const int64_t G = j->group, Dv = j->value_dim, P = padded(Dv);
+                       int64_t n, const Rows *rows, float *accs) {
+    const int64_t Dv = j->value_dim, P = padded(Dv);
     float value[MAX_DIM];
     for (int64_t i = 0; i < n; i++) {
         const uint16_t *v = j->v + slots[i] * j->v_slot + h * j->v_head;
         for (int64_t d = 0; d < P; d++) value[d] = d < Dv ? bf16_to_float(v[d]) : 0.0f;
-        for (int64_t r = 0; r < G; r++) {
+        for (int64_t r = 0; r < rows->count; r++) {
+            if (i < rows->lo[r] || i >= rows->lo[r] + rows->n[r]) continue;
             const float p = probs[r * SPLIT + i];
             float *acc = accs + r * P;
             for (int64_t d = 0; d < P; d++) acc[d] = acc[d] + p * value[d];
@@ -272,77 +297,120 @@ static int in_range(const Job *j, int64_t t) {
     return 1;
 }
 
-/* One query token's attention for one KV head: its `group` query heads side by side. */
-static void attend(const Job *j, Scratch *s, int64_t t, int64_t h) {
+/* Tokens [t, t + count) of one sequence (one table row), one KV head: each token's `group`
+ * query heads are rows of their own, each walking its own keys from position 0 in splits of
+ * SPLIT; rows only share the loading of the keys and values they both see, so a row's bits
+ * are what it gets alone. */
+static void attend(const Job *j, Scratch *s, int64_t t, int64_t count, int64_t h) {
     const int64_t G = j->group, D = j->head_dim, Dv = j->value_dim;
-    const int64_t P = padded(D), Pv = padded(Dv);
-    const int64_t keys = j->key_ends ? j->key_ends[t] : j->token_keys[t];
-    int64_t first = 0; /* keys at positions <= p - window are outside the window */
-    if (j->window > 0 && j->token_keys[t] > j->window) first = j->token_keys[t] - j->window;
+    const int64_t P = padded(D), Pv = padded(Dv), R = count * G;
     const int32_t *table = j->tables + (int64_t)j->token_table[t] * j->table_stride;
-    float max[MAX_GROUP], sum[MAX_GROUP];
-    int64_t slots[SPLIT];
-    for (int64_t r = 0; r < G; r++) {
-        const uint16_t *q = j->q + t * j->q_token + (h * G + r) * j->q_head;
+    float max[TILE * MAX_GROUP], sum[TILE * MAX_GROUP];
+    int64_t first[TILE], keys[TILE], started[TILE * MAX_GROUP], slots[SPLIT];
+    int64_t lowest = INT64_MAX, highest = 0;
+    for (int64_t u = 0; u < count; u++) {
+        keys[u] = j->key_ends ? j->key_ends[t + u] : j->token_keys[t + u];
+        first[u] = 0; /* keys at positions <= p - window are outside the window */
+        if (j->window > 0 && j->token_keys[t + u] > j->window)
+            first[u] = j->token_keys[t + u] - j->window;
+        lowest = first[u] < lowest ? first[u] : lowest;
+        highest = keys[u] > highest ? keys[u] : highest;
+    }
+    for (int64_t r = 0; r < R; r++) {
+        const int64_t u = r / G, g = r % G;
+        const uint16_t *q = j->q + (t + u) * j->q_token + (h * G + g) * j->q_head;
         for (int64_t d = 0; d < P; d++) s->q[r * P + d] = d < D ? bf16_to_float(q[d]) : 0.0f;
-        max[r] = j->sinks ? j->sinks[h * G + r] : -__builtin_inff();
+        max[r] = j->sinks ? j->sinks[h * G + g] : -__builtin_inff();
         sum[r] = 0.0f;
+        started[r] = 0;
         memset(s->acc + r * Pv, 0, sizeof(float) * Pv);
     }
-    int started = 0;
-    for (int64_t start = first / SPLIT * SPLIT; start < keys; start += SPLIT) {
-        const int64_t lo = start > first ? start : first;
-        const int64_t hi = start + SPLIT < keys ? start + SPLIT : keys;
-        const int64_t n = hi - lo;
-        slots_of(j, table, lo, n, slots);
-        scores_of(j, slots, h, s->q, n, s->scores);
-        for (int64_t r = 0; r < G; r++) {
-            const float *sc = s->scores + r * SPLIT;
+    Rows rows;
+    rows.count = R;
+    for (int64_t start = lowest / SPLIT * SPLIT; start < highest; start += SPLIT) {
+        /* the split's keys any row sees: [base, base + n) */
+        int64_t base = INT64_MAX, end = 0;
+        for (int64_t u = 0; u < count; u++) {
+            const int64_t lo = start > first[u] ? start : first[u];
+            const int64_t hi = start + SPLIT < keys[u] ? start + SPLIT : keys[u];
+            if (hi <= lo) continue;
+            base = lo < base ? lo : base;
+            end = hi > end ? hi : end;
+        }
+        if (end == 0) continue;
+        for (int64_t r = 0; r < R; r++) {
+            const int64_t u = r / G;
+            const int64_t lo = start > first[u] ? start : first[u];
+            const int64_t hi = start + SPLIT < keys[u] ? start + SPLIT : keys[u];
+            rows.lo[r] = lo - base;
+            rows.n[r] = hi - lo;
+        }
+        const int64_t n = end - base;
+        slots_of(j, table, base, n, slots);
+        scores_of(j, slots, h, s->q, n, &rows, s->scores);
+        for (int64_t r = 0; r < R; r++) {
+            if (rows.n[r] <= 0) continue;
+            const float *sc = s->scores + r * SPLIT + rows.lo[r];
             float top = max[r];
-            for (int64_t i = 0; i < n; i++) top = sc[i] > top ? sc[i] : top;
-            const float block_sum = exponentials(sc, n, top, s->probs + r * SPLIT);
+            for (int64_t i = 0; i < rows.n[r]; i++) top = sc[i] > top ? sc[i] : top;
+            const float block_sum =
+                exponentials(sc, rows.n[r], top, s->probs + r * SPLIT + rows.lo[r]);
             const float rescale = exp_nonpositive(max[r] - top);
             sum[r] = block_sum + rescale * sum[r];
             max[r] = top;
-            if (started) {
+            if (started[r]) {
                 float *acc = s->acc + r * Pv;
                 for (int64_t d = 0; d < Pv; d++) acc[d] = acc[d] * rescale;
             }
+            started[r] = 1;
         }
-        add_values(j, slots, h, s->probs, n, s->acc);
-        started = 1;
+        add_values(j, slots, h, s->probs, n, &rows, s->acc);
     }
-    for (int64_t r = 0; r < G; r++) {
+    for (int64_t r = 0; r < R; r++) {
+        const int64_t u = r / G, g = r % G;
         float total = sum[r];
-        if (j->sinks) total = total + exp_nonpositive(j->sinks[h * G + r] - max[r]);
+        if (j->sinks) total = total + exp_nonpositive(j->sinks[h * G + g] - max[r]);
         const float inverse = 1.0f / total;
-        uint16_t *o = j->out + t * j->o_token + (h * G + r) * j->o_head;
+        uint16_t *o = j->out + (t + u) * j->o_token + (h * G + g) * j->o_head;
         const float *acc = s->acc + r * Pv;
         for (int64_t d = 0; d < Dv; d++) o[d] = float_to_bf16(acc[d] * inverse);
     }
 }
 
 /* Returns 0; -1 for shapes past the limits; -2 without memory; -3 for a token whose table
- * row, pages or slots lie outside the arrays given. Work items (token, KV head)
+ * row, pages or slots lie outside the arrays given. Work items (tile of tokens, KV head)
  * are independent, so how they fall to threads changes no bits; the threads are the OpenMP
  * pool torch's own operators use (the same libgomp), so none of them spins beside ours. */
 int invariant_attention_bf16(const Job *j, int threads) {
     const int64_t G = j->group, P = padded(j->head_dim), Pv = padded(j->value_dim);
     if (G > MAX_GROUP || P > MAX_DIM || Pv > MAX_DIM) return -1;
-    const int64_t items = j->tokens * j->kv_heads;
     for (int64_t t = 0; t < j->tokens; t++)
         if (!in_range(j, t)) return -3;
+    /* tiles: up to TILE consecutive tokens of one table row (a prefill chunk's) */
+    int64_t *tiles = (int64_t *)malloc(sizeof(int64_t) * (size_t)(j->tokens + 1));
+    if (!tiles) return -2;
+    int64_t count = 0;
+    for (int64_t t = 0; t < j->tokens; t++)
+        if (t == 0 || j->token_table[t] != j->token_table[t - 1] || t - tiles[count - 1] == TILE)
+            tiles[count++] = t;
+    tiles[count] = j->tokens;
+    const int64_t items = count * j->kv_heads, rows = TILE * G;
     int failed = 0;
 #pragma omp parallel num_threads(threads > 0 ? threads : 1) reduction(| : failed)
     {
-        float *buffer = (float *)malloc(sizeof(float) * (size_t)(G * (P + 2 * SPLIT + Pv)));
+        float *buffer = (float *)malloc(sizeof(float) * (size_t)(rows * (P + 2 * SPLIT + Pv)));
         if (!buffer) failed = 1;
-        Scratch s = {buffer, buffer + G * P, buffer + G * (P + SPLIT), buffer + G * (P + 2 * SPLIT)};
-#pragma omp for schedule(dynamic, 4)
-        for (int64_t item = 0; item < items; item++)
-            if (buffer) attend(j, &s, item / j->kv_heads, item % j->kv_heads);
+        Scratch s = {buffer, buffer + rows * P, buffer + rows * (P + SPLIT),
+                     buffer + rows * (P + 2 * SPLIT)};
+#pragma omp for schedule(dynamic, 2)
+        for (int64_t item = 0; item < items; item++) {
+            const int64_t tile = item / j->kv_heads;
+            if (buffer)
+                attend(j, &s, tiles[tile], tiles[tile + 1] - tiles[tile], item % j->kv_heads);
+        }
         free(buffer);
     }
+    free(tiles);
     return failed ? -2 : 0;
 }
 

@@ -1,5 +1,6 @@
 """Batch-invariant paged attention for the CPU in bfloat16: a small C kernel (`invariant_cpu.c`),
-compiled on first use, one query token x one KV head at a time.
+compiled on first use, one query token x one KV head at a time (a prefill chunk's tokens four
+at a time: they share the loading of the keys both see, nothing of their arithmetic).
 
 Why: under invariant numerics torch's CPU flash kernel can only be made invariant from outside
 (`flash_blocks`): in bfloat16 each decode is then a kernel call over a whole 512-key block,
