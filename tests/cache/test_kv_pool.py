@@ -102,3 +102,24 @@ def test_a_cpu_pool_is_resident_only_where_it_is_written() -> None:
     keys[:4096] = 1.0  # 2 MiB of slots written
     assert _resident_bytes() - made >= 2 << 20
     assert torch.equal(pool.value_cache[2][:4096], torch.zeros_like(keys[:4096]))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/statm")
+def test_a_cpu_pool_declines_huge_pages() -> None:
+    # one written slot costs a 4 KiB page, not a 2 MiB huge page (whose first write may wait
+    # for the kernel to compact memory: `zeroed`)
+    pool = KVPool.from_memory_budget(
+        1 << 30,
+        num_layers=1,
+        num_kv_heads=2,
+        head_dim=64,
+        page_size=16,
+        dtype=torch.bfloat16,
+        device="cpu",
+    )
+    keys = pool.key_cache[0]
+    made = _resident_bytes()
+    for slot in range(0, keys.shape[0], keys.shape[0] // 16):  # 16 writes, 2 MiB regions apart
+        keys[slot] = 1.0
+    assert _resident_bytes() - made < 1 << 20
+    assert keys.sum().item() == 16 * 2 * 64
