@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 
 import pytest
+import torch
 from invariance_kit import (
     GREEDY,
     SAMPLED,
@@ -26,7 +27,10 @@ from astrai_batch.engine import EngineConfig
 from astrai_batch.engine.attention.flash_probe import probe_flash_block
 from astrai_batch.engine.core import EngineCore
 from astrai_batch.engine.model.loader import load_model
+from astrai_batch.engine.numerics.blas_rows import RowScheme
+from astrai_batch.engine.numerics.packed_gemm import packing_matches, packing_supported
 from astrai_batch.engine.runner import invariant_plan
+from astrai_batch.engine.runner.invariant_linear import NARROW_COLUMNS, RowTiledLinear
 
 WATCHED = range(32)
 CROWD = range(64)
@@ -259,13 +263,24 @@ def test_bfloat16_rows_alone_equal_in_crowds_in_the_cpu_kernel(tiny_llama_dir, b
     check_rows_past_one_block(loaded, budget, num_pages, seed=13)
 
 
-def test_fast_numerics_in_bfloat16_run_the_cpu_kernel_with_plain_linears(tiny_llama_dir):
+def test_fast_numerics_in_bfloat16_run_the_cpu_kernel_with_whole_step_linears(tiny_llama_dir):
     """`--fast-numerics` keeps the C kernel in bfloat16 (the faster attention here) and drops
-    only the row tiling: its rows are tokens like the default's."""
+    only the row tiling: each step's rows in one GEMM, on packed weights where this torch
+    packs them with F.linear's bits (`packed_gemm`), else plain layers."""
     loaded = load_model(tiny_llama_dir, dtype="bfloat16")
     fast = EngineCore(loaded, EngineConfig(page_size=8, num_pages=64, numerics="fast"))
     assert fast.runner.invariant_kernel.__qualname__ == "CpuKernel.attend"
-    assert not any(type(m).__name__ == "RowTiledLinear" for m in loaded.model.modules())
+    tiled = [m for m in loaded.model.modules() if isinstance(m, RowTiledLinear)]
+    if packing_supported(torch.bfloat16, torch.device("cpu")):
+        assert tiled and all(m.scheme == RowScheme.whole() for m in tiled)
+        assert not any(type(m) is torch.nn.Linear for m in loaded.model.modules())
+        for m in tiled:
+            shape = (m.in_features, m.out_features, m.bias is not None)
+            verified = m.out_features >= NARROW_COLUMNS and packing_matches(*shape)
+            assert (m._packed is not None) == verified
+        assert any(m._packed is not None for m in tiled)
+    else:
+        assert not tiled
     prompts = invariance_prompts(loaded.model.config.vocab_size, 6, seed=8)
     config = EngineConfig(page_size=8, num_pages=128, numerics="fast")
     got, _ = run_capturing(loaded, mixed_requests(prompts, range(6)), config)

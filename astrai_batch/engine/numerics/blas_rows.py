@@ -25,7 +25,7 @@ GEMM per step; tiles cost 1.25-2.5x one GEMM on a 1,024-row prefill on that Zen 
 `docs/performance.md`), and where none holds, every GEMM runs exactly one tile of T rows
 (`probe_tile_scheme`: fixed shape, fixed kernel and thread split); a row's place inside the
 tile must not matter, and a short remainder pads to a smaller probed size only where that one
-agrees. Their probe data is adversarial (`_adversarial`): a bf16 output hides most
+agrees. Their probe data is adversarial (`adversarial_rows`): a bf16 output hides most
 reorderings of an fp32 sum in its rounding (random data showed one differing element in
 24,576), so its rows carry large products that cancel, and any other summation order shows
 in the result.
@@ -53,6 +53,7 @@ DEFAULT_MAX_ROWS = 512  # steps with more rows run in GEMMs of this many
 TILE_ROWS = (64, 128, 32, 16)
 PAD_ROWS = (2, 4, 8, 16, 32)  # smaller GEMMs a short remainder may run in, where probed
 Shape = tuple[int, int, bool]  # in features K, out features N, bias
+WHOLE_ROWS = 1 << 62  # `RowScheme.whole`: no step is larger
 
 
 def plain_gemm(rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
@@ -80,11 +81,19 @@ class RowScheme:
             raise ValueError(f"pad_to needs {self.min_rows} entries, got {len(self.pad_to)}")
 
     @classmethod
+    def whole(cls) -> RowScheme:
+        """Every step's rows in one GEMM, as a plain linear layer runs them (fast numerics'
+        packed layers: `packed_gemm`)."""
+        return cls(min_rows=1, max_rows=WHOLE_ROWS, pad_to=(0,))
+
+    @classmethod
     def tiles(cls, rows: int) -> RowScheme:
         """Every GEMM exactly `rows` rows (the last padded): the scheme before the probe."""
         return cls(min_rows=rows, max_rows=rows, pad_to=(0, *[rows] * (rows - 1)))
 
     def describe(self) -> str:
+        if self.max_rows == WHOLE_ROWS:
+            return "one GEMM"
         if self.min_rows == self.max_rows:
             return f"tiles of {self.max_rows} rows"
         if self.min_rows == 1:
@@ -186,11 +195,11 @@ def probe_tile_scheme(
     the smallest `PAD_ROWS` size >= m whose rows equal the same rows of the tile, else to
     the tile. Raises NumericsUnavailableError when no tile size keeps a row's bits."""
     weight = torch.randn(n, k, generator=generator)
-    weight[:, ::8] = 64.0  # against `_adversarial` rows: products of +-4096 that cancel
+    weight[:, ::8] = 64.0  # against `adversarial_rows` rows: products of +-4096 that cancel
     weight = weight.to(dtype)
     b = torch.randn(n, generator=generator).to(dtype) if bias else None
     for tile in TILE_ROWS:
-        a = _adversarial(tile, k, generator).to(dtype)
+        a = adversarial_rows(tile, k, generator).to(dtype)
         with torch.inference_mode():
             reference = gemm(a, weight, b)
             shifts = (1, tile // 2 + 3, tile - 1)
@@ -217,7 +226,7 @@ def probe_tile_scheme(
     )
 
 
-def _adversarial(rows: int, k: int, generator: torch.Generator) -> torch.Tensor:
+def adversarial_rows(rows: int, k: int, generator: torch.Generator) -> torch.Tensor:
     """Normal values with every 8th column at +-64 in balanced signs (exact in bf16): against
     a weight of 64s in those columns, a row's products of 4096 cancel, so the small products
     added while a partial sum is large round by the order they are added in."""
@@ -234,14 +243,14 @@ def _invariant_row_counts(
     k, n, bias, candidates, max_rows, gemm, generator, dtype, adversarial=False
 ) -> set[int]:
     """The candidate M whose every row, at every probed offset, equals that row inside one
-    `max_rows + spread`-row GEMM (on `_adversarial` data, and at two offsets for large M,
+    `max_rows + spread`-row GEMM (on `adversarial_rows` data, and at two offsets for large M,
     where `adversarial`)."""
     spread = 8
     total = max_rows + spread
     weight = torch.randn(n, k, generator=generator)
     if adversarial:
         weight[:, ::8] = 64.0
-        a = _adversarial(total, k, generator)
+        a = adversarial_rows(total, k, generator)
     weight = weight.to(dtype)
     b = torch.randn(n, generator=generator).to(dtype) if bias else None
     if not adversarial:  # drawn after the bias: float32's probe data as it always was

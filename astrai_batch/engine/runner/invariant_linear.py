@@ -25,6 +25,13 @@ from astrai_batch.engine.numerics.blas_rows import (
     probe_row_scheme,
     probe_row_schemes,
 )
+from astrai_batch.engine.numerics.packed_gemm import (
+    memory_allows,
+    pack,
+    packed_gemm,
+    packing_matches,
+    packing_supported,
+)
 from astrai_batch.engine.runner.invariant_experts import expert_gemm_shapes
 
 DEFAULT_TILE_ROWS = 128  # the scheme off the CPU, where no probe runs
@@ -65,6 +72,8 @@ class RowTiledLinear(nn.Module):
                 bias = weight.new_zeros(NARROW_COLUMNS)
                 bias[: self.out_features] = linear.bias.detach()
             self._wide = (wide, bias)
+        # the weight in oneDNN's layout (`packed_gemm`: the same bits as F.linear), or None
+        self._packed: torch.Tensor | None = None
 
     @property
     def tile_rows(self) -> int:
@@ -97,10 +106,13 @@ class RowTiledLinear(nn.Module):
         if self._wide is not None:
             return plain_gemm(rows, *self._wide)
         bias = None if self.bias is None else self.bias.detach()
+        if self._packed is not None:
+            return packed_gemm(rows, self._packed, bias)
         return plain_gemm(rows, self.weight.detach(), bias)
 
     def extra_repr(self) -> str:
-        return f"in={self.in_features}, out={self.out_features}, {self.scheme.describe()}"
+        packed = ", packed" if self._packed is not None else ""
+        return f"in={self.in_features}, out={self.out_features}, {self.scheme.describe()}{packed}"
 
 
 def row_scheme_for(
@@ -174,3 +186,34 @@ def _plain_linear(tiled: RowTiledLinear) -> nn.Linear:
     linear.weight = tiled.weight
     linear.bias = tiled.bias
     return linear
+
+
+def pack_weights(model: nn.Module, memo: dict) -> int:
+    """Gives every `RowTiledLinear` of `model` its weight packed for oneDNN where that keeps
+    F.linear's bits (`packed_gemm`: bfloat16 on the CPU, the shape verified) and the copies
+    fit in memory; returns how many layers run packed. `memo` (the loaded model's probe
+    results) keeps the verdicts and the packed copies across engine starts."""
+    layers = [
+        (name, module)
+        for name, module in model.named_modules()
+        if isinstance(module, RowTiledLinear) and module._wide is None
+    ]
+    if not layers or not packing_supported(layers[0][1].weight.dtype, layers[0][1].weight.device):
+        return 0
+    verdicts = memo.setdefault(("packed gemm",), {})
+    packs = memo.setdefault(("packed weights",), {})
+    wanted = []
+    for name, module in layers:
+        shape = (module.in_features, module.out_features, module.bias is not None)
+        if shape not in verdicts:
+            verdicts[shape] = packing_matches(*shape)
+        if verdicts[shape]:
+            wanted.append((name, module))
+    fresh = [(n, m) for n, m in wanted if n not in packs or packs[n][0] is not m.weight]
+    if fresh and not memory_allows(sum(m.weight.nbytes for _, m in fresh)):
+        return 0
+    for name, module in fresh:
+        packs[name] = (module.weight, pack(module.weight))
+    for name, module in wanted:
+        module._packed = packs[name][1]
+    return len(wanted)

@@ -13,12 +13,17 @@ from astrai_batch.cache.kv_pool import KVPool
 from astrai_batch.engine.attention.block_plan import RUN_SEGMENT_BLOCKS, block_tokens_for
 from astrai_batch.engine.attention.flash_block_types import FlashRules
 from astrai_batch.engine.attention.flash_probe import probe_flash_block
-from astrai_batch.engine.numerics.blas_rows import ROWS_AT_LEAST_TWO, attention_row_scheme
+from astrai_batch.engine.numerics.blas_rows import (
+    ROWS_AT_LEAST_TWO,
+    RowScheme,
+    attention_row_scheme,
+)
 from astrai_batch.engine.runner.invariant_cpu import cpu_attention
 from astrai_batch.engine.runner.invariant_cuda import invariant_cuda_ops, runnable
 from astrai_batch.engine.runner.invariant_experts import set_expert_tiling
 from astrai_batch.engine.runner.invariant_linear import (
     gemm_shapes,
+    pack_weights,
     row_schemes_for,
     set_row_tiling,
 )
@@ -51,11 +56,16 @@ def plan_numerics(
         set_row_tiling(model, False)
         set_expert_tiling(model, False)
         set_norm_tiling(model, False)
+        # packed bfloat16 weights on the CPU: each step one GEMM, as a plain layer, packed
+        set_row_tiling(model, True, RowScheme.whole())
+        if pack_weights(model, memo) == 0:
+            set_row_tiling(model, False)
         # the C kernel is the CPU's fastest bfloat16 attention under fast numerics too
         kernel = None
         if graphs is None and features.softcap is None:
             kernel = _cpu_kernel(memo, query_heads, attention_pool)
         return NumericsPlan(ROWS_AT_LEAST_TWO, None, kernel)
+    set_row_tiling(model, False)  # a fast engine's layers (one GEMM, packed) give way
     refuse_variant_linears(model)  # quantized layers: invariant, or refused
     param = next(model.parameters())
     where = (torch.get_num_threads(), param.device.type, param.dtype)
@@ -63,6 +73,7 @@ def plan_numerics(
     # raises where no scheme exists
     scheme = _probed(memo, ("linear rows", shapes, where), lambda: row_schemes_for(model))
     set_row_tiling(model, True, scheme)
+    pack_weights(model, memo)  # the same bits, without repacking per call (bfloat16, CPU)
     set_expert_tiling(model, True, scheme)  # MoE: each expert's GEMM, the router's
     heads = (*_heads_key(query_heads, attention_pool), where)
     # CUDA: attention and norm reductions in a construction-fixed order (Triton)
