@@ -33,6 +33,8 @@ CASES = [  # (kv heads, group, head dim, value dim, page size)
     (1, 4, 32, 24, 4),
     (2, 5, 20, 20, 64),
     (1, 2, 256, 256, 16),
+    (2, 2, 128, 128, 16),  # the C source's fixed-shape paths: head sizes 64 and 128,
+    (1, 7, 64, 64, 8),  # rows in register blocks of 4 (64) and 2 (128), and a remainder
 ]
 
 
@@ -251,12 +253,15 @@ def test_switched_off_or_not_bfloat16_keeps_torchs_kernel(monkeypatch):
     assert cpu_attention(2, pool) is None
 
 
+@pytest.mark.parametrize("head_dim", [32, 64, 128])
 @pytest.mark.parametrize("extra", ["plain", "window", "sinks", "image"])
-def test_a_prefill_chunk_equals_its_tokens_alone(kernel, extra):
+def test_a_prefill_chunk_equals_its_tokens_alone(kernel, extra, head_dim):
     """A chunk's consecutive tokens are computed four at a time (their keys and values read
     once for all of them): each token's bits equal the token computed alone, for chunks
-    starting anywhere, across 512-key splits, with windows, sinks and image ends."""
-    kv_heads, group, head_dim, page_size = 2, 3, 32, 8
+    starting anywhere, across 512-key splits, with windows, sinks and image ends; at head
+    sizes of the generic code (32) and of the fixed-shape paths (64, 128), whose register
+    blocks then hold rows of tokens that see different keys."""
+    kv_heads, group, page_size = 2, 3, 8
     g, keys, values = bf16_pool(7, kv_heads, head_dim, head_dim, page_size)
     tables = tables_for(g, keys.shape[0] // page_size, 3, -(-1300 // page_size))
     rng = random.Random(7)

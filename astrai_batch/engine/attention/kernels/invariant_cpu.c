@@ -163,7 +163,7 @@ static inline void prefetch_row(const uint16_t *p, int64_t n) {
 
 /* Scores of the split's keys [0, n) (slots given) for `rows` query rows, row r only over its
  * own keys [lo[r], lo[r] + count[r]); each key converted once for every row that sees it. */
-static void scores_of(const Job *j, const int64_t *slots, int64_t h, const float *qf, int64_t n,
+static void scores_any(const Job *j, const int64_t *slots, int64_t h, const float *qf, int64_t n,
                       const Rows *rows, float *scores) {
     const int64_t D = j->head_dim, C = padded(D) / LANES;
     for (int64_t i = 0; i < n; i++) {
@@ -199,7 +199,7 @@ static float exponentials(const float *sc, int64_t n, float top, float *pr) {
 
 /* acc[r] += p[r, i] x value i over each row's own keys, in key order; four rows' outputs in
  * registers at a time, each value converted once for them. */
-static void add_values(const Job *j, const int64_t *slots, int64_t h, const float *probs,
+static void values_any(const Job *j, const int64_t *slots, int64_t h, const float *probs,
                        int64_t n, const Rows *rows, float *accs) {
     const int64_t Dv = j->value_dim, C = padded(Dv) / LANES;
     for (int64_t r0 = 0; r0 < rows->count; r0 += 4) {
@@ -229,6 +229,115 @@ static void add_values(const Job *j, const int64_t *slots, int64_t h, const floa
         for (int64_t r = 0; r < m; r++)
             for (int64_t c = 0; c < C; c++)
                 _mm512_storeu_ps(accs + (r0 + r) * C * LANES + LANES * c, acc[r][c]);
+    }
+}
+
+/* The same arithmetic with C chunks of 16 and R rows as compile-time constants (the common
+ * head sizes 64 and 128, a decode token's group): queries and partial outputs stay in
+ * registers across the keys instead of a load and a store per key. */
+static inline __attribute__((always_inline)) void scores_fixed(
+    const Job *j, const int64_t *slots, int64_t h, const float *qf, int64_t n, const Rows *rows,
+    float *scores, int64_t r0, const int R, const int C) {
+    const int64_t D = j->head_dim;
+    __m512 q[4][8];
+    int64_t lo[4], hi[4];
+    for (int r = 0; r < R; r++) {
+        lo[r] = rows->lo[r0 + r];
+        hi[r] = rows->lo[r0 + r] + rows->n[r0 + r];
+        for (int c = 0; c < C; c++) q[r][c] = _mm512_loadu_ps(qf + (r0 + r) * C * LANES + LANES * c);
+    }
+    int64_t from = n, to = 0;
+    for (int r = 0; r < R; r++) {
+        if (hi[r] <= lo[r]) continue;
+        from = lo[r] < from ? lo[r] : from;
+        to = hi[r] > to ? hi[r] : to;
+    }
+    for (int64_t i = from; i < to; i++) {
+        const uint16_t *k = j->k + slots[i] * j->k_slot + h * j->k_head;
+        if (i + AHEAD < to) prefetch_row(j->k + slots[i + AHEAD] * j->k_slot + h * j->k_head, D);
+        __m512 kv[8];
+        for (int c = 0; c < C; c++) kv[c] = load_bf16(k + LANES * c, D - LANES * c);
+        for (int r = 0; r < R; r++) {
+            if (i < lo[r] || i >= hi[r]) continue;
+            __m512 acc = _mm512_mul_ps(q[r][0], kv[0]);
+            for (int c = 1; c < C; c++) acc = _mm512_fmadd_ps(q[r][c], kv[c], acc);
+            scores[(r0 + r) * SPLIT + i] = _mm512_reduce_add_ps(acc) * j->scale;
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) void values_fixed(
+    const Job *j, const int64_t *slots, int64_t h, const float *probs, const Rows *rows,
+    float *accs, int64_t r0, const int R, const int C) {
+    const int64_t Dv = j->value_dim;
+    __m512 acc[4][8];
+    int64_t lo[4], hi[4], from = INT64_MAX, to = 0;
+    for (int r = 0; r < R; r++) {
+        lo[r] = rows->lo[r0 + r];
+        hi[r] = rows->lo[r0 + r] + rows->n[r0 + r];
+        if (hi[r] > lo[r]) {
+            from = lo[r] < from ? lo[r] : from;
+            to = hi[r] > to ? hi[r] : to;
+        }
+        for (int c = 0; c < C; c++)
+            acc[r][c] = _mm512_loadu_ps(accs + (r0 + r) * C * LANES + LANES * c);
+    }
+    for (int64_t i = from; i < to; i++) {
+        const uint16_t *v = j->v + slots[i] * j->v_slot + h * j->v_head;
+        if (i + AHEAD < to) prefetch_row(j->v + slots[i + AHEAD] * j->v_slot + h * j->v_head, Dv);
+        __m512 vv[8];
+        for (int c = 0; c < C; c++) vv[c] = load_bf16(v + LANES * c, Dv - LANES * c);
+        for (int r = 0; r < R; r++) {
+            if (i < lo[r] || i >= hi[r]) continue;
+            const __m512 p = _mm512_set1_ps(probs[(r0 + r) * SPLIT + i]);
+            for (int c = 0; c < C; c++) acc[r][c] = _mm512_fmadd_ps(p, vv[c], acc[r][c]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++)
+            _mm512_storeu_ps(accs + (r0 + r) * C * LANES + LANES * c, acc[r][c]);
+}
+
+#define FIXED_CASES(CALL)                                                                      \
+    if (C == 4) {                                                                              \
+        if (R == 4) CALL(4, 4);                                                                \
+        else if (R == 3) CALL(3, 4);                                                           \
+        else if (R == 2) CALL(2, 4);                                                           \
+        else CALL(1, 4);                                                                       \
+    } else {                                                                                   \
+        if (R == 2) CALL(2, 8);                                                                \
+        else CALL(1, 8);                                                                       \
+    }
+
+static void scores_of(const Job *j, const int64_t *slots, int64_t h, const float *qf, int64_t n,
+                      const Rows *rows, float *scores) {
+    const int64_t C = padded(j->head_dim) / LANES;
+    if (C != 4 && C != 8) {
+        scores_any(j, slots, h, qf, n, rows, scores);
+        return;
+    }
+    const int64_t block = C == 4 ? 4 : 2;
+    for (int64_t r0 = 0; r0 < rows->count; r0 += block) {
+        const int64_t R = rows->count - r0 < block ? rows->count - r0 : block;
+#define SCORES(RR, CC) scores_fixed(j, slots, h, qf, n, rows, scores, r0, RR, CC)
+        FIXED_CASES(SCORES)
+#undef SCORES
+    }
+}
+
+static void add_values(const Job *j, const int64_t *slots, int64_t h, const float *probs,
+                       int64_t n, const Rows *rows, float *accs) {
+    const int64_t C = padded(j->value_dim) / LANES;
+    if (C != 4 && C != 8) {
+        values_any(j, slots, h, probs, n, rows, accs);
+        return;
+    }
+    const int64_t block = C == 4 ? 4 : 2;
+    for (int64_t r0 = 0; r0 < rows->count; r0 += block) {
+        const int64_t R = rows->count - r0 < block ? rows->count - r0 : block;
+#define VALUES(RR, CC) values_fixed(j, slots, h, probs, rows, accs, r0, RR, CC)
+        FIXED_CASES(VALUES)
+#undef VALUES
     }
 }
 #else
