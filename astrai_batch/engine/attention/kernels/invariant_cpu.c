@@ -182,6 +182,17 @@ static void scores_any(const Job *j, const int64_t *slots, int64_t h, const floa
     }
 }
 
+/* The largest of top and sc[0, n): sixteen running maxima, then their largest (a maximum is
+ * exact, so any order gives the portable loop's value). */
+static float split_max(const float *sc, int64_t n, float top) {
+    __m512 m = _mm512_set1_ps(top);
+    int64_t i = 0;
+    for (; i + LANES <= n; i += LANES) m = _mm512_max_ps(_mm512_loadu_ps(sc + i), m);
+    top = _mm512_reduce_max_ps(m);
+    for (; i < n; i++) top = sc[i] > top ? sc[i] : top;
+    return top;
+}
+
 /* p = exp(score - top) into probs, rounded to bfloat16; returns the unrounded sum. */
 static float exponentials(const float *sc, int64_t n, float top, float *pr) {
     const __m512 t = _mm512_set1_ps(top);
@@ -366,6 +377,11 @@ static void scores_of(const Job *j, const int64_t *slots, int64_t h, const float
     }
 }
 
+static float split_max(const float *sc, int64_t n, float top) {
+    for (int64_t i = 0; i < n; i++) top = sc[i] > top ? sc[i] : top;
+    return top;
+}
+
 static float exponentials(const float *sc, int64_t n, float top, float *pr) {
     float lanes[LANES] = {0};
     for (int64_t i = 0; i < n; i += LANES)
@@ -460,8 +476,7 @@ static void attend(const Job *j, Scratch *s, int64_t t, int64_t count, int64_t h
         for (int64_t r = 0; r < R; r++) {
             if (rows.n[r] <= 0) continue;
             const float *sc = s->scores + r * SPLIT + rows.lo[r];
-            float top = max[r];
-            for (int64_t i = 0; i < rows.n[r]; i++) top = sc[i] > top ? sc[i] : top;
+            const float top = split_max(sc, rows.n[r], max[r]);
             const float block_sum =
                 exponentials(sc, rows.n[r], top, s->probs + r * SPLIT + rows.lo[r]);
             const float rescale = exp_nonpositive(max[r] - top);
