@@ -76,6 +76,11 @@ def requests_for(prompts, ids, params) -> list[GenerationRequest]:
     return [GenerationRequest(i, prompts[i], params) for i in ids]
 
 
+def mixed_requests(prompts, ids) -> list[GenerationRequest]:
+    """Rows `ids` of `prompts`, greedy (even ids) and sampled (odd ids)."""
+    return [r for i in ids for r in requests_for(prompts, [i], SAMPLED if i % 2 else GREEDY)]
+
+
 def assert_same_rows(alone: dict, crowd: dict, ids) -> None:
     for rid in ids:
         tokens_a, logits_a = alone[rid]

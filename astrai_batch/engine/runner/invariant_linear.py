@@ -198,12 +198,43 @@ def pack_weights(model: nn.Module, memo: dict) -> int:
         for name, module in model.named_modules()
         if isinstance(module, RowTiledLinear) and module._wide is None
     ]
-    if not layers or not packing_supported(layers[0][1].weight.dtype, layers[0][1].weight.device):
-        return 0
+    copies = _packed_copies(layers, memo)
+    for name, module in layers:
+        module._packed = copies.get(name)
+    return len(copies)
+
+
+def pack_plain_linears(model: nn.Module, memo: dict) -> int:
+    """Fast numerics: each plain `nn.Linear` whose weight packs (as in `pack_weights`) becomes
+    a one-GEMM `RowTiledLinear` (`RowScheme.whole`, a plain layer's arithmetic) on the packed
+    copy; the others stay as they are. Returns how many were swapped."""
+    layers = [
+        (name, module)
+        for name, module in model.named_modules()
+        if type(module) is nn.Linear and module.out_features >= NARROW_COLUMNS
+    ]
+    copies = _packed_copies(layers, memo)
+    for name, module in layers:
+        if name in copies:
+            tiled = RowTiledLinear(module, RowScheme.whole())
+            tiled._packed = copies[name]
+            model.set_submodule(name, tiled)
+    return len(copies)
+
+
+def _packed_copies(layers: list[tuple[str, nn.Module]], memo: dict) -> dict[str, torch.Tensor]:
+    """The packed weight of each named layer that may run packed: a plain (not quantized or
+    otherwise wrapped) weight of a dtype and device this torch packs, a shape whose packed GEMM
+    gives F.linear's bits, all of them fitting in memory (else none)."""
     verdicts = memo.setdefault(("packed gemm",), {})
     packs = memo.setdefault(("packed weights",), {})
     wanted = []
     for name, module in layers:
+        weight = module.weight
+        if type(weight.data) is not torch.Tensor:  # a tensor subclass: quantized weights
+            continue
+        if not packing_supported(weight.dtype, weight.device):
+            continue
         shape = (module.in_features, module.out_features, module.bias is not None)
         if shape not in verdicts:
             verdicts[shape] = packing_matches(*shape)
@@ -211,9 +242,7 @@ def pack_weights(model: nn.Module, memo: dict) -> int:
             wanted.append((name, module))
     fresh = [(n, m) for n, m in wanted if n not in packs or packs[n][0] is not m.weight]
     if fresh and not memory_allows(sum(m.weight.nbytes for _, m in fresh)):
-        return 0
+        return {}
     for name, module in fresh:
         packs[name] = (module.weight, pack(module.weight))
-    for name, module in wanted:
-        module._packed = packs[name][1]
-    return len(wanted)
+    return {name: packs[name][1] for name, _ in wanted}

@@ -13,16 +13,13 @@ from astrai_batch.cache.kv_pool import KVPool
 from astrai_batch.engine.attention.block_plan import RUN_SEGMENT_BLOCKS, block_tokens_for
 from astrai_batch.engine.attention.flash_block_types import FlashRules
 from astrai_batch.engine.attention.flash_probe import probe_flash_block
-from astrai_batch.engine.numerics.blas_rows import (
-    ROWS_AT_LEAST_TWO,
-    RowScheme,
-    attention_row_scheme,
-)
+from astrai_batch.engine.numerics.blas_rows import ROWS_AT_LEAST_TWO, attention_row_scheme
 from astrai_batch.engine.runner.invariant_cpu import cpu_attention
 from astrai_batch.engine.runner.invariant_cuda import invariant_cuda_ops, runnable
 from astrai_batch.engine.runner.invariant_experts import set_expert_tiling
 from astrai_batch.engine.runner.invariant_linear import (
     gemm_shapes,
+    pack_plain_linears,
     pack_weights,
     row_schemes_for,
     set_row_tiling,
@@ -56,10 +53,7 @@ def plan_numerics(
         set_row_tiling(model, False)
         set_expert_tiling(model, False)
         set_norm_tiling(model, False)
-        # packed bfloat16 weights on the CPU: each step one GEMM, as a plain layer, packed
-        set_row_tiling(model, True, RowScheme.whole())
-        if pack_weights(model, memo) == 0:
-            set_row_tiling(model, False)
+        pack_plain_linears(model, memo)  # bfloat16 on the CPU: one GEMM a step, packed
         # the C kernel is the CPU's fastest bfloat16 attention under fast numerics too
         kernel = None
         if graphs is None and features.softcap is None:

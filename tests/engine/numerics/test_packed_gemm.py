@@ -7,14 +7,7 @@ import random
 import pytest
 import torch
 import torch.nn.functional as F
-from invariance_kit import (
-    GREEDY,
-    SAMPLED,
-    assert_same_rows,
-    invariance_prompts,
-    requests_for,
-    run_capturing,
-)
+from invariance_kit import assert_same_rows, invariance_prompts, mixed_requests, run_capturing
 from torch import nn
 
 from astrai_batch.engine import EngineConfig
@@ -32,16 +25,12 @@ from astrai_batch.engine.numerics.packed_gemm import (
 from astrai_batch.engine.runner import invariant_linear
 from astrai_batch.engine.runner.invariant_linear import (
     RowTiledLinear,
+    pack_plain_linears,
     pack_weights,
     set_row_tiling,
 )
 
 CPU = torch.device("cpu")
-
-
-def mixed_requests(prompts, ids):
-    """Greedy and sampled rows, alternating."""
-    return [r for i in ids for r in requests_for(prompts, [i], SAMPLED if i % 2 else GREEDY)]
 
 
 needs_packing = pytest.mark.skipif(
@@ -124,6 +113,24 @@ def test_packed_layers_compute_what_unpacked_ones_do_and_keep_their_copies():
         assert pack_weights(model, memo) == 2
         assert all(m._packed is c for m, c in zip(model[:2], copies, strict=True))
         assert torch.equal(model(x), before)
+
+
+@needs_packing
+def test_fast_numerics_swap_only_the_layers_that_pack(monkeypatch):
+    torch.manual_seed(4)
+    model = nn.Sequential(nn.Linear(64, 128), nn.Linear(128, 8)).to(torch.bfloat16)
+    x = torch.randn(3, 50, 64).to(torch.bfloat16)
+    with torch.inference_mode():
+        before = model(x)
+        monkeypatch.setenv(SWITCH_ENV_VAR, "0")
+        assert pack_plain_linears(model, {}) == 0
+        monkeypatch.delenv(SWITCH_ENV_VAR)
+        assert [type(m) for m in model] == [nn.Linear, nn.Linear]
+        assert pack_plain_linears(model, {}) == 1  # the 8-column layer stays plain
+        assert type(model[0]) is RowTiledLinear and type(model[1]) is nn.Linear
+        assert model[0].scheme == RowScheme.whole() and model[0]._packed is not None
+        assert torch.equal(model(x), before)
+        assert set_row_tiling(model, False) == 1 and type(model[0]) is nn.Linear
 
 
 @needs_packing
