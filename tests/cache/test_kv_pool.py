@@ -80,18 +80,22 @@ def _resident_bytes() -> int:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/statm")
-def test_a_cpu_pool_is_resident_only_where_it_is_written() -> None:
-    before = _resident_bytes()
-    pool = KVPool.from_memory_budget(
+def _gib_cpu_pool(num_layers: int, dtype: torch.dtype) -> KVPool:
+    return KVPool.from_memory_budget(
         1 << 30,
-        num_layers=4,
+        num_layers=num_layers,
         num_kv_heads=2,
         head_dim=64,
         page_size=16,
-        dtype=torch.float32,
+        dtype=dtype,
         device="cpu",
     )
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/statm")
+def test_a_cpu_pool_is_resident_only_where_it_is_written() -> None:
+    before = _resident_bytes()
+    pool = _gib_cpu_pool(4, torch.float32)
     made = _resident_bytes()
     assert pool.memory_bytes > (1 << 30) - pool.bytes_per_page(
         num_layers=4, num_kv_heads=2, head_dim=64, page_size=16, dtype=torch.float32
@@ -108,16 +112,7 @@ def test_a_cpu_pool_is_resident_only_where_it_is_written() -> None:
 def test_a_cpu_pool_declines_huge_pages() -> None:
     # one written slot costs a 4 KiB page, not a 2 MiB huge page (whose first write may wait
     # for the kernel to compact memory: `zeroed`)
-    pool = KVPool.from_memory_budget(
-        1 << 30,
-        num_layers=1,
-        num_kv_heads=2,
-        head_dim=64,
-        page_size=16,
-        dtype=torch.bfloat16,
-        device="cpu",
-    )
-    keys = pool.key_cache[0]
+    keys = _gib_cpu_pool(1, torch.bfloat16).key_cache[0]
     made = _resident_bytes()
     for slot in range(0, keys.shape[0], keys.shape[0] // 16):  # 16 writes, 2 MiB regions apart
         keys[slot] = 1.0

@@ -309,47 +309,42 @@ static inline __attribute__((always_inline)) void values_fixed(
             _mm512_storeu_ps(accs + (r0 + r) * C * LANES + LANES * c, acc[r][c]);
 }
 
-#define FIXED_CASES(CALL)                                                                      \
-    if (C == 4) {                                                                              \
-        if (R == 4) CALL(4, 4);                                                                \
-        else if (R == 3) CALL(3, 4);                                                           \
-        else if (R == 2) CALL(2, 4);                                                           \
-        else CALL(1, 4);                                                                       \
-    } else {                                                                                   \
-        if (R == 2) CALL(2, 8);                                                                \
-        else CALL(1, 8);                                                                       \
+/* CALL(R, C) over `count` rows in register blocks: 4 rows of 4 chunks (head size 64), 2 of 8
+ * (128); r0 the block's first row. */
+#define OVER_BLOCKS(C, count, CALL)                                                            \
+    for (int64_t r0 = 0; r0 < (count); r0 += (C) == 4 ? 4 : 2) {                              \
+        const int64_t R = (count) - r0;                                                        \
+        if ((C) == 4) {                                                                        \
+            if (R >= 4) CALL(4, 4);                                                            \
+            else if (R == 3) CALL(3, 4);                                                       \
+            else if (R == 2) CALL(2, 4);                                                       \
+            else CALL(1, 4);                                                                   \
+        } else {                                                                               \
+            if (R >= 2) CALL(2, 8);                                                            \
+            else CALL(1, 8);                                                                   \
+        }                                                                                      \
     }
 
 static void scores_of(const Job *j, const int64_t *slots, int64_t h, const float *qf, int64_t n,
                       const Rows *rows, float *scores) {
     const int64_t C = padded(j->head_dim) / LANES;
-    if (C != 4 && C != 8) {
-        scores_any(j, slots, h, qf, n, rows, scores);
-        return;
-    }
-    const int64_t block = C == 4 ? 4 : 2;
-    for (int64_t r0 = 0; r0 < rows->count; r0 += block) {
-        const int64_t R = rows->count - r0 < block ? rows->count - r0 : block;
 #define SCORES(RR, CC) scores_fixed(j, slots, h, qf, n, rows, scores, r0, RR, CC)
-        FIXED_CASES(SCORES)
+    if (C == 4 || C == 8)
+        OVER_BLOCKS(C, rows->count, SCORES)
+    else
+        scores_any(j, slots, h, qf, n, rows, scores);
 #undef SCORES
-    }
 }
 
 static void add_values(const Job *j, const int64_t *slots, int64_t h, const float *probs,
                        int64_t n, const Rows *rows, float *accs) {
     const int64_t C = padded(j->value_dim) / LANES;
-    if (C != 4 && C != 8) {
-        values_any(j, slots, h, probs, n, rows, accs);
-        return;
-    }
-    const int64_t block = C == 4 ? 4 : 2;
-    for (int64_t r0 = 0; r0 < rows->count; r0 += block) {
-        const int64_t R = rows->count - r0 < block ? rows->count - r0 : block;
 #define VALUES(RR, CC) values_fixed(j, slots, h, probs, rows, accs, r0, RR, CC)
-        FIXED_CASES(VALUES)
+    if (C == 4 || C == 8)
+        OVER_BLOCKS(C, rows->count, VALUES)
+    else
+        values_any(j, slots, h, probs, n, rows, accs);
 #undef VALUES
-    }
 }
 #else
 static inline float fold_lanes(float *acc) {
