@@ -75,7 +75,7 @@ def packing_matches(k: int, n: int, bias: bool, max_rows: int = DEFAULT_MAX_ROWS
     runs = [(m, narrow) for m in counts]
     if n > narrow:
         runs += [(m, n) for m in (1, 7, 64, max_rows)]
-    packs = {narrow: pack(weight[:narrow]), n: pack(weight)}
+    packs = {width: pack(weight[:width]) for width in {narrow, n}}
     with torch.inference_mode():
         for m, width in runs:
             rows = adversarial_rows(m, k, generator).to(torch.bfloat16)

@@ -236,9 +236,10 @@ def _packed_copies(layers: list[tuple[str, nn.Module]], memo: dict) -> dict[str,
         if not packing_supported(weight.dtype, weight.device):
             continue
         shape = (module.in_features, module.out_features, module.bias is not None)
-        if shape not in verdicts:
-            verdicts[shape] = packing_matches(*shape)
-        if verdicts[shape]:
+        key = (*shape, torch.get_num_threads())  # oneDNN picks kernels by thread count too
+        if key not in verdicts:
+            verdicts[key] = packing_matches(*shape)
+        if verdicts[key]:
             wanted.append((name, module))
     fresh = [(n, m) for n, m in wanted if n not in packs or packs[n][0] is not m.weight]
     if fresh and not memory_allows(sum(m.weight.nbytes for _, m in fresh)):

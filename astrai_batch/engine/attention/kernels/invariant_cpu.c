@@ -208,19 +208,30 @@ static float exponentials(const float *sc, int64_t n, float top, float *pr) {
     return _mm512_reduce_add_ps(lanes);
 }
 
+/* The key ranges [lo[r], hi[r]) of rows r0 .. r0 + R - 1 and the keys any of them sees,
+ * [*from, *to) (empty where none sees any). */
+static inline void block_ranges(const Rows *rows, int64_t r0, int64_t R, int64_t *lo,
+                                int64_t *hi, int64_t *from, int64_t *to) {
+    *from = INT64_MAX;
+    *to = 0;
+    for (int64_t r = 0; r < R; r++) {
+        lo[r] = rows->lo[r0 + r];
+        hi[r] = rows->lo[r0 + r] + rows->n[r0 + r];
+        if (hi[r] <= lo[r]) continue;
+        *from = lo[r] < *from ? lo[r] : *from;
+        *to = hi[r] > *to ? hi[r] : *to;
+    }
+}
+
 /* acc[r] += p[r, i] x value i over each row's own keys, in key order; four rows' outputs in
  * registers at a time, each value converted once for them. */
 static void values_any(const Job *j, const int64_t *slots, int64_t h, const float *probs,
-                       int64_t n, const Rows *rows, float *accs) {
+                       const Rows *rows, float *accs) {
     const int64_t Dv = j->value_dim, C = padded(Dv) / LANES;
     for (int64_t r0 = 0; r0 < rows->count; r0 += 4) {
         const int64_t m = rows->count - r0 < 4 ? rows->count - r0 : 4;
-        int64_t from = n, to = 0;
-        for (int64_t r = r0; r < r0 + m; r++) {
-            if (rows->n[r] <= 0) continue;
-            from = rows->lo[r] < from ? rows->lo[r] : from;
-            to = rows->lo[r] + rows->n[r] > to ? rows->lo[r] + rows->n[r] : to;
-        }
+        int64_t lo[4], hi[4], from, to;
+        block_ranges(rows, r0, m, lo, hi, &from, &to);
         __m512 acc[4][CHUNKS];
         for (int64_t r = 0; r < m; r++)
             for (int64_t c = 0; c < C; c++)
@@ -231,9 +242,8 @@ static void values_any(const Job *j, const int64_t *slots, int64_t h, const floa
             __m512 vv[CHUNKS];
             for (int64_t c = 0; c < C; c++) vv[c] = load_bf16(v + LANES * c, Dv - LANES * c);
             for (int64_t r = 0; r < m; r++) {
-                const int64_t row = r0 + r;
-                if (i < rows->lo[row] || i >= rows->lo[row] + rows->n[row]) continue;
-                const __m512 p = _mm512_set1_ps(probs[row * SPLIT + i]);
+                if (i < lo[r] || i >= hi[r]) continue;
+                const __m512 p = _mm512_set1_ps(probs[(r0 + r) * SPLIT + i]);
                 for (int64_t c = 0; c < C; c++) acc[r][c] = _mm512_fmadd_ps(p, vv[c], acc[r][c]);
             }
         }
@@ -247,22 +257,14 @@ static void values_any(const Job *j, const int64_t *slots, int64_t h, const floa
  * head sizes 64 and 128, a decode token's group): queries and partial outputs stay in
  * registers across the keys instead of a load and a store per key. */
 static inline __attribute__((always_inline)) void scores_fixed(
-    const Job *j, const int64_t *slots, int64_t h, const float *qf, int64_t n, const Rows *rows,
+    const Job *j, const int64_t *slots, int64_t h, const float *qf, const Rows *rows,
     float *scores, int64_t r0, const int R, const int C) {
     const int64_t D = j->head_dim;
     __m512 q[4][8];
-    int64_t lo[4], hi[4];
-    for (int r = 0; r < R; r++) {
-        lo[r] = rows->lo[r0 + r];
-        hi[r] = rows->lo[r0 + r] + rows->n[r0 + r];
+    int64_t lo[4], hi[4], from, to;
+    block_ranges(rows, r0, R, lo, hi, &from, &to);
+    for (int r = 0; r < R; r++)
         for (int c = 0; c < C; c++) q[r][c] = _mm512_loadu_ps(qf + (r0 + r) * C * LANES + LANES * c);
-    }
-    int64_t from = n, to = 0;
-    for (int r = 0; r < R; r++) {
-        if (hi[r] <= lo[r]) continue;
-        from = lo[r] < from ? lo[r] : from;
-        to = hi[r] > to ? hi[r] : to;
-    }
     for (int64_t i = from; i < to; i++) {
         const uint16_t *k = j->k + slots[i] * j->k_slot + h * j->k_head;
         if (i + AHEAD < to) prefetch_row(j->k + slots[i + AHEAD] * j->k_slot + h * j->k_head, D);
@@ -282,17 +284,11 @@ static inline __attribute__((always_inline)) void values_fixed(
     float *accs, int64_t r0, const int R, const int C) {
     const int64_t Dv = j->value_dim;
     __m512 acc[4][8];
-    int64_t lo[4], hi[4], from = INT64_MAX, to = 0;
-    for (int r = 0; r < R; r++) {
-        lo[r] = rows->lo[r0 + r];
-        hi[r] = rows->lo[r0 + r] + rows->n[r0 + r];
-        if (hi[r] > lo[r]) {
-            from = lo[r] < from ? lo[r] : from;
-            to = hi[r] > to ? hi[r] : to;
-        }
+    int64_t lo[4], hi[4], from, to;
+    block_ranges(rows, r0, R, lo, hi, &from, &to);
+    for (int r = 0; r < R; r++)
         for (int c = 0; c < C; c++)
             acc[r][c] = _mm512_loadu_ps(accs + (r0 + r) * C * LANES + LANES * c);
-    }
     for (int64_t i = from; i < to; i++) {
         const uint16_t *v = j->v + slots[i] * j->v_slot + h * j->v_head;
         if (i + AHEAD < to) prefetch_row(j->v + slots[i + AHEAD] * j->v_slot + h * j->v_head, Dv);
@@ -328,7 +324,7 @@ static inline __attribute__((always_inline)) void values_fixed(
 static void scores_of(const Job *j, const int64_t *slots, int64_t h, const float *qf, int64_t n,
                       const Rows *rows, float *scores) {
     const int64_t C = padded(j->head_dim) / LANES;
-#define SCORES(RR, CC) scores_fixed(j, slots, h, qf, n, rows, scores, r0, RR, CC)
+#define SCORES(RR, CC) scores_fixed(j, slots, h, qf, rows, scores, r0, RR, CC)
     if (C == 4 || C == 8)
         OVER_BLOCKS(C, rows->count, SCORES)
     else
@@ -338,12 +334,13 @@ static void scores_of(const Job *j, const int64_t *slots, int64_t h, const float
 
 static void add_values(const Job *j, const int64_t *slots, int64_t h, const float *probs,
                        int64_t n, const Rows *rows, float *accs) {
+    (void)n; /* the portable code's bound; here each row's own range bounds the keys */
     const int64_t C = padded(j->value_dim) / LANES;
 #define VALUES(RR, CC) values_fixed(j, slots, h, probs, rows, accs, r0, RR, CC)
     if (C == 4 || C == 8)
         OVER_BLOCKS(C, rows->count, VALUES)
     else
-        values_any(j, slots, h, probs, n, rows, accs);
+        values_any(j, slots, h, probs, rows, accs);
 #undef VALUES
 }
 #else
