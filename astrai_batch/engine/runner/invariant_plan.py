@@ -14,6 +14,7 @@ from astrai_batch.engine.attention.block_plan import RUN_SEGMENT_BLOCKS, block_t
 from astrai_batch.engine.attention.flash_block_types import FlashRules
 from astrai_batch.engine.attention.flash_probe import probe_flash_block
 from astrai_batch.engine.numerics.blas_rows import ROWS_AT_LEAST_TWO, attention_row_scheme
+from astrai_batch.engine.runner.fused_layers import fusion_supported, set_fused_layers
 from astrai_batch.engine.runner.invariant_cpu import cpu_attention
 from astrai_batch.engine.runner.invariant_cuda import invariant_cuda_ops, runnable
 from astrai_batch.engine.runner.invariant_experts import set_expert_tiling
@@ -49,6 +50,8 @@ def plan_numerics(
 ) -> NumericsPlan:
     """Sets the model's linear, expert and norm tiling for `numerics` and plans its attention."""
     memo = {} if probe_results is None else probe_results
+    # either numerics: norms, residual add and rotary in C where that changes no bit (CPU)
+    set_fused_layers(model, fusion_supported(model), memo)
     if numerics != "invariant":
         set_row_tiling(model, False)
         set_expert_tiling(model, False)

@@ -176,7 +176,7 @@ def _int32(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.int32).contiguous()
 
 
-def library_path(cache: Path, flags: tuple[str, ...] = FLAGS) -> Path:
+def library_path(cache: Path, flags: tuple[str, ...] = FLAGS, source: Path = SOURCE) -> Path:
     """Where the build for this source, compiler, flags and CPU lives."""
     compiler = _compiler()
     target = [f for f in flags if f.startswith("-march=")] or ["-march=native"]
@@ -184,10 +184,10 @@ def library_path(cache: Path, flags: tuple[str, ...] = FLAGS) -> Path:
         [compiler, *target, "-Q", "--help=target"], capture_output=True, text=True, check=False
     )
     key = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), compiler.encode(), " ".join(flags).encode()):
+    for part in (source.read_bytes(), compiler.encode(), " ".join(flags).encode()):
         key.update(part)
     key.update(probe.stdout.encode())  # the target's features: a build per kind of CPU
-    return cache / "kernels" / f"invariant_cpu-{key.hexdigest()[:16]}.so"
+    return cache / "kernels" / f"{source.stem}-{key.hexdigest()[:16]}.so"
 
 
 def _compiler() -> str:
@@ -198,21 +198,20 @@ def _compiler() -> str:
     return found
 
 
-def build(cache: Path, flags: tuple[str, ...] = FLAGS) -> Path:
+def build(cache: Path, flags: tuple[str, ...] = FLAGS, source: Path = SOURCE) -> Path:
     """The compiled library, built once (a temporary file renamed into place). `flags`: the
-    tests build the portable code too (`-march=x86-64-v3`) to compare its bits."""
-    target = library_path(cache, flags)
+    tests build the portable code too (`-march=x86-64-v3`) to compare its bits; `source`:
+    another C file built the same way (the decoder layer's kernels, `runner.layer_kernels`)."""
+    target = library_path(cache, flags, source)
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         partial = Path(tmp) / target.name
-        command = [_compiler(), *flags, "-o", str(partial), str(SOURCE)]
+        command = [_compiler(), *flags, "-o", str(partial), str(source)]
         done = subprocess.run(command, capture_output=True, text=True, check=False)
         if done.returncode != 0:
-            raise KernelUnavailable(
-                f"building the CPU attention kernel failed: {done.stderr.strip()[:500]}"
-            )
+            raise KernelUnavailable(f"building {source.name} failed: {done.stderr.strip()[:500]}")
         os.replace(partial, target)
     return target
 

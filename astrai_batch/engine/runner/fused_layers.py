@@ -1,0 +1,211 @@
+"""Llama decoder layers on the CPU in bfloat16 with their norms, the residual add before the
+second norm and the rotary embedding each one C call (`layer_kernels`), the same bits.
+
+A decode step of 64 rows spends as long in the small operators between a layer's GEMMs as in
+its attention: transformers' RMSNorm is eight torch operators, the rotary embedding twelve,
+each ~10 us of dispatch for microseconds of work, 30 layers a step (SmolLM2). Here a layer's
+forward is replaced on the instance (parameters, names and submodules untouched) by
+`FusedDecoderForward`, which runs transformers' own `LlamaDecoderLayer.forward` and
+`LlamaAttention.forward` line for line, calling the same projections, MLP and attention
+function, with four steps in C:
+
+- `input_layernorm(x)`; `post_attention_layernorm(x + attention)` with the add in the pass;
+- `apply_rotary_pos_emb(q, k, cos, sin)` straight from the projections' rows;
+- the MLP's `act_fn(gate) * up`, the activation looked up in a table of its value at every
+  bfloat16 number, made by torch's own activation (where torch's vectorized and scalar loops
+  agree on all of them: `activation_table`).
+
+Only layers whose code is Llama's (the classes in `FUSABLE`, exact type names: a subclass may
+change anything) are fused, and only where the C norm equals each norm module and the C
+rotary equals the module file's own `apply_rotary_pos_emb`, bit for bit on adversarial data
+(`norm_matches`, `rotary_matches`), so tokens and logits stay what transformers computes.
+`ASTRAI_BATCH_FUSED_LAYERS=0` keeps transformers' forwards.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+import torch
+from torch import nn
+
+from astrai_batch.engine.model.converted import cache_root
+from astrai_batch.engine.runner.layer_kernels import (
+    KernelUnavailable,
+    LayerKernels,
+    activation_table,
+    load_layer_kernels,
+    norm_matches,
+    rotary_matches,
+)
+
+_LOG = logging.getLogger(__name__)
+SWITCH_ENV_VAR = "ASTRAI_BATCH_FUSED_LAYERS"
+# decoder layer class -> its attention class: both forwards are the ones mirrored below
+FUSABLE = {"LlamaDecoderLayer": "LlamaAttention"}
+FUSABLE_MLPS = frozenset({"LlamaMLP"})  # MLPs whose forward is LlamaMLP's
+
+
+class FusedDecoderForward:
+    """A fusable layer's forward; the instance attribute that replaces it."""
+
+    def __init__(
+        self,
+        layer: nn.Module,
+        kernels: LayerKernels,
+        lanes: int,
+        act_table: torch.Tensor | None,
+    ):
+        self.layer = layer
+        self.kernels = kernels
+        self.lanes = lanes
+        self.act_table = act_table  # the MLP's activation at every bfloat16 value, or None
+        # looked up once, not per call as transformers does: fusing happens per engine
+        self.attention = _attention_interface(layer.self_attn)
+
+    def __call__(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        cache=None,
+        use_cache: bool | None = False,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+        **kwargs,
+    ) -> torch.Tensor:
+        layer = self.layer
+        if cache is not None or kwargs.get("past_key_values") is not None:
+            # transformers' own cache (never the engine's): its forward, unchanged
+            return type(layer).forward(
+                layer, hidden_states, attention_mask, position_ids, cache, use_cache,
+                position_embeddings, **kwargs,
+            )  # fmt: skip
+        attn, norm = layer.self_attn, layer.input_layernorm
+        normed, _ = self.kernels.rms_norm(
+            hidden_states, norm.weight, norm.variance_epsilon, self.lanes
+        )
+        input_shape = hidden_states.shape[:-1]
+        dim = attn.head_dim
+        q = attn.q_proj(normed)
+        k = attn.k_proj(normed)
+        v = attn.v_proj(normed)
+        cos, sin = position_embeddings
+        tokens = q.shape[:-1].numel()
+        q, k = self.kernels.rotary(q.reshape(tokens, -1), k.reshape(tokens, -1), cos, sin, dim)
+        shape = (*input_shape, -1, dim)
+        attn_output, _ = self.attention(
+            attn,
+            q.view(shape).transpose(1, 2),
+            k.view(shape).transpose(1, 2),
+            v.view(shape).transpose(1, 2),
+            attention_mask,
+            dropout=0.0 if not attn.training else attn.attention_dropout,
+            scaling=attn.scaling,
+            position_ids=position_ids,
+            use_cache=use_cache,
+            **kwargs,
+        )
+        attn_output = attn.o_proj(attn_output.reshape(*input_shape, -1).contiguous())
+        post = layer.post_attention_layernorm
+        normed, residual = self.kernels.rms_norm(
+            attn_output, post.weight, post.variance_epsilon, self.lanes, add=hidden_states
+        )
+        mlp = layer.mlp
+        if self.act_table is None:
+            return residual + mlp(normed)
+        up = self.kernels.act_mul(mlp.gate_proj(normed), mlp.up_proj(normed), self.act_table)
+        return residual + mlp.down_proj(up)
+
+
+def _attention_interface(attn: nn.Module):
+    """The attention function transformers' forward would call (looked up per call, as it is)."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+    from transformers.models.llama.modeling_llama import eager_attention_forward
+
+    name = attn.config._attn_implementation
+    return ALL_ATTENTION_FUNCTIONS.get_interface(name, eager_attention_forward)
+
+
+def set_fused_layers(model: nn.Module, fused: bool, memo: dict) -> int:
+    """Fuses every fusable layer of `model` (or restores them all); returns how many
+    changed. Checks run once per loaded model (`memo`, the probes' memo)."""
+    changed = 0
+    for module in model.modules():
+        if isinstance(module.__dict__.get("forward"), FusedDecoderForward):
+            del module.forward
+            changed += 1
+    if not fused:
+        return changed
+    kernels = _kernels(memo)
+    if kernels is None:
+        return changed
+    for module in model.modules():
+        lanes = _fusable(module, kernels, memo)
+        if lanes:
+            table = _activation_table(module.mlp, memo)
+            module.forward = FusedDecoderForward(module, kernels, lanes, table)
+            changed += 1
+    return changed
+
+
+def fusion_supported(model: nn.Module) -> bool:
+    """CPU bfloat16 weights, not switched off."""
+    if os.environ.get(SWITCH_ENV_VAR, "1").strip() == "0":
+        return False
+    param = next(model.parameters(), None)
+    return param is not None and param.device.type == "cpu" and param.dtype == torch.bfloat16
+
+
+def _kernels(memo: dict) -> LayerKernels | None:
+    key = ("layer kernels",)
+    if key not in memo:
+        try:
+            memo[key] = load_layer_kernels(cache_root())
+        except (KernelUnavailable, OSError) as exc:
+            _LOG.warning("the CPU layer kernels do not build here (%s); using torch's", exc)
+            memo[key] = None
+    return memo[key]
+
+
+def _fusable(layer: nn.Module, kernels: LayerKernels, memo: dict) -> int:
+    """The norm kernel's vector width for `layer`, or 0 where it is not fused."""
+    attn_class = FUSABLE.get(type(layer).__name__)
+    attn = getattr(layer, "self_attn", None)
+    if attn_class is None or type(attn).__name__ != attn_class:
+        return 0
+    norms = (layer.input_layernorm, layer.post_attention_layernorm)
+    if any(n.weight.dtype != torch.bfloat16 or n.weight.device.type != "cpu" for n in norms):
+        return 0
+    lanes = {_norm_lanes(n, kernels, memo) for n in norms}
+    if len(lanes) != 1 or 0 in lanes:
+        return 0
+    rotate = getattr(sys.modules[type(attn).__module__], "apply_rotary_pos_emb", None)
+    dim = attn.head_dim
+    heads = (attn.config.num_attention_heads, attn.config.num_key_value_heads)
+    key = ("fused rotary", type(attn).__module__, heads, dim)
+    if key not in memo:
+        runs = rotate is not None and dim % 2 == 0
+        memo[key] = runs and rotary_matches(kernels, rotate, heads, dim)
+    return lanes.pop() if memo[key] else 0
+
+
+def _activation_table(mlp: nn.Module, memo: dict) -> torch.Tensor | None:
+    """The table of `mlp`'s activation where its forward is Llama's
+    (`down_proj(act_fn(gate_proj(x)) * up_proj(x))`), else None (the MLP runs as it is)."""
+    if type(mlp).__name__ not in FUSABLE_MLPS or not hasattr(mlp, "act_fn"):
+        return None
+    key = ("activation table", type(mlp.act_fn).__qualname__, repr(mlp.act_fn))
+    if key not in memo:
+        memo[key] = activation_table(mlp.act_fn)
+    return memo[key]
+
+
+def _norm_lanes(norm: nn.Module, kernels: LayerKernels, memo: dict) -> int:
+    if not hasattr(norm, "variance_epsilon") or norm.weight.dim() != 1:
+        return 0
+    key = ("fused norm", type(norm).__name__, norm.weight.shape[0], norm.variance_epsilon)
+    if key not in memo:
+        memo[key] = norm_matches(kernels, norm)
+    return memo[key]

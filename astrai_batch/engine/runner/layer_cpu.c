@@ -1,0 +1,211 @@
+/* A decoder layer's elementwise work for the CPU in bfloat16, each in one pass and with the
+ * bits of the torch operators it replaces (why and how they are checked: fused_layers.py).
+ *
+ * - rms_norm: the Llama family's RMSNorm, optionally after the residual add
+ *   (`s = r + x; weight * (s * rsqrt(mean(s^2) + eps)).to(bf16)`), each rounding where torch
+ *   rounds; the row's sum of squares in the order of torch's CPU sum kernel for a contiguous
+ *   row (`lanes` wide vectors, four interleaved accumulators, a cascade of levels).
+ * - rotary: `x * cos + rotate_half(x) * sin` for the queries and keys, every product and the
+ *   sum rounded to bfloat16 as torch's three bfloat16 operators do.
+ * - act_mul: `act(gate) * up`, the activation read from a table of its 65,536 bfloat16 values
+ *   that torch's own activation computed (held widened to float32, exactly).
+ *
+ * Built with -ffp-contract=off and without -ffast-math: every operation rounds as IEEE single
+ * precision says, in the order written. */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define MAX_WIDTH 16384 /* a norm's row, in elements */
+#define MAX_LANES 16
+#define ILP 4    /* torch's row_sum: interleaved accumulators */
+#define LEVELS 4 /* torch's multi_row_sum: cascade levels */
+
+typedef uint16_t bf16;
+
+static inline float widen(bf16 h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static inline bf16 narrow(float f) { /* round to nearest even, as torch converts */
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    return (bf16)(f != f ? 0x7fc0u : rounded); /* a select, so loops vectorize */
+}
+
+static int64_t ceil_log2(int64_t x) { /* torch's utils::CeilLog2 */
+    if (x <= 2)
+        return 1;
+    int64_t bits = 0;
+    for (uint64_t v = (uint64_t)(x - 1); v; v >>= 1)
+        bits++;
+    return bits;
+}
+
+/* acc[lane] += vector `index` of `data` (lanes wide) */
+static inline void add_vector(float *acc, const float *data, int64_t index, int lanes) {
+    const float *v = data + index * lanes;
+    for (int l = 0; l < lanes; l++)
+        acc[l] += v[l];
+}
+
+/* The sum of `width` floats in the order of torch's vectorized_inner_sum -> row_sum ->
+ * multi_row_sum (ATen/native/cpu/SumKernel.cpp) for vectors of `lanes` floats. */
+static inline __attribute__((always_inline)) float torch_row_sum(const float *data,
+                                                                 int64_t width, int lanes) {
+    const int64_t vectors = width / lanes;
+    const int64_t groups = vectors / ILP; /* rows of the (-1, ILP) view */
+    int64_t power = ceil_log2(groups) / LEVELS;
+    if (power < 4)
+        power = 4;
+    const int64_t step = (int64_t)1 << power, mask = step - 1;
+    float acc[LEVELS][ILP][MAX_LANES];
+    memset(acc, 0, sizeof acc);
+    int64_t i = 0;
+    while (i + step <= groups) {
+        for (int64_t j = 0; j < step; j++, i++)
+            for (int k = 0; k < ILP; k++)
+                add_vector(acc[0][k], data, i * ILP + k, lanes);
+        for (int j = 1; j < LEVELS; j++) {
+            for (int k = 0; k < ILP; k++)
+                for (int l = 0; l < lanes; l++) {
+                    acc[j][k][l] += acc[j - 1][k][l];
+                    acc[j - 1][k][l] = 0.0f;
+                }
+            if ((i & (mask << (j * power))) != 0)
+                break;
+        }
+    }
+    for (; i < groups; i++)
+        for (int k = 0; k < ILP; k++)
+            add_vector(acc[0][k], data, i * ILP + k, lanes);
+    for (int j = 1; j < LEVELS; j++)
+        for (int k = 0; k < ILP; k++)
+            for (int l = 0; l < lanes; l++)
+                acc[0][k][l] += acc[j][k][l];
+    for (int64_t v = groups * ILP; v < vectors; v++)
+        add_vector(acc[0][0], data, v, lanes);
+    for (int k = 1; k < ILP; k++)
+        for (int l = 0; l < lanes; l++)
+            acc[0][0][l] += acc[0][k][l];
+    float total = 0.0f;
+    for (int64_t e = vectors * lanes; e < width; e++)
+        total += data[e];
+    for (int l = 0; l < lanes; l++)
+        total += acc[0][0][l];
+    return total;
+}
+
+static void norm_row(const bf16 *restrict x, const bf16 *restrict add, bf16 *restrict sum_out,
+                     const bf16 *restrict weight, bf16 *restrict out, int64_t width, float eps,
+                     int lanes) {
+    float s[MAX_WIDTH], sq[MAX_WIDTH];
+    if (add) {
+        for (int64_t e = 0; e < width; e++) {
+            bf16 h = narrow(widen(x[e]) + widen(add[e]));
+            sum_out[e] = h;
+            s[e] = widen(h);
+        }
+    } else {
+        for (int64_t e = 0; e < width; e++)
+            s[e] = widen(x[e]);
+    }
+    for (int64_t e = 0; e < width; e++)
+        sq[e] = s[e] * s[e];
+    float sum;
+    switch (lanes) { /* constant lanes: the compiler unrolls the lane loops into vectors */
+    case 16: sum = torch_row_sum(sq, width, 16); break;
+    case 8: sum = torch_row_sum(sq, width, 8); break;
+    default: sum = torch_row_sum(sq, width, lanes); break;
+    }
+    const float mean = sum / (float)width;
+    const float scale = 1.0f / sqrtf(mean + eps);
+    for (int64_t e = 0; e < width; e++)
+        out[e] = narrow(widen(weight[e]) * widen(narrow(s[e] * scale)));
+}
+
+/* The float32 mean of each row's squares, as transformers' RMSNorm takes it: what the
+ * loader's check compares bit for bit (a bfloat16 output hides most of a mean's last bits). */
+int mean_squares_bf16(const bf16 *x, int64_t x_row, float *out, int64_t rows, int64_t width,
+                      int lanes) {
+    if (width > MAX_WIDTH || lanes < 1 || lanes > MAX_LANES)
+        return -1;
+    float sq[MAX_WIDTH];
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t e = 0; e < width; e++) {
+            const float v = widen(x[r * x_row + e]);
+            sq[e] = v * v;
+        }
+        out[r] = torch_row_sum(sq, width, lanes) / (float)width;
+    }
+    return 0;
+}
+
+/* out[r] = norm(x[r] (+ add[r])), the sum written to sum_out[r] where `add` is given.
+ * Returns -1 for a row wider than MAX_WIDTH or unknown lanes. */
+int rms_norm_bf16(const bf16 *x, int64_t x_row, const bf16 *add, int64_t add_row,
+                  bf16 *sum_out, int64_t sum_row, const bf16 *weight, bf16 *out,
+                  int64_t out_row, int64_t rows, int64_t width, float eps, int lanes,
+                  int threads) {
+    if (width > MAX_WIDTH || lanes < 1 || lanes > MAX_LANES)
+        return -1;
+    const int parallel = threads > 1 && rows * width >= 65536;
+#pragma omp parallel for num_threads(threads > 0 ? threads : 1) if (parallel) schedule(static)
+    for (int64_t r = 0; r < rows; r++)
+        norm_row(x + r * x_row, add ? add + r * add_row : NULL, add ? sum_out + r * sum_row : NULL,
+                 weight, out + r * out_row, width, eps, lanes);
+    return 0;
+}
+
+/* One head's rotation: dst = src * cos + rotate_half(src) * sin, rounded per torch operator */
+static inline void rotate(const bf16 *restrict src, bf16 *restrict dst,
+                          const bf16 *restrict cos, const bf16 *restrict sin, int64_t half) {
+    for (int64_t j = 0; j < half; j++) {
+        const float a = widen(src[j]), b = widen(src[j + half]);
+        const float lo = widen(narrow(a * widen(cos[j]))) + widen(narrow(-b * widen(sin[j])));
+        const float hi = widen(narrow(b * widen(cos[j + half]))) +
+                         widen(narrow(a * widen(sin[j + half])));
+        dst[j] = narrow(lo);
+        dst[j + half] = narrow(hi);
+    }
+}
+
+/* q_out [T, q_heads, dim] and k_out [T, k_heads, dim] (contiguous) from rows of q and k
+ * (heads side by side in a row) and cos/sin rows [T, dim]. Returns -1 for an odd head size. */
+int rotary_bf16(const bf16 *q, int64_t q_row, bf16 *q_out, const bf16 *k, int64_t k_row,
+                bf16 *k_out, const bf16 *cos, const bf16 *sin, int64_t cs_row, int64_t tokens,
+                int64_t q_heads, int64_t k_heads, int64_t dim, int threads) {
+    if (dim % 2)
+        return -1;
+    const int64_t heads = q_heads + k_heads, half = dim / 2;
+    const int parallel = threads > 1 && tokens * heads * dim >= 65536;
+#pragma omp parallel for num_threads(threads > 0 ? threads : 1) if (parallel) schedule(static)
+    for (int64_t t = 0; t < tokens; t++) {
+        const bf16 *c = cos + t * cs_row, *s = sin + t * cs_row;
+        for (int64_t h = 0; h < q_heads; h++)
+            rotate(q + t * q_row + h * dim, q_out + (t * q_heads + h) * dim, c, s, half);
+        for (int64_t h = 0; h < k_heads; h++)
+            rotate(k + t * k_row + h * dim, k_out + (t * k_heads + h) * dim, c, s, half);
+    }
+    return 0;
+}
+
+/* out = table[gate] * up, rounded to bfloat16: the MLP's `act_fn(gate_proj(x)) * up_proj(x)`
+ * with the activation of every bfloat16 value looked up. */
+int act_mul_bf16(const bf16 *gate, int64_t g_row, const bf16 *up, int64_t u_row,
+                 const float *restrict table, bf16 *out, int64_t rows, int64_t width,
+                 int threads) {
+    const int parallel = threads > 1 && rows * width >= 65536;
+#pragma omp parallel for num_threads(threads > 0 ? threads : 1) if (parallel) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        const bf16 *restrict g = gate + r * g_row, *restrict u = up + r * u_row;
+        bf16 *restrict o = out + r * width;
+        for (int64_t e = 0; e < width; e++)
+            o[e] = narrow(table[g[e]] * widen(u[e])); /* float table: one 32-bit gather */
+    }
+    return 0;
+}

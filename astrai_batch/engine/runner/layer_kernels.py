@@ -1,0 +1,221 @@
+"""A decoder layer's norms and rotary embedding on the CPU in bfloat16, each one C call
+(`layer_cpu.c`) in place of the six to twelve torch operators transformers runs for it.
+
+Why: at a decode step's 64 rows these operators are tiny, and their dispatch is the cost
+(SmolLM2: a norm 8 operators, the rotary embedding 12, ~10 us each, 30 layers a step).
+
+They must change no bit: `norm_matches` and `rotary_matches` compare them with transformers'
+own module and function on adversarial rows before a model uses them (`fused_layers`). The
+elementwise steps round where torch's operators round; the norm's one reduction, a row's sum
+of squares, follows torch's CPU sum kernel (its vectors' width is the one thing that varies
+with the CPU torch dispatches for, so the check tries the widths torch's kernels use and keeps
+the one that matches, or none).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import torch
+
+from astrai_batch.engine.attention.kernels.invariant_cpu import KernelUnavailable, build
+
+SOURCE = Path(__file__).with_name("layer_cpu.c")
+LANES = (16, 8, 4)  # float lanes of torch's CPU vectors: AVX-512, AVX2 and the default, NEON
+MAX_WIDTH = 16384  # the C source's longest norm row
+
+_ptr = ctypes.c_void_p
+_i64 = ctypes.c_int64
+
+
+class LayerKernels:
+    """The loaded library's two entry points, on torch tensors."""
+
+    def __init__(self, library: ctypes.CDLL):
+        self._norm = library.rms_norm_bf16
+        self._norm.argtypes = [_ptr, _i64, _ptr, _i64, _ptr, _i64, _ptr, _ptr, _i64]
+        self._norm.argtypes += [_i64, _i64, ctypes.c_float, ctypes.c_int, ctypes.c_int]
+        self._norm.restype = ctypes.c_int
+        self._rotary = library.rotary_bf16
+        self._rotary.argtypes = [_ptr, _i64, _ptr, _ptr, _i64, _ptr, _ptr, _ptr, _i64]
+        self._rotary.argtypes += [_i64, _i64, _i64, _i64, ctypes.c_int]
+        self._rotary.restype = ctypes.c_int
+        self._act_mul = library.act_mul_bf16
+        self._act_mul.argtypes = [_ptr, _i64, _ptr, _i64, _ptr, _ptr, _i64, _i64, ctypes.c_int]
+        self._act_mul.restype = ctypes.c_int
+        self._means = library.mean_squares_bf16
+        self._means.argtypes = [_ptr, _i64, _ptr, _i64, _i64, ctypes.c_int]
+        self._means.restype = ctypes.c_int
+
+    def mean_squares(self, x: torch.Tensor, lanes: int) -> torch.Tensor:
+        """float32 mean of each row's squares (the norm's reduction alone), [rows]."""
+        rows = _rows(x, x.shape[-1])
+        out = torch.empty(rows.shape[0], dtype=torch.float32)
+        status = self._means(rows.data_ptr(), rows.stride(0), out.data_ptr(), *rows.shape, lanes)
+        if status != 0:
+            raise ValueError(f"the CPU norm kernel takes rows of up to {MAX_WIDTH} elements")
+        return out
+
+    def rms_norm(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        eps: float,
+        lanes: int,
+        add: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(s), s) with s = x + add (or x), rows of the last dimension, bfloat16."""
+        width = x.shape[-1]
+        rows = _rows(x, width)
+        out = torch.empty(rows.shape, dtype=torch.bfloat16)
+        total, extra = rows, None
+        if add is not None:
+            extra = _rows(add, width)
+            total = torch.empty(rows.shape, dtype=torch.bfloat16)
+        status = self._norm(
+            rows.data_ptr(), rows.stride(0),
+            None if extra is None else extra.data_ptr(), 0 if extra is None else extra.stride(0),
+            None if extra is None else total.data_ptr(), total.stride(0),
+            weight.data_ptr(), out.data_ptr(), out.stride(0),
+            rows.shape[0], width, eps, lanes, torch.get_num_threads(),
+        )  # fmt: skip
+        if status != 0:
+            raise ValueError(f"the CPU norm kernel takes rows of up to {MAX_WIDTH} elements")
+        return out.view(x.shape), total.view(x.shape)
+
+    def rotary(
+        self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dim: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Queries [T, Hq * dim] and keys [T, Hk * dim] rotated by cos/sin [T, dim]:
+        [T, Hq, dim] and [T, Hk, dim], contiguous, bfloat16."""
+        tokens = q.shape[0]
+        q_heads, k_heads = q.shape[1] // dim, k.shape[1] // dim
+        q_out = torch.empty(tokens, q_heads, dim, dtype=torch.bfloat16)
+        k_out = torch.empty(tokens, k_heads, dim, dtype=torch.bfloat16)
+        cos, sin = _rows(cos, dim), _rows(sin, dim)
+        if sin.stride(0) != cos.stride(0):
+            sin = sin.contiguous()
+            cos = cos.contiguous()
+        status = self._rotary(
+            q.data_ptr(), q.stride(0), q_out.data_ptr(),
+            k.data_ptr(), k.stride(0), k_out.data_ptr(),
+            cos.data_ptr(), sin.data_ptr(), cos.stride(0),
+            tokens, q_heads, k_heads, dim, torch.get_num_threads(),
+        )  # fmt: skip
+        if status != 0:
+            raise ValueError(f"the CPU rotary kernel takes even head sizes, got {dim}")
+        return q_out, k_out
+
+    def act_mul(self, gate: torch.Tensor, up: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+        """`act(gate) * up` in bfloat16, `table` the activation of every bfloat16 value
+        (`activation_table`, float32), indexed by the value's bits."""
+        width = gate.shape[-1]
+        g, u = _rows(gate, width), _rows(up, width)
+        out = torch.empty(g.shape, dtype=torch.bfloat16)
+        self._act_mul(
+            g.data_ptr(), g.stride(0), u.data_ptr(), u.stride(0), table.data_ptr(),
+            out.data_ptr(), g.shape[0], width, torch.get_num_threads(),
+        )  # fmt: skip
+        return out.view(gate.shape)
+
+
+def every_bfloat16() -> torch.Tensor:
+    """All 65,536 bfloat16 values, in the order of their bits."""
+    return torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+
+
+def activation_table(act) -> torch.Tensor | None:
+    """`act` at every bfloat16 value (widened to float32, exactly), or None where its result
+    depends on where a value sits:
+    torch runs an elementwise operator's vectorized loop on contiguous data and its scalar loop
+    on a tensor's tail and on strided data, and the two must agree for a table to stand in."""
+    values = every_bfloat16()
+    with torch.inference_mode():
+        vector = act(values)
+        spaced = torch.zeros(2 * values.numel(), dtype=torch.bfloat16)
+        spaced[::2] = values
+        scalar = act(spaced[::2])
+    if vector.dtype != torch.bfloat16 or vector.shape != values.shape:
+        return None
+    same = vector.view(torch.int16) == scalar.view(torch.int16)
+    agree = bool((same | (vector.isnan() & scalar.isnan())).all())
+    return vector.float().contiguous() if agree else None
+
+
+def _rows(t: torch.Tensor, width: int) -> torch.Tensor:
+    """`t` as [rows, width] with contiguous rows (a view where it can be)."""
+    rows = t.reshape(-1, width)
+    return rows if rows.stride(-1) == 1 else rows.contiguous()
+
+
+def load_layer_kernels(cache: Path) -> LayerKernels:
+    """The kernels, built into `cache` if not there yet (raises `KernelUnavailable`)."""
+    return LayerKernels(ctypes.CDLL(str(build(cache, source=SOURCE))))
+
+
+def adversarial_hidden(rows: int, width: int, seed: int) -> torch.Tensor:
+    """bfloat16 rows whose sums of squares are sensitive to order: magnitudes over many
+    binades, so a different summation order changes the last bit of most rows' mean."""
+    gen = torch.Generator().manual_seed(seed)
+    mant = torch.rand(rows, width, generator=gen) * 2 - 1
+    exps = torch.randint(-12, 8, (rows, width), generator=gen).float()
+    return (mant * torch.pow(2.0, exps)).to(torch.bfloat16)
+
+
+def norm_matches(kernels: LayerKernels, norm: torch.nn.Module, rows=(1, 3, 64, 257)) -> int:
+    """The vector width at which the C norm equals `norm` (transformers' RMSNorm module)
+    bit for bit, with and without the residual add, at each row count, and its float32 mean
+    of squares equals the one `norm` takes; 0 where none does."""
+    width = norm.weight.shape[0]
+    if width > MAX_WIDTH:
+        return 0
+    eps = float(norm.variance_epsilon)
+    with torch.inference_mode():
+        cases = []
+        for seed, n in enumerate(rows):
+            x = adversarial_hidden(n, width, seed)
+            r = adversarial_hidden(n, width, seed + 100)
+            means = x.float().pow(2).mean(-1)  # transformers' own expression
+            cases.append((x, r, means, norm(x), norm(r + x), r + x))
+        for lanes in LANES:
+            if all(_norm_case(kernels, norm.weight, eps, lanes, *case) for case in cases):
+                return lanes
+    return 0
+
+
+def _norm_case(kernels, weight, eps, lanes, x, r, means, expect, expect_added, total) -> bool:
+    if not torch.equal(kernels.mean_squares(x, lanes), means):
+        return False
+    out, _ = kernels.rms_norm(x, weight, eps, lanes)
+    added, s = kernels.rms_norm(x, weight, eps, lanes, add=r)
+    return torch.equal(out, expect) and torch.equal(added, expect_added) and torch.equal(s, total)
+
+
+def rotary_matches(kernels: LayerKernels, rotate, heads: tuple[int, int], dim: int) -> bool:
+    """Whether the C rotary equals `rotate` (transformers' apply_rotary_pos_emb) bit for bit
+    on random queries, keys and angles at a few token counts."""
+    q_heads, k_heads = heads
+    gen = torch.Generator().manual_seed(7)
+    with torch.inference_mode():
+        for tokens in (1, 5, 64):
+            q = adversarial_hidden(tokens, q_heads * dim, tokens)
+            k = adversarial_hidden(tokens, k_heads * dim, tokens + 1)
+            angles = torch.rand(tokens, dim // 2, generator=gen) * 300
+            angles = torch.cat((angles, angles), dim=-1)
+            cos, sin = angles.cos().bfloat16(), angles.sin().bfloat16()
+            ref_q, ref_k = rotate(
+                q.view(1, tokens, q_heads, dim).transpose(1, 2),
+                k.view(1, tokens, k_heads, dim).transpose(1, 2),
+                cos[None],
+                sin[None],
+            )
+            got_q, got_k = kernels.rotary(q, k, cos, sin, dim)
+            if not torch.equal(got_q, ref_q[0].transpose(0, 1)):
+                return False
+            if not torch.equal(got_k, ref_k[0].transpose(0, 1)):
+                return False
+    return True
+
+
+__all__ = ["KernelUnavailable", "LayerKernels", "load_layer_kernels", "norm_matches"]

@@ -1,0 +1,189 @@
+"""Fused Llama decoder layers on the CPU (`fused_layers`, `layer_kernels`): transformers'
+bits from every C step, checked against transformers' own modules, or not used at all."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+from invariance_kit import assert_same_rows, invariance_prompts, mixed_requests, run_capturing
+from transformers import LlamaConfig
+from transformers.models.llama.modeling_llama import (
+    LlamaDecoderLayer,
+    LlamaRMSNorm,
+    apply_rotary_pos_emb,
+)
+
+from astrai_batch.engine import EngineConfig
+from astrai_batch.engine.model.converted import cache_root
+from astrai_batch.engine.model.loader import load_model
+from astrai_batch.engine.runner import fused_layers
+from astrai_batch.engine.runner.fused_layers import (
+    SWITCH_ENV_VAR,
+    FusedDecoderForward,
+    set_fused_layers,
+)
+from astrai_batch.engine.runner.layer_kernels import (
+    LANES,
+    activation_table,
+    adversarial_hidden,
+    every_bfloat16,
+    load_layer_kernels,
+    norm_matches,
+    rotary_matches,
+)
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    return load_layer_kernels(cache_root())
+
+
+def _norm(width: int, eps: float = 1e-5, seed: int = 0) -> LlamaRMSNorm:
+    norm = LlamaRMSNorm(width, eps=eps).bfloat16()
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(width, generator=torch.Generator().manual_seed(seed)))
+    return norm
+
+
+@pytest.mark.parametrize("width", [64, 100, 576, 960, 2048, 4096])
+def test_the_norm_has_transformers_bits_at_random_row_counts(kernels, width):
+    """The vector width the check picks gives LlamaRMSNorm's bits, with and without the
+    residual add before it, at row counts the check never saw."""
+    norm = _norm(width, seed=width)
+    lanes = norm_matches(kernels, norm)
+    assert lanes in LANES
+    seed = random.randrange(2**32)
+    rng = random.Random(seed)
+    with torch.inference_mode():
+        for rows in (rng.randrange(1, 700) for _ in range(4)):
+            x = adversarial_hidden(rows, width, rng.randrange(1000))
+            r = adversarial_hidden(rows, width, rng.randrange(1000))
+            out, _ = kernels.rms_norm(x, norm.weight, norm.variance_epsilon, lanes)
+            added, total = kernels.rms_norm(x, norm.weight, norm.variance_epsilon, lanes, add=r)
+            assert torch.equal(out, norm(x)), f"seed {seed}, {rows} rows"
+            assert torch.equal(total, r + x), f"seed {seed}, {rows} rows"
+            assert torch.equal(added, norm(r + x)), f"seed {seed}, {rows} rows"
+
+
+def test_the_check_tells_summation_orders_apart(kernels):
+    """Only one vector width reproduces torch's means: the others differ on most rows, so a
+    kernel summing in another order is declined, not used."""
+    x = adversarial_hidden(256, 576, 1)
+    means = x.float().pow(2).mean(-1)
+    differing = {lanes: int((kernels.mean_squares(x, lanes) != means).sum()) for lanes in LANES}
+    assert sorted(differing.values())[0] == 0
+    assert all(count > 50 for count in sorted(differing.values())[1:]), differing
+
+
+def test_a_norm_with_other_arithmetic_is_declined(kernels):
+    class HalfEpsNorm(LlamaRMSNorm):  # the mean plus eps / 2: one changed constant
+        def forward(self, hidden_states):
+            x = hidden_states.float()
+            x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon / 2)
+            return self.weight * x.to(hidden_states.dtype)
+
+    norm = HalfEpsNorm(576, eps=1e-1).bfloat16()
+    assert norm_matches(kernels, _norm(576, eps=1e-1)) in LANES
+    assert norm_matches(kernels, norm) == 0
+
+
+@pytest.mark.parametrize("heads,dim", [((9, 3), 64), ((32, 8), 128), ((4, 4), 16)])
+def test_the_rotary_embedding_has_transformers_bits(kernels, heads, dim):
+    assert rotary_matches(kernels, apply_rotary_pos_emb, heads, dim)
+
+
+def test_a_rotary_embedding_rounding_once_is_declined(kernels):
+    """(q cos + rotate_half(q) sin) in float32, rounded once: closer to exact, and not what
+    transformers computes, so the check must fail."""
+
+    def rounded_once(q, k, cos, sin):
+        def rot(x):
+            half = x.shape[-1] // 2
+            xf, c, s = x.float(), cos.float().unsqueeze(1), sin.float().unsqueeze(1)
+            turned = torch.cat((-xf[..., half:], xf[..., :half]), dim=-1)
+            return (xf * c + turned * s).to(x.dtype)
+
+        return rot(q), rot(k)
+
+    assert not rotary_matches(kernels, rounded_once, (9, 3), 64)
+
+
+def test_the_activation_table_gives_silu_times_up_at_every_value(kernels):
+    table = activation_table(F.silu)
+    assert table is not None
+    gate = every_bfloat16().view(256, 256)
+    up = torch.randn(256, 256, generator=torch.Generator().manual_seed(3)).bfloat16()
+    with torch.inference_mode():
+        got, want = kernels.act_mul(gate, up, table), F.silu(gate) * up
+    same = got.view(torch.int16) == want.view(torch.int16)
+    assert bool((same | (got.isnan() & want.isnan())).all())
+
+
+def test_an_activation_that_depends_on_layout_gets_no_table():
+    def by_layout(x):  # elementwise, but not the same on strided data
+        return x * 2 if x.is_contiguous() else x * 3
+
+    assert activation_table(by_layout) is None
+
+
+def _tiny_layer() -> LlamaDecoderLayer:
+    config = LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_hidden_layers=1,
+        vocab_size=64,
+    )
+    return LlamaDecoderLayer(config, layer_idx=0).bfloat16()
+
+
+def test_only_llamas_own_layer_classes_are_fused(kernels):
+    memo = {("layer kernels",): kernels}
+    layer = _tiny_layer()
+    renamed = type("MyDecoderLayer", (LlamaDecoderLayer,), {})  # may change anything
+    other = _tiny_layer()
+    other.__class__ = renamed
+    model = torch.nn.ModuleList([layer, other])
+    assert set_fused_layers(model, True, memo) == 1
+    assert isinstance(layer.__dict__["forward"], FusedDecoderForward)
+    assert "forward" not in other.__dict__
+    assert set_fused_layers(model, False, memo) == 1
+    assert "forward" not in layer.__dict__
+
+
+def test_a_layer_whose_norm_does_not_match_is_left_alone(kernels, monkeypatch):
+    monkeypatch.setattr(fused_layers, "norm_matches", lambda kernels, norm: 0)
+    model = torch.nn.ModuleList([_tiny_layer()])
+    assert set_fused_layers(model, True, {("layer kernels",): kernels}) == 0
+
+
+def _fused_count(loaded) -> int:
+    return sum(
+        isinstance(m.__dict__.get("forward"), FusedDecoderForward) for m in loaded.model.modules()
+    )
+
+
+def test_fused_layers_change_no_token_or_logit(tiny_llama_dir, monkeypatch):
+    loaded = load_model(tiny_llama_dir, dtype="bfloat16")
+    layers = loaded.model.config.num_hidden_layers
+    prompts = invariance_prompts(loaded.model.config.vocab_size, 6, seed=6)
+    for numerics in ("invariant", "fast"):
+        config = EngineConfig(page_size=8, num_pages=128, numerics=numerics)
+        fused, _ = run_capturing(loaded, mixed_requests(prompts, range(6)), config)
+        assert _fused_count(loaded) == layers
+        monkeypatch.setenv(SWITCH_ENV_VAR, "0")
+        plain, _ = run_capturing(loaded, mixed_requests(prompts, range(6)), config)
+        assert _fused_count(loaded) == 0
+        monkeypatch.delenv(SWITCH_ENV_VAR)
+        assert_same_rows(plain, fused, range(6))
+
+
+def test_float32_models_are_not_fused(tiny_llama_dir):
+    loaded = load_model(tiny_llama_dir, dtype="float32")
+    prompts = invariance_prompts(loaded.model.config.vocab_size, 2, seed=7)
+    run_capturing(loaded, mixed_requests(prompts, range(2)), EngineConfig(page_size=8))
+    assert _fused_count(loaded) == 0
