@@ -39,7 +39,7 @@ from astrai_batch.bench.llama_cpp_process import LlamaCppProcess
 from astrai_batch.bench.ours import run_ours
 from astrai_batch.bench.prompts import BenchPrompts, load_prompts
 from astrai_batch.bench.roofline import gemm_peak, roofline
-from astrai_batch.engine import EngineConfig
+from astrai_batch.engine import EngineConfig, keep_freed_memory
 from astrai_batch.engine.device_choice import resolve_dtype_name
 from astrai_batch.engine.model.loader import load_model
 from astrai_batch.engine.threads import set_cpu_threads
@@ -85,6 +85,7 @@ def main() -> None:
     parser.add_argument("--no-chats", action="store_true")
     args = parser.parse_args()
     threads = set_cpu_threads(args.threads)
+    keep_freed_memory()  # as the run and bench commands do (malloc_tuning)
     default_dtype = resolve_dtype_name("auto", "cpu")
     models = {default_dtype: load_model(MODEL, dtype=default_dtype)}
     models.setdefault("float32", load_model(MODEL, dtype="float32"))
