@@ -40,6 +40,8 @@ from astrai_batch.engine.attention.static_decode import StaticDecodeBatch, stati
 
 ATTENTION_NAME = "astrai_paged"
 BATCH_KWARG = "astrai_attention_batch"
+# True: the caller wrote this step's keys and values into the pool already (`fused_layers`)
+KV_WRITTEN_KWARG = "astrai_kv_written"
 
 
 @dataclass(frozen=True)
@@ -129,8 +131,9 @@ def paged_attention(
     v_new = value[0].transpose(0, 1)
     k_cache = batch.key_cache[layer]
     v_cache = batch.value_cache[layer]
-    k_cache.index_copy_(0, batch.write_slots, k_new.to(k_cache.dtype))
-    v_cache.index_copy_(0, batch.write_slots, v_new.to(v_cache.dtype))
+    if not kwargs.get(KV_WRITTEN_KWARG, False):
+        k_cache.index_copy_(0, batch.write_slots, k_new.to(k_cache.dtype))
+        v_cache.index_copy_(0, batch.write_slots, v_new.to(v_cache.dtype))
 
     num_tokens, q_heads, head_dim = q.shape
     scale = scaling if scaling is not None else head_dim**-0.5

@@ -1,5 +1,6 @@
-"""Llama decoder layers on the CPU in bfloat16 with their norms, the residual add before the
-second norm and the rotary embedding each one C call (`layer_kernels`), the same bits.
+"""Llama-style decoder layers on the CPU in bfloat16 with their norms, the residual add before
+the second norm, the rotary embedding and the MLP's activation each one C call
+(`layer_kernels`), the same bits.
 
 A decode step of 64 rows spends as long in the small operators between a layer's GEMMs as in
 its attention: transformers' RMSNorm is eight torch operators, the rotary embedding twelve,
@@ -15,8 +16,9 @@ function, with four steps in C:
   bfloat16 number, made by torch's own activation (where torch's vectorized and scalar loops
   agree on all of them: `activation_table`).
 
-Only layers whose code is Llama's (the classes in `FUSABLE`, exact type names: a subclass may
-change anything) are fused, and only where the C norm equals each norm module and the C
+Only layers whose code is Llama's (the classes in `FAMILIES`: Llama, Mistral and Qwen2, whose
+attention only adds the sliding window it passes; exact type names, as a subclass may change
+anything) are fused, and only where the C norm equals each norm module and the C
 rotary equals the module file's own `apply_rotary_pos_emb`, bit for bit on adversarial data
 (`norm_matches`, `rotary_matches`), so tokens and logits stay what transformers computes.
 `ASTRAI_BATCH_FUSED_LAYERS=0` keeps transformers' forwards.
@@ -27,10 +29,15 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import MappingProxyType
 
 import torch
 from torch import nn
 
+from astrai_batch.engine.attention.kernels.invariant_batch import InvariantKernelBatch
+from astrai_batch.engine.attention.paged_attention import BATCH_KWARG, KV_WRITTEN_KWARG
 from astrai_batch.engine.model.converted import cache_root
 from astrai_batch.engine.runner.layer_kernels import (
     KernelUnavailable,
@@ -39,13 +46,34 @@ from astrai_batch.engine.runner.layer_kernels import (
     load_layer_kernels,
     norm_matches,
     rotary_matches,
+    takes_rows,
 )
 
 _LOG = logging.getLogger(__name__)
 SWITCH_ENV_VAR = "ASTRAI_BATCH_FUSED_LAYERS"
-# decoder layer class -> its attention class: both forwards are the ones mirrored below
-FUSABLE = {"LlamaDecoderLayer": "LlamaAttention"}
-FUSABLE_MLPS = frozenset({"LlamaMLP"})  # MLPs whose forward is LlamaMLP's
+
+
+@dataclass(frozen=True)
+class Family:
+    """A decoder layer class whose forward is LlamaDecoderLayer's, line for line."""
+
+    attention: str  # its attention class, whose forward is LlamaAttention's but for `window`
+    # the `sliding_window` that attention's forward passes to the attention function, or None
+    # where it passes none (test_fused_layers compares the sources with Llama's)
+    window: Callable[[nn.Module], int | None] | None = None
+
+
+FAMILIES = MappingProxyType(
+    {
+        "LlamaDecoderLayer": Family("LlamaAttention"),
+        "MistralDecoderLayer": Family(
+            "MistralAttention", lambda attn: getattr(attn.config, "sliding_window", None)
+        ),
+        "Qwen2DecoderLayer": Family("Qwen2Attention", lambda attn: attn.sliding_window),
+    }
+)
+# MLPs whose forward is LlamaMLP's: down_proj(act_fn(gate_proj(x)) * up_proj(x))
+FUSABLE_MLPS = frozenset({"LlamaMLP", "MistralMLP", "Qwen2MLP"})
 
 
 class FusedDecoderForward:
@@ -54,11 +82,15 @@ class FusedDecoderForward:
     def __init__(
         self,
         layer: nn.Module,
+        family: Family,
         kernels: LayerKernels,
         lanes: int,
         act_table: torch.Tensor | None,
     ):
         self.layer = layer
+        attn = layer.self_attn
+        window = {} if family.window is None else {"sliding_window": family.window(attn)}
+        self.window = window  # the attention function's extra argument, as the family passes it
         self.kernels = kernels
         self.lanes = lanes
         self.act_table = act_table  # the MLP's activation at every bfloat16 value, or None
@@ -95,6 +127,7 @@ class FusedDecoderForward:
         tokens = q.shape[:-1].numel()
         q, k = self.kernels.rotary(q.reshape(tokens, -1), k.reshape(tokens, -1), cos, sin, dim)
         shape = (*input_shape, -1, dim)
+        written = self._write_pool(kwargs.get(BATCH_KWARG), attn.layer_idx, k, v)
         attn_output, _ = self.attention(
             attn,
             q.view(shape).transpose(1, 2),
@@ -105,6 +138,8 @@ class FusedDecoderForward:
             scaling=attn.scaling,
             position_ids=position_ids,
             use_cache=use_cache,
+            **self.window,
+            **({KV_WRITTEN_KWARG: True} if written else {}),
             **kwargs,
         )
         attn_output = attn.o_proj(attn_output.reshape(*input_shape, -1).contiguous())
@@ -117,6 +152,20 @@ class FusedDecoderForward:
             return residual + mlp(normed)
         up = self.kernels.act_mul(mlp.gate_proj(normed), mlp.up_proj(normed), self.act_table)
         return residual + mlp.down_proj(up)
+
+    def _write_pool(self, batch, layer: int, keys: torch.Tensor, values: torch.Tensor) -> bool:
+        """Writes the step's keys and values into the C attention kernel's pool, as
+        `paged_attention` would (a memcpy a row instead of two index_copy_ calls); False where
+        the step runs another attention path or pool layout (it writes them itself then)."""
+        if not isinstance(batch, InvariantKernelBatch):
+            return False
+        slots = batch.write_slots
+        k_pool, v_pool = batch.key_cache[layer], batch.value_cache[layer]
+        if not (takes_rows(k_pool, keys, slots) and takes_rows(v_pool, values, slots)):
+            return False
+        self.kernels.write_rows(keys, k_pool, slots)
+        self.kernels.write_rows(values, v_pool, slots)
+        return True
 
 
 def _attention_interface(attn: nn.Module):
@@ -145,7 +194,8 @@ def set_fused_layers(model: nn.Module, fused: bool, memo: dict) -> int:
         lanes = _fusable(module, kernels, memo)
         if lanes:
             table = _activation_table(module.mlp, memo)
-            module.forward = FusedDecoderForward(module, kernels, lanes, table)
+            family = FAMILIES[type(module).__name__]
+            module.forward = FusedDecoderForward(module, family, kernels, lanes, table)
             changed += 1
     return changed
 
@@ -171,9 +221,9 @@ def _kernels(memo: dict) -> LayerKernels | None:
 
 def _fusable(layer: nn.Module, kernels: LayerKernels, memo: dict) -> int:
     """The norm kernel's vector width for `layer`, or 0 where it is not fused."""
-    attn_class = FUSABLE.get(type(layer).__name__)
+    family = FAMILIES.get(type(layer).__name__)
     attn = getattr(layer, "self_attn", None)
-    if attn_class is None or type(attn).__name__ != attn_class:
+    if family is None or type(attn).__name__ != family.attention:
         return 0
     norms = (layer.input_layernorm, layer.post_attention_layernorm)
     if any(n.weight.dtype != torch.bfloat16 or n.weight.device.type != "cpu" for n in norms):

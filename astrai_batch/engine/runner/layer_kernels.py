@@ -44,6 +44,9 @@ class LayerKernels:
         self._act_mul = library.act_mul_bf16
         self._act_mul.argtypes = [_ptr, _i64, _ptr, _i64, _ptr, _ptr, _i64, _i64, ctypes.c_int]
         self._act_mul.restype = ctypes.c_int
+        self._write_rows = library.write_rows_bf16
+        self._write_rows.argtypes = [_ptr, _i64, _ptr, _i64, _ptr, _i64, _i64, _i64]
+        self._write_rows.restype = ctypes.c_int
         self._means = library.mean_squares_bf16
         self._means.argtypes = [_ptr, _i64, _ptr, _i64, _i64, ctypes.c_int]
         self._means.restype = ctypes.c_int
@@ -118,6 +121,33 @@ class LayerKernels:
             out.data_ptr(), g.shape[0], width, torch.get_num_threads(),
         )  # fmt: skip
         return out.view(gate.shape)
+
+    def write_rows(self, rows: torch.Tensor, pool: torch.Tensor, slots: torch.Tensor) -> None:
+        """`pool.index_copy_(0, slots, rows)` for a pool that `takes_rows`."""
+        width = pool[0].numel()
+        flat = _rows(rows, width)
+        if flat.shape[0] != slots.shape[0]:
+            raise ValueError(f"{flat.shape[0]} rows for {slots.shape[0]} slots")
+        status = self._write_rows(
+            flat.data_ptr(), flat.stride(0), pool.data_ptr(), pool.stride(0),
+            slots.data_ptr(), flat.shape[0], width, pool.shape[0],
+        )  # fmt: skip
+        if status != 0:
+            raise IndexError("a step's write slot lies outside the KV pool")
+
+
+def takes_rows(pool: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor) -> bool:
+    """Whether `write_rows` can write `rows` (a token's values side by side) into `pool`:
+    bfloat16 both, each slot one contiguous row of a token's elements, int64 slots."""
+    return (
+        pool.dtype == rows.dtype == torch.bfloat16
+        and pool.dim() >= 2
+        and pool[0].is_contiguous()
+        and rows.numel() == slots.numel() * pool[0].numel()
+        and slots.dtype == torch.int64
+        and slots.dim() == 1
+        and slots.is_contiguous()
+    )
 
 
 def every_bfloat16() -> torch.Tensor:

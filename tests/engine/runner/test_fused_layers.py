@@ -3,6 +3,8 @@ bits from every C step, checked against transformers' own modules, or not used a
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import random
 
 import pytest
@@ -33,6 +35,7 @@ from astrai_batch.engine.runner.layer_kernels import (
     load_layer_kernels,
     norm_matches,
     rotary_matches,
+    takes_rows,
 )
 
 
@@ -129,6 +132,24 @@ def test_an_activation_that_depends_on_layout_gets_no_table():
     assert activation_table(by_layout) is None
 
 
+def test_rows_written_into_the_pool_are_index_copys(kernels):
+    gen = torch.Generator().manual_seed(9)
+    pool = torch.randn(40, 3, 16, generator=gen).bfloat16()
+    keys = torch.randn(5, 3, 16, generator=gen).bfloat16()
+    values = torch.randn(1, 5, 48, generator=gen).bfloat16()  # v_proj's rows, heads side by side
+    slots = torch.tensor([7, 0, 39, 12, 13])
+    for rows in (keys, values):
+        assert takes_rows(pool, rows, slots)
+        expected = pool.clone().index_copy_(0, slots, rows.reshape(5, 3, 16))
+        kernels.write_rows(rows, pool, slots)
+        assert torch.equal(pool, expected)
+    with pytest.raises(IndexError, match="a step's write slot lies outside the KV pool"):
+        kernels.write_rows(keys, pool, torch.tensor([1, 2, 40, 3, 4]))
+    assert not takes_rows(pool.float(), keys, slots)
+    assert not takes_rows(pool, keys, slots.int())
+    assert not takes_rows(pool, keys[:4], slots)
+
+
 def _tiny_layer() -> LlamaDecoderLayer:
     config = LlamaConfig(
         hidden_size=64,
@@ -167,8 +188,52 @@ def _fused_count(loaded) -> int:
     )
 
 
-def test_fused_layers_change_no_token_or_logit(tiny_llama_dir, monkeypatch):
-    loaded = load_model(tiny_llama_dir, dtype="bfloat16")
+def _body(function) -> list[str]:
+    """A function's source lines after its signature, stripped."""
+    lines = [line.strip() for line in inspect.getsource(function).splitlines()]
+    return lines[next(i for i, line in enumerate(lines) if line.endswith(":")) + 1 :]
+
+
+@pytest.mark.parametrize("layer_class", sorted(fused_layers.FAMILIES))
+def test_each_family_runs_llamas_forwards_line_for_line(layer_class):
+    """What `FusedDecoderForward` mirrors: the listed layers' and MLPs' forwards are Llama's,
+    their attention's Llama's but for the sliding window passed (a transformers upgrade that
+    changes one fails here, not in a user's tokens)."""
+    family = fused_layers.FAMILIES[layer_class]
+    prefix = layer_class.removesuffix("DecoderLayer")
+    module = importlib.import_module(
+        f"transformers.models.{prefix.lower()}.modeling_{prefix.lower()}"
+    )
+    llama = importlib.import_module("transformers.models.llama.modeling_llama")
+    assert _body(getattr(module, layer_class).forward) == _body(llama.LlamaDecoderLayer.forward)
+    mlp = getattr(module, f"{prefix}MLP")
+    assert mlp.__name__ in fused_layers.FUSABLE_MLPS
+    assert _body(mlp.forward) == _body(llama.LlamaMLP.forward)
+    attention = _body(getattr(module, family.attention).forward)
+    window_lines = [line for line in attention if line.startswith("sliding_window=")]
+    assert len(window_lines) == (0 if family.window is None else 1)
+    assert [line for line in attention if line not in window_lines] == _body(
+        llama.LlamaAttention.forward
+    )
+    if window_lines:  # the family's window is the expression transformers passes
+        config = getattr(module, f"{prefix}Config")(
+            hidden_size=8,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            num_hidden_layers=1,
+            sliding_window=16,
+            use_sliding_window=True,
+            max_window_layers=0,
+            layer_types=["sliding_attention"],
+        )
+        attn = getattr(module, family.attention)(config, 0)
+        expression = window_lines[0].removeprefix("sliding_window=").split("#")[0].rstrip(", ")
+        assert eval(expression, {"getattr": getattr}, {"self": attn}) == 16
+        assert family.window(attn) == 16
+
+
+def test_fused_layers_change_no_token_or_logit(tiny_model_dir, monkeypatch):
+    loaded = load_model(tiny_model_dir, dtype="bfloat16")
     layers = loaded.model.config.num_hidden_layers
     prompts = invariance_prompts(loaded.model.config.vocab_size, 6, seed=6)
     for numerics in ("invariant", "fast"):
