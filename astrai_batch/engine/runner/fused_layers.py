@@ -94,8 +94,10 @@ class FusedDecoderForward:
         self.kernels = kernels
         self.lanes = lanes
         self.act_table = act_table  # the MLP's activation at every bfloat16 value, or None
-        # looked up once, not per call as transformers does: fusing happens per engine
-        self.attention = _attention_interface(layer.self_attn)
+        # the attention function per implementation name: looked up per call, as transformers
+        # does (a peer may switch the model to sdpa), without its registry's cost each time
+        self._interfaces: dict[str, Callable] = {}
+        self._eager = getattr(sys.modules[type(attn).__module__], "eager_attention_forward", None)
 
     def __call__(
         self,
@@ -128,7 +130,12 @@ class FusedDecoderForward:
         q, k = self.kernels.rotary(q.reshape(tokens, -1), k.reshape(tokens, -1), cos, sin, dim)
         shape = (*input_shape, -1, dim)
         written = self._write_pool(kwargs.get(BATCH_KWARG), attn.layer_idx, k, v)
-        attn_output, _ = self.attention(
+        name = attn.config._attn_implementation
+        interface = self._interfaces.get(name)
+        if interface is None:
+            interface = _attention_interface(name, self._eager)
+            self._interfaces[name] = interface
+        attn_output, _ = interface(
             attn,
             q.view(shape).transpose(1, 2),
             k.view(shape).transpose(1, 2),
@@ -168,13 +175,12 @@ class FusedDecoderForward:
         return True
 
 
-def _attention_interface(attn: nn.Module):
-    """The attention function transformers' forward would call (looked up per call, as it is)."""
+def _attention_interface(name: str, eager: Callable | None):
+    """The attention function transformers' forward calls for implementation `name` (its
+    modeling file's `eager_attention_forward` for "eager")."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-    from transformers.models.llama.modeling_llama import eager_attention_forward
 
-    name = attn.config._attn_implementation
-    return ALL_ATTENTION_FUNCTIONS.get_interface(name, eager_attention_forward)
+    return ALL_ATTENTION_FUNCTIONS.get_interface(name, eager)
 
 
 def set_fused_layers(model: nn.Module, fused: bool, memo: dict) -> int:

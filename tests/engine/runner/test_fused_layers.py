@@ -176,6 +176,23 @@ def test_only_llamas_own_layer_classes_are_fused(kernels):
     assert "forward" not in layer.__dict__
 
 
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+def test_a_fused_layer_follows_the_models_attention_implementation(kernels, implementation):
+    """A peer may switch the model to transformers' own attention (bench, references): the
+    fused forward then calls that one, and computes what transformers' forward does."""
+    layer = _tiny_layer()
+    layer.self_attn.config._attn_implementation = implementation
+    gen = torch.Generator().manual_seed(11)
+    hidden = torch.randn(1, 7, 64, generator=gen).bfloat16()
+    angles = torch.rand(1, 7, 8, generator=gen) * 7
+    angles = torch.cat((angles, angles), dim=-1)
+    embeddings = (angles.cos().bfloat16(), angles.sin().bfloat16())
+    with torch.inference_mode():
+        expected = layer(hidden, position_embeddings=embeddings)
+        assert set_fused_layers(torch.nn.ModuleList([layer]), True, {("layer kernels",): kernels})
+        assert torch.equal(layer(hidden, position_embeddings=embeddings), expected)
+
+
 def test_a_layer_whose_norm_does_not_match_is_left_alone(kernels, monkeypatch):
     monkeypatch.setattr(fused_layers, "norm_matches", lambda kernels, norm: 0)
     model = torch.nn.ModuleList([_tiny_layer()])
