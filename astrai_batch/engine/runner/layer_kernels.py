@@ -22,7 +22,9 @@ import torch
 from astrai_batch.engine.attention.kernels.invariant_cpu import KernelUnavailable, build
 
 SOURCE = Path(__file__).with_name("layer_cpu.c")
-LANES = (16, 8, 4)  # float lanes of torch's CPU vectors: AVX-512, AVX2 and the default, NEON
+# float lanes of torch's CPU vectors, the likeliest first: AVX2 (the sum kernel torch runs on
+# AVX-512 CPUs too: 2.13 registers no AVX-512 build of it), AVX-512, NEON
+LANES = (8, 16, 4)
 MAX_WIDTH = 16384  # the C source's longest norm row
 
 _ptr = ctypes.c_void_p

@@ -10,6 +10,8 @@ import random
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from invariance_kit import assert_same_rows, invariance_prompts, mixed_requests, run_capturing
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import (
@@ -69,6 +71,26 @@ def test_the_norm_has_transformers_bits_at_random_row_counts(kernels, width):
             assert torch.equal(out, norm(x)), f"seed {seed}, {rows} rows"
             assert torch.equal(total, r + x), f"seed {seed}, {rows} rows"
             assert torch.equal(added, norm(r + x)), f"seed {seed}, {rows} rows"
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    width=st.integers(min_value=1, max_value=5000),
+    rows=st.integers(min_value=1, max_value=40),
+    eps=st.sampled_from([1e-6, 1e-5, 1e-3]),
+    seed=st.integers(min_value=0, max_value=2**16),
+)
+def test_the_norm_follows_torchs_sum_at_any_width(kernels, width, rows, eps, seed):
+    """Widths with vector and scalar tails, past a cascade level (torch's multi_row_sum),
+    any eps: the lanes the check picks give transformers' means and outputs."""
+    norm = _norm(width, eps=eps, seed=seed)
+    lanes = norm_matches(kernels, norm)
+    assert lanes in LANES
+    x = adversarial_hidden(rows, width, seed)
+    with torch.inference_mode():
+        assert torch.equal(kernels.mean_squares(x, lanes), x.float().pow(2).mean(-1))
+        out, _ = kernels.rms_norm(x, norm.weight, norm.variance_epsilon, lanes)
+        assert torch.equal(out, norm(x))
 
 
 def test_the_check_tells_summation_orders_apart(kernels):
