@@ -8,7 +8,8 @@ each ~10 us of dispatch for microseconds of work, 30 layers a step (SmolLM2). He
 forward is replaced on the instance (parameters, names and submodules untouched) by
 `FusedDecoderForward`, which runs transformers' own `LlamaDecoderLayer.forward` and
 `LlamaAttention.forward` line for line, calling the same projections, MLP and attention
-function, with four steps in C:
+function, with its q, k and v (and gate and up) as one GEMM each where that keeps their bits
+(`merged_gemms`) and four steps in C:
 
 - `input_layernorm(x)`; `post_attention_layernorm(x + attention)` with the add in the pass;
 - `apply_rotary_pos_emb(q, k, cos, sin)` straight from the projections' rows;
@@ -48,6 +49,7 @@ from astrai_batch.engine.runner.layer_kernels import (
     rotary_matches,
     takes_rows,
 )
+from astrai_batch.engine.runner.merged_gemms import merged_gemm
 
 _LOG = logging.getLogger(__name__)
 SWITCH_ENV_VAR = "ASTRAI_BATCH_FUSED_LAYERS"
@@ -86,9 +88,16 @@ class FusedDecoderForward:
         kernels: LayerKernels,
         lanes: int,
         act_table: torch.Tensor | None,
+        memo: dict,
     ):
         self.layer = layer
         attn = layer.self_attn
+        # q, k, v (and gate, up) as one GEMM where that keeps their bits (`merged_gemms`)
+        self.qkv = merged_gemm((attn.q_proj, attn.k_proj, attn.v_proj), memo)
+        mlp = layer.mlp
+        self.gate_up = None
+        if act_table is not None:
+            self.gate_up = merged_gemm((mlp.gate_proj, mlp.up_proj), memo)
         window = {} if family.window is None else {"sliding_window": family.window(attn)}
         self.window = window  # the attention function's extra argument, as the family passes it
         self.kernels = kernels
@@ -122,11 +131,13 @@ class FusedDecoderForward:
         )
         input_shape = hidden_states.shape[:-1]
         dim = attn.head_dim
-        q = attn.q_proj(normed)
-        k = attn.k_proj(normed)
-        v = attn.v_proj(normed)
+        tokens = input_shape.numel()
+        projections = (attn.q_proj, attn.k_proj, attn.v_proj)
+        if self.qkv is not None and self.qkv.applies(projections, tokens):
+            q, k, v = self.qkv.run(normed)
+        else:
+            q, k, v = (projection(normed) for projection in projections)
         cos, sin = position_embeddings
-        tokens = q.shape[:-1].numel()
         q, k = self.kernels.rotary(q.reshape(tokens, -1), k.reshape(tokens, -1), cos, sin, dim)
         shape = (*input_shape, -1, dim)
         written = self._write_pool(kwargs.get(BATCH_KWARG), attn.layer_idx, k, v)
@@ -157,8 +168,11 @@ class FusedDecoderForward:
         mlp = layer.mlp
         if self.act_table is None:
             return residual + mlp(normed)
-        up = self.kernels.act_mul(mlp.gate_proj(normed), mlp.up_proj(normed), self.act_table)
-        return residual + mlp.down_proj(up)
+        if self.gate_up is not None and self.gate_up.applies((mlp.gate_proj, mlp.up_proj), tokens):
+            gate, up = self.gate_up.run(normed)
+        else:
+            gate, up = mlp.gate_proj(normed), mlp.up_proj(normed)
+        return residual + mlp.down_proj(self.kernels.act_mul(gate, up, self.act_table))
 
     def _write_pool(self, batch, layer: int, keys: torch.Tensor, values: torch.Tensor) -> bool:
         """Writes the step's keys and values into the C attention kernel's pool, as
@@ -185,7 +199,8 @@ def _attention_interface(name: str, eager: Callable | None):
 
 def set_fused_layers(model: nn.Module, fused: bool, memo: dict) -> int:
     """Fuses every fusable layer of `model` (or restores them all); returns how many
-    changed. Checks run once per loaded model (`memo`, the probes' memo)."""
+    changed. Checks run once per loaded model (`memo`, the probes' memo). Called after the
+    numerics set the linears up (their row schemes and packed weights are merged as found)."""
     changed = 0
     for module in model.modules():
         if isinstance(module.__dict__.get("forward"), FusedDecoderForward):
@@ -201,7 +216,7 @@ def set_fused_layers(model: nn.Module, fused: bool, memo: dict) -> int:
         if lanes:
             table = _activation_table(module.mlp, memo)
             family = FAMILIES[type(module).__name__]
-            module.forward = FusedDecoderForward(module, family, kernels, lanes, table)
+            module.forward = FusedDecoderForward(module, family, kernels, lanes, table, memo)
             changed += 1
     return changed
 

@@ -50,13 +50,12 @@ def plan_numerics(
 ) -> NumericsPlan:
     """Sets the model's linear, expert and norm tiling for `numerics` and plans its attention."""
     memo = {} if probe_results is None else probe_results
-    # either numerics: norms, residual add and rotary in C where that changes no bit (CPU)
-    set_fused_layers(model, fusion_supported(model), memo)
     if numerics != "invariant":
         set_row_tiling(model, False)
         set_expert_tiling(model, False)
         set_norm_tiling(model, False)
         pack_plain_linears(model, memo)  # bfloat16 on the CPU: one GEMM a step, packed
+        _fuse_layers(model, memo)
         # the C kernel is the CPU's fastest bfloat16 attention under fast numerics too
         kernel = None
         if graphs is None and features.softcap is None:
@@ -71,6 +70,7 @@ def plan_numerics(
     scheme = _probed(memo, ("linear rows", shapes, where), lambda: row_schemes_for(model))
     set_row_tiling(model, True, scheme)
     pack_weights(model, memo)  # the same bits, without repacking per call (bfloat16, CPU)
+    _fuse_layers(model, memo)
     set_expert_tiling(model, True, scheme)  # MoE: each expert's GEMM, the router's
     heads = (*_heads_key(query_heads, attention_pool), where)
     # CUDA: attention and norm reductions in a construction-fixed order (Triton)
@@ -93,6 +93,12 @@ def plan_numerics(
         key = ("block attention rows", heads)
         gemm_rows = _probed(memo, key, lambda: _attention_rows(query_heads, attention_pool))
     return NumericsPlan(gemm_rows, flash, invariant_kernel)
+
+
+def _fuse_layers(model: torch.nn.Module, memo: dict) -> None:
+    """Either numerics, once the linears are set up: norms, rotary, activation and pool writes
+    in C, q/k/v and gate/up merged, where that changes no bit (`fused_layers`, CPU bfloat16)."""
+    set_fused_layers(model, fusion_supported(model), memo)
 
 
 def _cpu_kernel(memo: dict, query_heads: int, pool: KVPool):

@@ -10,6 +10,7 @@ import random
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import build_tiny_tokenizer, tiny_config_kwargs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from invariance_kit import assert_same_rows, invariance_prompts, mixed_requests, run_capturing
@@ -23,12 +24,15 @@ from transformers.models.llama.modeling_llama import (
 from astrai_batch.engine import EngineConfig
 from astrai_batch.engine.model.converted import cache_root
 from astrai_batch.engine.model.loader import load_model
-from astrai_batch.engine.runner import fused_layers
+from astrai_batch.engine.numerics.blas_rows import RowScheme
+from astrai_batch.engine.numerics.packed_gemm import pack, packing_supported
+from astrai_batch.engine.runner import fused_layers, merged_gemms
 from astrai_batch.engine.runner.fused_layers import (
     SWITCH_ENV_VAR,
     FusedDecoderForward,
     set_fused_layers,
 )
+from astrai_batch.engine.runner.invariant_linear import RowTiledLinear
 from astrai_batch.engine.runner.layer_kernels import (
     LANES,
     activation_table,
@@ -38,6 +42,11 @@ from astrai_batch.engine.runner.layer_kernels import (
     norm_matches,
     rotary_matches,
     takes_rows,
+)
+
+needs_packing = pytest.mark.skipif(
+    not packing_supported(torch.bfloat16, torch.device("cpu")),
+    reason="this torch packs no bfloat16 weights",
 )
 
 
@@ -284,6 +293,88 @@ def test_fused_layers_change_no_token_or_logit(tiny_model_dir, monkeypatch):
         assert _fused_count(loaded) == 0
         monkeypatch.delenv(SWITCH_ENV_VAR)
         assert_same_rows(plain, fused, range(6))
+
+
+@pytest.fixture(scope="module")
+def wide_llama_dir(tmp_path_factory):
+    """A tiny Llama whose projections all pack (hidden 128: 64-column ones do not here), so
+    its q/k/v and gate/up run merged."""
+    from transformers import AutoModelForCausalLM
+
+    tokenizer = build_tiny_tokenizer()
+    kwargs = {**tiny_config_kwargs(tokenizer), "hidden_size": 128, "intermediate_size": 256}
+    torch.manual_seed(77)
+    model = AutoModelForCausalLM.from_config(LlamaConfig(**kwargs), dtype=torch.float32)
+    path = tmp_path_factory.mktemp("wide-llama")
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def _merged_count(loaded) -> int:
+    layers = [m.__dict__.get("forward") for m in loaded.model.modules()]
+    fused = [f for f in layers if isinstance(f, FusedDecoderForward)]
+    return sum((f.qkv is not None) + (f.gate_up is not None) for f in fused)
+
+
+@needs_packing
+def test_merged_projections_change_no_token_or_logit(wide_llama_dir, monkeypatch):
+    loaded = load_model(wide_llama_dir, dtype="bfloat16")
+    layers = loaded.model.config.num_hidden_layers
+    prompts = invariance_prompts(loaded.model.config.vocab_size, 6, seed=8)
+    for numerics in ("invariant", "fast"):
+        config = EngineConfig(page_size=8, num_pages=128, numerics=numerics)
+        fused, _ = run_capturing(loaded, mixed_requests(prompts, range(6)), config)
+        assert _merged_count(loaded) == 2 * layers
+        monkeypatch.setenv(SWITCH_ENV_VAR, "0")
+        plain, _ = run_capturing(loaded, mixed_requests(prompts, range(6)), config)
+        monkeypatch.delenv(SWITCH_ENV_VAR)
+        assert_same_rows(plain, fused, range(6))
+
+
+@needs_packing
+def test_a_merge_is_checked_and_declined_where_columns_differ(monkeypatch):
+    """The merged GEMM's columns equal each layer's F.linear at the sampled row counts, and a
+    GEMM that changes one element at one row count is declined."""
+    assert merged_gemms.merged_matches(576, (576, 192, 192), False)
+    assert merged_gemms.merged_matches(128, (128, 64), True)
+    real = merged_gemms.packed_gemm
+
+    def off_at_seven_rows(rows, packed, bias):
+        out = real(rows, packed, bias)
+        if rows.shape[0] == 7:
+            out[3, -1] = out[3, -1] + 1
+        return out
+
+    monkeypatch.setattr(merged_gemms, "packed_gemm", off_at_seven_rows)
+    assert not merged_gemms.merged_matches(128, (128, 64), False)
+
+
+@needs_packing
+def test_a_merge_needs_packed_layers_on_one_scheme_and_follows_them():
+    linears = [torch.nn.Linear(128, n, bias=False).bfloat16() for n in (128, 64, 64)]
+    tiled = tuple(RowTiledLinear(m, RowScheme.whole()) for m in linears)
+    memo: dict = {}
+    assert merged_gemms.merged_gemm(tiled, memo) is None  # not packed
+    for layer in tiled:
+        layer._packed = pack(layer.weight.detach())
+    merged = merged_gemms.merged_gemm(tiled, memo)
+    assert merged is not None and merged.sizes == (128, 64, 64)
+    x = torch.randn(2, 5, 128).bfloat16()
+    with torch.inference_mode():
+        for part, layer in zip(merged.run(x), tiled, strict=True):
+            assert torch.equal(part, layer(x))
+    assert merged.applies(tiled, 5)
+    assert not merged.applies(
+        (tiled[0], tiled[1], RowTiledLinear(linears[2], RowScheme.whole())), 5
+    )
+    assert merged_gemms.merged_gemm(tiled, memo).packed is merged.packed  # the copy is kept
+    other = RowTiledLinear(linears[1], RowScheme.tiles(16))
+    other._packed = tiled[1]._packed
+    assert merged_gemms.merged_gemm((tiled[0], other), memo) is None  # two schemes
+    assert not merged_gemms.MergedGemm(tiled, merged.packed, None, merged.sizes, 1, 4).applies(
+        tiled, 5
+    )
 
 
 def test_float32_models_are_not_fused(tiny_llama_dir):
