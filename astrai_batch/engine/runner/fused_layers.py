@@ -108,7 +108,30 @@ class FusedDecoderForward:
         self._interfaces: dict[str, Callable] = {}
         self._eager = getattr(sys.modules[type(attn).__module__], "eager_attention_forward", None)
 
-    def __call__(
+    def __call__(self, *args, **kwargs) -> torch.Tensor:
+        layer = self.layer
+        if not self._fused_call(args, kwargs):  # transformers' forward, as it was called
+            return type(layer).forward(layer, *args, **kwargs)
+        return self._fused(*args, **kwargs)
+
+    def _fused_call(self, args: tuple, kwargs: dict) -> bool:
+        """Whether a call runs fused: hidden states (alone positional) CPU bfloat16, no
+        transformers cache (the engine keeps its own), no gradients wanted (the C steps have
+        none), rotary embeddings given; anything else (a cache, training, a model moved to
+        another device or dtype) runs transformers' forward."""
+        hidden = args[0] if len(args) == 1 else kwargs.get("hidden_states")
+        if len(args) > 1 or not isinstance(hidden, torch.Tensor):
+            return False
+        if hidden.device.type != "cpu" or hidden.dtype != torch.bfloat16:
+            return False
+        if kwargs.get("cache") is not None or kwargs.get("past_key_values") is not None:
+            return False
+        if kwargs.get("position_embeddings") is None:
+            return False
+        norm = self.layer.input_layernorm.weight
+        return not (torch.is_grad_enabled() and norm.requires_grad)
+
+    def _fused(
         self,
         hidden_states: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
@@ -119,12 +142,6 @@ class FusedDecoderForward:
         **kwargs,
     ) -> torch.Tensor:
         layer = self.layer
-        if cache is not None or kwargs.get("past_key_values") is not None:
-            # transformers' own cache (never the engine's): its forward, unchanged
-            return type(layer).forward(
-                layer, hidden_states, attention_mask, position_ids, cache, use_cache,
-                position_embeddings, **kwargs,
-            )  # fmt: skip
         attn, norm = layer.self_attn, layer.input_layernorm
         normed, _ = self.kernels.rms_norm(
             hidden_states, norm.weight, norm.variance_epsilon, self.lanes
@@ -137,10 +154,11 @@ class FusedDecoderForward:
             q, k, v = self.qkv.run(normed)
         else:
             q, k, v = (projection(normed) for projection in projections)
-        cos, sin = position_embeddings
+        # [1, T, D] angles broadcast over a batch of B rows, as transformers' operators do
+        cos, sin = (angles.expand(*input_shape, dim) for angles in position_embeddings)
         q, k = self.kernels.rotary(q.reshape(tokens, -1), k.reshape(tokens, -1), cos, sin, dim)
         shape = (*input_shape, -1, dim)
-        written = self._write_pool(kwargs.get(BATCH_KWARG), attn.layer_idx, k, v)
+        written = self._write_pool(kwargs.get(BATCH_KWARG), attn.layer_idx, k, v, dim)
         name = attn.config._attn_implementation
         interface = self._interfaces.get(name)
         if interface is None:
@@ -174,7 +192,9 @@ class FusedDecoderForward:
             gate, up = mlp.gate_proj(normed), mlp.up_proj(normed)
         return residual + mlp.down_proj(self.kernels.act_mul(gate, up, self.act_table))
 
-    def _write_pool(self, batch, layer: int, keys: torch.Tensor, values: torch.Tensor) -> bool:
+    def _write_pool(
+        self, batch, layer: int, keys: torch.Tensor, values: torch.Tensor, dim: int
+    ) -> bool:
         """Writes the step's keys and values into the C attention kernel's pool, as
         `paged_attention` would (a memcpy a row instead of two index_copy_ calls); False where
         the step runs another attention path or pool layout (it writes them itself then)."""
@@ -182,6 +202,9 @@ class FusedDecoderForward:
             return False
         slots = batch.write_slots
         k_pool, v_pool = batch.key_cache[layer], batch.value_cache[layer]
+        values = values.reshape(keys.shape[0], -1, dim)  # [T, Hk, D], as keys
+        if k_pool.shape[1:] != keys.shape[1:] or v_pool.shape[1:] != values.shape[1:]:
+            return False
         if not (takes_rows(k_pool, keys, slots) and takes_rows(v_pool, values, slots)):
             return False
         self.kernels.write_rows(keys, k_pool, slots)
@@ -246,6 +269,8 @@ def _fusable(layer: nn.Module, kernels: LayerKernels, memo: dict) -> int:
     attn = getattr(layer, "self_attn", None)
     if family is None or type(attn).__name__ != family.attention:
         return 0
+    if not (_transformers_own(type(layer)) and _transformers_own(type(attn))):
+        return 0  # a remote modeling file's class of the same name may do anything
     norms = (layer.input_layernorm, layer.post_attention_layernorm)
     if any(n.weight.dtype != torch.bfloat16 or n.weight.device.type != "cpu" for n in norms):
         return 0
@@ -258,8 +283,21 @@ def _fusable(layer: nn.Module, kernels: LayerKernels, memo: dict) -> int:
     key = ("fused rotary", type(attn).__module__, heads, dim)
     if key not in memo:
         runs = rotate is not None and dim % 2 == 0
-        memo[key] = runs and rotary_matches(kernels, rotate, heads, dim)
+        memo[key] = runs and _checked(lambda: rotary_matches(kernels, rotate, heads, dim))
     return lanes.pop() if memo[key] else 0
+
+
+def _transformers_own(cls: type) -> bool:
+    """Whether `cls` is defined in one of transformers' own modeling files."""
+    return cls.__module__.startswith("transformers.models.")
+
+
+def _checked(check, failed=False):
+    """A check's verdict; a check that raises (a module that takes other arguments) fails."""
+    try:
+        return check()
+    except Exception:
+        return failed
 
 
 def _activation_table(mlp: nn.Module, memo: dict) -> torch.Tensor | None:
@@ -267,16 +305,22 @@ def _activation_table(mlp: nn.Module, memo: dict) -> torch.Tensor | None:
     (`down_proj(act_fn(gate_proj(x)) * up_proj(x))`), else None (the MLP runs as it is)."""
     if type(mlp).__name__ not in FUSABLE_MLPS or not hasattr(mlp, "act_fn"):
         return None
-    key = ("activation table", type(mlp.act_fn).__qualname__, repr(mlp.act_fn))
-    if key not in memo:
-        memo[key] = activation_table(mlp.act_fn)
-    return memo[key]
+    if not _transformers_own(type(mlp)):
+        return None
+    tables = memo.setdefault(("activation tables",), {})
+    known = tables.get(id(mlp.act_fn))  # per instance: equal reprs may compute differently
+    if known is None or known[0] is not mlp.act_fn:
+        known = tables[id(mlp.act_fn)] = (mlp.act_fn, activation_table(mlp.act_fn))
+    return known[1]
 
 
 def _norm_lanes(norm: nn.Module, kernels: LayerKernels, memo: dict) -> int:
     if not hasattr(norm, "variance_epsilon") or norm.weight.dim() != 1:
         return 0
-    key = ("fused norm", type(norm).__name__, norm.weight.shape[0], norm.variance_epsilon)
+    if not _transformers_own(type(norm)):
+        return 0
+    key = ("fused norm", type(norm).__module__, type(norm).__name__, norm.weight.shape[0])
+    key += (norm.variance_epsilon,)
     if key not in memo:
-        memo[key] = norm_matches(kernels, norm)
+        memo[key] = _checked(lambda: norm_matches(kernels, norm), failed=0)
     return memo[key]

@@ -16,6 +16,7 @@
  * precision says, in the order written. */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define MAX_WIDTH 16384 /* a norm's row, in elements */
@@ -102,10 +103,10 @@ static inline __attribute__((always_inline)) float torch_row_sum(const float *da
     return total;
 }
 
+/* s and sq: scratch of `width` floats each (the caller's, one per thread) */
 static void norm_row(const bf16 *restrict x, const bf16 *restrict add, bf16 *restrict sum_out,
                      const bf16 *restrict weight, bf16 *restrict out, int64_t width, float eps,
-                     int lanes) {
-    float s[MAX_WIDTH], sq[MAX_WIDTH];
+                     int lanes, float *restrict s, float *restrict sq) {
     if (add) {
         for (int64_t e = 0; e < width; e++) {
             bf16 h = narrow(widen(x[e]) + widen(add[e]));
@@ -136,7 +137,9 @@ int mean_squares_bf16(const bf16 *x, int64_t x_row, float *out, int64_t rows, in
                       int lanes) {
     if (width > MAX_WIDTH || lanes < 1 || lanes > MAX_LANES)
         return -1;
-    float sq[MAX_WIDTH];
+    float *sq = (float *)malloc(sizeof(float) * (size_t)width);
+    if (!sq)
+        return -2;
     for (int64_t r = 0; r < rows; r++) {
         for (int64_t e = 0; e < width; e++) {
             const float v = widen(x[r * x_row + e]);
@@ -144,11 +147,12 @@ int mean_squares_bf16(const bf16 *x, int64_t x_row, float *out, int64_t rows, in
         }
         out[r] = torch_row_sum(sq, width, lanes) / (float)width;
     }
+    free(sq);
     return 0;
 }
 
 /* out[r] = norm(x[r] (+ add[r])), the sum written to sum_out[r] where `add` is given.
- * Returns -1 for a row wider than MAX_WIDTH or unknown lanes. */
+ * Returns -1 for a row wider than MAX_WIDTH or unknown lanes, -2 without memory. */
 int rms_norm_bf16(const bf16 *x, int64_t x_row, const bf16 *add, int64_t add_row,
                   bf16 *sum_out, int64_t sum_row, const bf16 *weight, bf16 *out,
                   int64_t out_row, int64_t rows, int64_t width, float eps, int lanes,
@@ -156,11 +160,21 @@ int rms_norm_bf16(const bf16 *x, int64_t x_row, const bf16 *add, int64_t add_row
     if (width > MAX_WIDTH || lanes < 1 || lanes > MAX_LANES)
         return -1;
     const int parallel = threads > 1 && rows * width >= 65536;
-#pragma omp parallel for num_threads(threads > 0 ? threads : 1) if (parallel) schedule(static)
-    for (int64_t r = 0; r < rows; r++)
-        norm_row(x + r * x_row, add ? add + r * add_row : NULL, add ? sum_out + r * sum_row : NULL,
-                 weight, out + r * out_row, width, eps, lanes);
-    return 0;
+    int failed = 0;
+#pragma omp parallel num_threads(threads > 0 ? threads : 1) if (parallel) reduction(| : failed)
+    {
+        float *scratch = (float *)malloc(sizeof(float) * 2 * (size_t)width);
+        if (!scratch)
+            failed = 1;
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < rows; r++)
+            if (scratch)
+                norm_row(x + r * x_row, add ? add + r * add_row : NULL,
+                         add ? sum_out + r * sum_row : NULL, weight, out + r * out_row, width, eps,
+                         lanes, scratch, scratch + width);
+        free(scratch);
+    }
+    return failed ? -2 : 0;
 }
 
 /* One head's rotation: dst = src * cos + rotate_half(src) * sin, rounded per torch operator */

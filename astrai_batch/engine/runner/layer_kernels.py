@@ -58,6 +58,8 @@ class LayerKernels:
         rows = _rows(x, x.shape[-1])
         out = torch.empty(rows.shape[0], dtype=torch.float32)
         status = self._means(rows.data_ptr(), rows.stride(0), out.data_ptr(), *rows.shape, lanes)
+        if status == -2:
+            raise MemoryError("the CPU norm kernel found no memory for its scratch")
         if status != 0:
             raise ValueError(f"the CPU norm kernel takes rows of up to {MAX_WIDTH} elements")
         return out
@@ -71,7 +73,10 @@ class LayerKernels:
         add: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(norm(s), s) with s = x + add (or x), rows of the last dimension, bfloat16."""
+        _bfloat16("norm", x, weight, *(() if add is None else (add,)))
         width = x.shape[-1]
+        if weight.shape != (width,) or (add is not None and add.shape != x.shape):
+            raise ValueError("the CPU norm kernel needs a weight and an addend of the rows' shape")
         rows = _rows(x, width)
         out = torch.empty(rows.shape, dtype=torch.bfloat16)
         total, extra = rows, None
@@ -85,6 +90,8 @@ class LayerKernels:
             weight.data_ptr(), out.data_ptr(), out.stride(0),
             rows.shape[0], width, eps, lanes, torch.get_num_threads(),
         )  # fmt: skip
+        if status == -2:
+            raise MemoryError("the CPU norm kernel found no memory for its scratch")
         if status != 0:
             raise ValueError(f"the CPU norm kernel takes rows of up to {MAX_WIDTH} elements")
         return out.view(x.shape), total.view(x.shape)
@@ -94,8 +101,13 @@ class LayerKernels:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Queries [T, Hq * dim] and keys [T, Hk * dim] rotated by cos/sin [T, dim]:
         [T, Hq, dim] and [T, Hk, dim], contiguous, bfloat16."""
+        _bfloat16("rotary", q, k, cos, sin)
         tokens = q.shape[0]
         q_heads, k_heads = q.shape[1] // dim, k.shape[1] // dim
+        if k.shape[0] != tokens or cos.numel() != tokens * dim or sin.numel() != tokens * dim:
+            raise ValueError("the CPU rotary kernel needs one row of angles per token")
+        if q.stride(-1) != 1 or k.stride(-1) != 1:
+            q, k = q.contiguous(), k.contiguous()
         q_out = torch.empty(tokens, q_heads, dim, dtype=torch.bfloat16)
         k_out = torch.empty(tokens, k_heads, dim, dtype=torch.bfloat16)
         cos, sin = _rows(cos, dim), _rows(sin, dim)
@@ -115,6 +127,9 @@ class LayerKernels:
     def act_mul(self, gate: torch.Tensor, up: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
         """`act(gate) * up` in bfloat16, `table` the activation of every bfloat16 value
         (`activation_table`, float32), indexed by the value's bits."""
+        _bfloat16("activation", gate, up)
+        if gate.shape != up.shape or table.dtype != torch.float32 or table.numel() != 65536:
+            raise ValueError("the CPU activation kernel needs gate and up of one shape")
         width = gate.shape[-1]
         g, u = _rows(gate, width), _rows(up, width)
         out = torch.empty(g.shape, dtype=torch.bfloat16)
@@ -173,6 +188,13 @@ def activation_table(act) -> torch.Tensor | None:
     same = vector.view(torch.int16) == scalar.view(torch.int16)
     agree = bool((same | (vector.isnan() & scalar.isnan())).all())
     return vector.float().contiguous() if agree else None
+
+
+def _bfloat16(kernel: str, *tensors: torch.Tensor) -> None:
+    """The C kernels read CPU bfloat16 memory: anything else is refused, never misread."""
+    for t in tensors:
+        if t.dtype != torch.bfloat16 or t.device.type != "cpu":
+            raise ValueError(f"the CPU {kernel} kernel needs CPU bfloat16 tensors, got {t.dtype}")
 
 
 def _rows(t: torch.Tensor, width: int) -> torch.Tensor:

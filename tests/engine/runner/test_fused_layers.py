@@ -207,14 +207,15 @@ def test_only_llamas_own_layer_classes_are_fused(kernels):
     assert "forward" not in layer.__dict__
 
 
-@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
-def test_a_fused_layer_follows_the_models_attention_implementation(kernels, implementation):
-    """A peer may switch the model to transformers' own attention (bench, references): the
-    fused forward then calls that one, and computes what transformers' forward does."""
+@pytest.mark.parametrize("implementation,batch", [("sdpa", 1), ("eager", 1), ("sdpa", 3)])
+def test_a_fused_layer_follows_the_models_attention_implementation(kernels, implementation, batch):
+    """A peer may switch the model to transformers' own attention (bench, references), and
+    run a batch of rows whose rotary angles broadcast: the fused forward then calls that
+    attention and computes what transformers' forward does."""
     layer = _tiny_layer()
     layer.self_attn.config._attn_implementation = implementation
     gen = torch.Generator().manual_seed(11)
-    hidden = torch.randn(1, 7, 64, generator=gen).bfloat16()
+    hidden = torch.randn(batch, 7, 64, generator=gen).bfloat16()
     angles = torch.rand(1, 7, 8, generator=gen) * 7
     angles = torch.cat((angles, angles), dim=-1)
     embeddings = (angles.cos().bfloat16(), angles.sin().bfloat16())
@@ -222,6 +223,41 @@ def test_a_fused_layer_follows_the_models_attention_implementation(kernels, impl
         expected = layer(hidden, position_embeddings=embeddings)
         assert set_fused_layers(torch.nn.ModuleList([layer]), True, {("layer kernels",): kernels})
         assert torch.equal(layer(hidden, position_embeddings=embeddings), expected)
+
+
+def test_calls_the_c_steps_cannot_serve_run_transformers_forward(kernels):
+    """A transformers cache, gradients, float32 states: the fused forward hands the call to
+    transformers' own, unchanged."""
+    from transformers import DynamicCache
+
+    layer = _tiny_layer()
+    layer.self_attn.config._attn_implementation = "sdpa"
+    gen = torch.Generator().manual_seed(12)
+    hidden = torch.randn(1, 5, 64, generator=gen).bfloat16()
+    angles = torch.rand(1, 5, 8, generator=gen) * 7
+    angles = torch.cat((angles, angles), dim=-1)
+    embeddings = (angles.cos().bfloat16(), angles.sin().bfloat16())
+    with torch.inference_mode():
+        cached = layer(hidden, position_embeddings=embeddings, cache=DynamicCache())
+    assert set_fused_layers(torch.nn.ModuleList([layer]), True, {("layer kernels",): kernels})
+    with torch.inference_mode():
+        again = layer(hidden, position_embeddings=embeddings, cache=DynamicCache())
+    assert torch.equal(again, cached)
+    with torch.enable_grad():
+        layer(hidden, position_embeddings=embeddings).float().sum().backward()
+    # the gradient reaches the first norm: autograd ran through transformers' operators
+    assert layer.input_layernorm.weight.grad is not None
+    with pytest.raises(ValueError, match="the CPU norm kernel needs CPU bfloat16 tensors"):
+        kernels.rms_norm(hidden.float(), layer.input_layernorm.weight, 1e-5, 8)
+
+
+def test_a_remote_class_of_the_same_name_is_not_fused(kernels):
+    """trust_remote_code models may define their own `LlamaDecoderLayer`: only transformers'
+    own modeling files' classes are fused."""
+    remote = type("LlamaDecoderLayer", (LlamaDecoderLayer,), {"__module__": "remote_llama"})
+    layer = _tiny_layer()
+    layer.__class__ = remote
+    assert set_fused_layers(torch.nn.ModuleList([layer]), True, {("layer kernels",): kernels}) == 0
 
 
 def test_a_layer_whose_norm_does_not_match_is_left_alone(kernels, monkeypatch):
