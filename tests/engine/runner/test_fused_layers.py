@@ -193,6 +193,16 @@ def _tiny_layer() -> LlamaDecoderLayer:
     return LlamaDecoderLayer(config, layer_idx=0).bfloat16()
 
 
+def _layer_inputs(batch: int, tokens: int, seed: int):
+    """Hidden states [batch, tokens, 64] for `_tiny_layer` and its rotary (cos, sin), one
+    row of angles broadcast over the batch as transformers' default positions give."""
+    gen = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(batch, tokens, 64, generator=gen).bfloat16()
+    angles = torch.rand(1, tokens, 8, generator=gen) * 7
+    angles = torch.cat((angles, angles), dim=-1)
+    return hidden, (angles.cos().bfloat16(), angles.sin().bfloat16())
+
+
 def test_only_llamas_own_layer_classes_are_fused(kernels):
     memo = {("layer kernels",): kernels}
     layer = _tiny_layer()
@@ -214,11 +224,7 @@ def test_a_fused_layer_follows_the_models_attention_implementation(kernels, impl
     attention and computes what transformers' forward does."""
     layer = _tiny_layer()
     layer.self_attn.config._attn_implementation = implementation
-    gen = torch.Generator().manual_seed(11)
-    hidden = torch.randn(batch, 7, 64, generator=gen).bfloat16()
-    angles = torch.rand(1, 7, 8, generator=gen) * 7
-    angles = torch.cat((angles, angles), dim=-1)
-    embeddings = (angles.cos().bfloat16(), angles.sin().bfloat16())
+    hidden, embeddings = _layer_inputs(batch, 7, seed=11)
     with torch.inference_mode():
         expected = layer(hidden, position_embeddings=embeddings)
         assert set_fused_layers(torch.nn.ModuleList([layer]), True, {("layer kernels",): kernels})
@@ -232,11 +238,7 @@ def test_calls_the_c_steps_cannot_serve_run_transformers_forward(kernels):
 
     layer = _tiny_layer()
     layer.self_attn.config._attn_implementation = "sdpa"
-    gen = torch.Generator().manual_seed(12)
-    hidden = torch.randn(1, 5, 64, generator=gen).bfloat16()
-    angles = torch.rand(1, 5, 8, generator=gen) * 7
-    angles = torch.cat((angles, angles), dim=-1)
-    embeddings = (angles.cos().bfloat16(), angles.sin().bfloat16())
+    hidden, embeddings = _layer_inputs(1, 5, seed=12)
     with torch.inference_mode():
         cached = layer(hidden, position_embeddings=embeddings, cache=DynamicCache())
     assert set_fused_layers(torch.nn.ModuleList([layer]), True, {("layer kernels",): kernels})
@@ -316,19 +318,25 @@ def test_each_family_runs_llamas_forwards_line_for_line(layer_class):
         assert family.window(attn) == 16
 
 
-def test_fused_layers_change_no_token_or_logit(tiny_model_dir, monkeypatch):
-    loaded = load_model(tiny_model_dir, dtype="bfloat16")
-    layers = loaded.model.config.num_hidden_layers
-    prompts = invariance_prompts(loaded.model.config.vocab_size, 6, seed=6)
+def _assert_fusing_changes_nothing(loaded, seed: int, counted, expected: int, monkeypatch):
+    """Tokens and logits of 6 mixed requests, fused (`counted(loaded) == expected`) and with
+    fusing switched off, under both numerics."""
+    prompts = invariance_prompts(loaded.model.config.vocab_size, 6, seed=seed)
     for numerics in ("invariant", "fast"):
         config = EngineConfig(page_size=8, num_pages=128, numerics=numerics)
         fused, _ = run_capturing(loaded, mixed_requests(prompts, range(6)), config)
-        assert _fused_count(loaded) == layers
+        assert counted(loaded) == expected
         monkeypatch.setenv(SWITCH_ENV_VAR, "0")
         plain, _ = run_capturing(loaded, mixed_requests(prompts, range(6)), config)
         assert _fused_count(loaded) == 0
         monkeypatch.delenv(SWITCH_ENV_VAR)
         assert_same_rows(plain, fused, range(6))
+
+
+def test_fused_layers_change_no_token_or_logit(tiny_model_dir, monkeypatch):
+    loaded = load_model(tiny_model_dir, dtype="bfloat16")
+    layers = loaded.model.config.num_hidden_layers
+    _assert_fusing_changes_nothing(loaded, 6, _fused_count, layers, monkeypatch)
 
 
 @pytest.fixture(scope="module")
@@ -357,15 +365,7 @@ def _merged_count(loaded) -> int:
 def test_merged_projections_change_no_token_or_logit(wide_llama_dir, monkeypatch):
     loaded = load_model(wide_llama_dir, dtype="bfloat16")
     layers = loaded.model.config.num_hidden_layers
-    prompts = invariance_prompts(loaded.model.config.vocab_size, 6, seed=8)
-    for numerics in ("invariant", "fast"):
-        config = EngineConfig(page_size=8, num_pages=128, numerics=numerics)
-        fused, _ = run_capturing(loaded, mixed_requests(prompts, range(6)), config)
-        assert _merged_count(loaded) == 2 * layers
-        monkeypatch.setenv(SWITCH_ENV_VAR, "0")
-        plain, _ = run_capturing(loaded, mixed_requests(prompts, range(6)), config)
-        monkeypatch.delenv(SWITCH_ENV_VAR)
-        assert_same_rows(plain, fused, range(6))
+    _assert_fusing_changes_nothing(loaded, 8, _merged_count, 2 * layers, monkeypatch)
 
 
 @needs_packing
