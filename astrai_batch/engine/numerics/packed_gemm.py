@@ -65,14 +65,10 @@ def packing_matches(k: int, n: int, bias: bool, max_rows: int = DEFAULT_MAX_ROWS
     count up to `SMALL_ROWS`, the probe's large ones and `FAST_ROWS` on `PROBE_COLUMNS`
     columns, a few at the full width."""
     generator = torch.Generator().manual_seed(33)
-    weight = torch.randn(n, k, generator=generator)
-    weight[:, ::8] = 64.0  # against the adversarial rows: large products that cancel
-    weight = weight.to(torch.bfloat16)
+    weight = adversarial_weight(n, k, generator)
     b = torch.randn(n, generator=generator).to(torch.bfloat16) if bias else None
     narrow = min(n, PROBE_COLUMNS)
-    # fast numerics runs whole prefill chunks in one GEMM: a few larger counts too
-    counts = sorted({*range(1, SMALL_ROWS + 1), *LARGE_ROWS, max_rows, *FAST_ROWS})
-    runs = [(m, narrow) for m in counts]
+    runs = [(m, narrow) for m in checked_row_counts(max_rows)]
     if n > narrow:
         runs += [(m, n) for m in (1, 7, 64, max_rows)]
     packs = {width: pack(weight[:width]) for width in {narrow, n}}
@@ -83,6 +79,21 @@ def packing_matches(k: int, n: int, bias: bool, max_rows: int = DEFAULT_MAX_ROWS
             if not torch.equal(packed_gemm(rows, packs[width], bw), F.linear(rows, w, bw)):
                 return False
     return True
+
+
+def checked_row_counts(max_rows: int = DEFAULT_MAX_ROWS) -> list[int]:
+    """The row counts a packed GEMM must match `F.linear` at: every one up to `SMALL_ROWS`,
+    the row probe's large ones, its largest, and (fast numerics runs whole prefill chunks in
+    one GEMM) `FAST_ROWS`."""
+    return sorted({*range(1, SMALL_ROWS + 1), *LARGE_ROWS, max_rows, *FAST_ROWS})
+
+
+def adversarial_weight(n: int, k: int, generator: torch.Generator) -> torch.Tensor:
+    """A bfloat16 [n, k] weight for `blas_rows.adversarial_rows`: every 8th column 64, so
+    large products cancel and the small ones' summation order shows."""
+    weight = torch.randn(n, k, generator=generator)
+    weight[:, ::8] = 64.0
+    return weight.to(torch.bfloat16)
 
 
 def memory_allows(nbytes: int, meminfo: Path = Path("/proc/meminfo")) -> bool:

@@ -38,10 +38,10 @@ import torch
 from torch import nn
 
 from astrai_batch.engine.attention.kernels.invariant_batch import InvariantKernelBatch
+from astrai_batch.engine.attention.kernels.invariant_cpu import KernelUnavailable
 from astrai_batch.engine.attention.paged_attention import BATCH_KWARG, KV_WRITTEN_KWARG
 from astrai_batch.engine.model.converted import cache_root
 from astrai_batch.engine.runner.layer_kernels import (
-    KernelUnavailable,
     LayerKernels,
     activation_table,
     load_layer_kernels,

@@ -19,7 +19,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define MAX_WIDTH 16384 /* a norm's row, in elements */
 #define MAX_LANES 16
 #define ILP 4    /* torch's row_sum: interleaved accumulators */
 #define LEVELS 4 /* torch's multi_row_sum: cascade levels */
@@ -103,6 +102,21 @@ static inline __attribute__((always_inline)) float torch_row_sum(const float *da
     return total;
 }
 
+/* The float32 mean of the squares of s[0, width), as transformers' RMSNorm takes it (sq: the
+ * squares' scratch) */
+static float mean_of_squares(const float *restrict s, float *restrict sq, int64_t width,
+                             int lanes) {
+    for (int64_t e = 0; e < width; e++)
+        sq[e] = s[e] * s[e];
+    float sum;
+    switch (lanes) { /* constant lanes: the compiler unrolls the lane loops into vectors */
+    case 16: sum = torch_row_sum(sq, width, 16); break;
+    case 8: sum = torch_row_sum(sq, width, 8); break;
+    default: sum = torch_row_sum(sq, width, lanes); break;
+    }
+    return sum / (float)width;
+}
+
 /* s and sq: scratch of `width` floats each (the caller's, one per thread) */
 static void norm_row(const bf16 *restrict x, const bf16 *restrict add, bf16 *restrict sum_out,
                      const bf16 *restrict weight, bf16 *restrict out, int64_t width, float eps,
@@ -117,47 +131,36 @@ static void norm_row(const bf16 *restrict x, const bf16 *restrict add, bf16 *res
         for (int64_t e = 0; e < width; e++)
             s[e] = widen(x[e]);
     }
-    for (int64_t e = 0; e < width; e++)
-        sq[e] = s[e] * s[e];
-    float sum;
-    switch (lanes) { /* constant lanes: the compiler unrolls the lane loops into vectors */
-    case 16: sum = torch_row_sum(sq, width, 16); break;
-    case 8: sum = torch_row_sum(sq, width, 8); break;
-    default: sum = torch_row_sum(sq, width, lanes); break;
-    }
-    const float mean = sum / (float)width;
-    const float scale = 1.0f / sqrtf(mean + eps);
+    const float scale = 1.0f / sqrtf(mean_of_squares(s, sq, width, lanes) + eps);
     for (int64_t e = 0; e < width; e++)
         out[e] = narrow(widen(weight[e]) * widen(narrow(s[e] * scale)));
 }
 
-/* The float32 mean of each row's squares, as transformers' RMSNorm takes it: what the
- * loader's check compares bit for bit (a bfloat16 output hides most of a mean's last bits). */
+/* Each row's `mean_of_squares`: what the loader's check compares bit for bit (a bfloat16
+ * output hides most of a mean's last bits). Returns -1 for unknown lanes, -2 without memory. */
 int mean_squares_bf16(const bf16 *x, int64_t x_row, float *out, int64_t rows, int64_t width,
                       int lanes) {
-    if (width > MAX_WIDTH || lanes < 1 || lanes > MAX_LANES)
+    if (lanes < 1 || lanes > MAX_LANES)
         return -1;
-    float *sq = (float *)malloc(sizeof(float) * (size_t)width);
-    if (!sq)
+    float *s = (float *)malloc(sizeof(float) * 2 * (size_t)width);
+    if (!s)
         return -2;
     for (int64_t r = 0; r < rows; r++) {
-        for (int64_t e = 0; e < width; e++) {
-            const float v = widen(x[r * x_row + e]);
-            sq[e] = v * v;
-        }
-        out[r] = torch_row_sum(sq, width, lanes) / (float)width;
+        for (int64_t e = 0; e < width; e++)
+            s[e] = widen(x[r * x_row + e]);
+        out[r] = mean_of_squares(s, s + width, width, lanes);
     }
-    free(sq);
+    free(s);
     return 0;
 }
 
 /* out[r] = norm(x[r] (+ add[r])), the sum written to sum_out[r] where `add` is given.
- * Returns -1 for a row wider than MAX_WIDTH or unknown lanes, -2 without memory. */
+ * Returns -1 for unknown lanes, -2 without memory. */
 int rms_norm_bf16(const bf16 *x, int64_t x_row, const bf16 *add, int64_t add_row,
                   bf16 *sum_out, int64_t sum_row, const bf16 *weight, bf16 *out,
                   int64_t out_row, int64_t rows, int64_t width, float eps, int lanes,
                   int threads) {
-    if (width > MAX_WIDTH || lanes < 1 || lanes > MAX_LANES)
+    if (lanes < 1 || lanes > MAX_LANES)
         return -1;
     const int parallel = threads > 1 && rows * width >= 65536;
     int failed = 0;

@@ -1,11 +1,12 @@
-"""A decoder layer's norms and rotary embedding on the CPU in bfloat16, each one C call
-(`layer_cpu.c`) in place of the six to twelve torch operators transformers runs for it.
+"""A decoder layer's norms, rotary embedding, MLP activation and KV pool writes on the CPU in
+bfloat16, each one C call (`layer_cpu.c`) in place of the torch operators transformers runs.
 
 Why: at a decode step's 64 rows these operators are tiny, and their dispatch is the cost
 (SmolLM2: a norm 8 operators, the rotary embedding 12, ~10 us each, 30 layers a step).
 
 They must change no bit: `norm_matches` and `rotary_matches` compare them with transformers'
-own module and function on adversarial rows before a model uses them (`fused_layers`). The
+own module and function on adversarial rows before a model uses them (`fused_layers`), and
+`activation_table` takes torch's own activation at every bfloat16 value. The
 elementwise steps round where torch's operators round; the norm's one reduction, a row's sum
 of squares, follows torch's CPU sum kernel (its vectors' width is the one thing that varies
 with the CPU torch dispatches for, so the check tries the widths torch's kernels use and keeps
@@ -19,20 +20,19 @@ from pathlib import Path
 
 import torch
 
-from astrai_batch.engine.attention.kernels.invariant_cpu import KernelUnavailable, build
+from astrai_batch.engine.attention.kernels.invariant_cpu import build
 
 SOURCE = Path(__file__).with_name("layer_cpu.c")
 # float lanes of torch's CPU vectors, the likeliest first: AVX2 (measured: torch 2.13 sums with
 # its AVX2 kernel on an AVX-512 Zen 5 too), AVX-512, NEON
 LANES = (8, 16, 4)
-MAX_WIDTH = 16384  # the C source's longest norm row
 
 _ptr = ctypes.c_void_p
 _i64 = ctypes.c_int64
 
 
 class LayerKernels:
-    """The loaded library's two entry points, on torch tensors."""
+    """The loaded library's entry points, on torch tensors."""
 
     def __init__(self, library: ctypes.CDLL):
         self._norm = library.rms_norm_bf16
@@ -58,10 +58,7 @@ class LayerKernels:
         rows = _rows(x, x.shape[-1])
         out = torch.empty(rows.shape[0], dtype=torch.float32)
         status = self._means(rows.data_ptr(), rows.stride(0), out.data_ptr(), *rows.shape, lanes)
-        if status == -2:
-            raise MemoryError("the CPU norm kernel found no memory for its scratch")
-        if status != 0:
-            raise ValueError(f"the CPU norm kernel takes rows of up to {MAX_WIDTH} elements")
+        _norm_status(status, lanes)
         return out
 
     def rms_norm(
@@ -90,10 +87,7 @@ class LayerKernels:
             weight.data_ptr(), out.data_ptr(), out.stride(0),
             rows.shape[0], width, eps, lanes, torch.get_num_threads(),
         )  # fmt: skip
-        if status == -2:
-            raise MemoryError("the CPU norm kernel found no memory for its scratch")
-        if status != 0:
-            raise ValueError(f"the CPU norm kernel takes rows of up to {MAX_WIDTH} elements")
+        _norm_status(status, lanes)
         return out.view(x.shape), total.view(x.shape)
 
     def rotary(
@@ -190,6 +184,13 @@ def activation_table(act) -> torch.Tensor | None:
     return vector.float().contiguous() if agree else None
 
 
+def _norm_status(status: int, lanes: int) -> None:
+    if status == -2:
+        raise MemoryError("the CPU norm kernel found no memory for its scratch")
+    if status != 0:
+        raise ValueError(f"the CPU norm kernel sums vectors of 1-16 floats, not {lanes}")
+
+
 def _bfloat16(kernel: str, *tensors: torch.Tensor) -> None:
     """The C kernels read CPU bfloat16 memory: anything else is refused, never misread."""
     for t in tensors:
@@ -222,8 +223,6 @@ def norm_matches(kernels: LayerKernels, norm: torch.nn.Module, rows=(1, 3, 64, 2
     bit for bit, with and without the residual add, at each row count, and its float32 mean
     of squares equals the one `norm` takes; 0 where none does."""
     width = norm.weight.shape[0]
-    if width > MAX_WIDTH:
-        return 0
     eps = float(norm.variance_epsilon)
     with torch.inference_mode():
         cases = []
@@ -270,6 +269,3 @@ def rotary_matches(kernels: LayerKernels, rotate, heads: tuple[int, int], dim: i
             if not torch.equal(got_k, ref_k[0].transpose(0, 1)):
                 return False
     return True
-
-
-__all__ = ["KernelUnavailable", "LayerKernels", "load_layer_kernels", "norm_matches"]

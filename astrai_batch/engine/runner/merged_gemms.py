@@ -19,14 +19,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from astrai_batch.engine.numerics.blas_rows import (
-    DEFAULT_MAX_ROWS,
-    LARGE_ROWS,
-    SMALL_ROWS,
-    adversarial_rows,
-)
+from astrai_batch.engine.numerics.blas_rows import adversarial_rows
 from astrai_batch.engine.numerics.packed_gemm import (
-    FAST_ROWS,
+    adversarial_weight,
+    checked_row_counts,
     memory_allows,
     pack,
     packed_gemm,
@@ -95,19 +91,14 @@ def merged_gemm(layers: tuple[nn.Module, ...], memo: dict) -> MergedGemm | None:
 
 def merged_matches(k: int, sizes: tuple[int, ...], bias: bool) -> bool:
     """Whether one packed GEMM over weights of `sizes` output columns side by side gives each
-    weight's `F.linear` bits, at every row count `packing_matches` samples."""
+    weight's `F.linear` bits, at every row count packing is checked at."""
     generator = torch.Generator().manual_seed(35)
-    weights = []
-    for n in sizes:
-        weight = torch.randn(n, k, generator=generator)
-        weight[:, ::8] = 64.0  # against the adversarial rows: large products that cancel
-        weights.append(weight.to(torch.bfloat16))
+    weights = [adversarial_weight(n, k, generator) for n in sizes]
     biases = [torch.randn(n, generator=generator).to(torch.bfloat16) for n in sizes]
     merged = pack(torch.cat(weights))
     merged_bias = torch.cat(biases) if bias else None
-    counts = sorted({*range(1, SMALL_ROWS + 1), *LARGE_ROWS, DEFAULT_MAX_ROWS, *FAST_ROWS})
     with torch.inference_mode():
-        for m in counts:
+        for m in checked_row_counts():
             rows = adversarial_rows(m, k, generator).to(torch.bfloat16)
             parts = packed_gemm(rows, merged, merged_bias).split(sizes, dim=1)
             for part, weight, b in zip(parts, weights, biases, strict=True):
