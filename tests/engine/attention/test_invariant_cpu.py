@@ -35,6 +35,7 @@ CASES = [  # (kv heads, group, head dim, value dim, page size)
     (1, 2, 256, 256, 16),
     (2, 2, 128, 128, 16),  # the C source's fixed-shape paths: head sizes 64 and 128,
     (1, 7, 64, 64, 8),  # rows in register blocks of 4 (64) and 2 (128), and a remainder
+    (2, 3, 56, 60, 16),  # the fixed-shape paths with part of a chunk masked
 ]
 
 
