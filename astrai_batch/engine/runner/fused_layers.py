@@ -43,6 +43,7 @@ from astrai_batch.engine.attention.paged_attention import BATCH_KWARG, KV_WRITTE
 from astrai_batch.engine.model.converted import cache_root
 from astrai_batch.engine.runner.layer_kernels import (
     LayerKernels,
+    PoolWrite,
     activation_table,
     load_layer_kernels,
     norm_matches,
@@ -156,9 +157,11 @@ class FusedDecoderForward:
             q, k, v = (projection(normed) for projection in projections)
         # [1, T, D] angles broadcast over a batch of B rows, as transformers' operators do
         cos, sin = (angles.expand(*input_shape, dim) for angles in position_embeddings)
-        q, k = self.kernels.rotary(q.reshape(tokens, -1), k.reshape(tokens, -1), cos, sin, dim)
+        k = k.reshape(tokens, -1)
+        pools = self._pools(kwargs.get(BATCH_KWARG), attn.layer_idx, k, v, dim)
+        q, k = self.kernels.rotary(q.reshape(tokens, -1), k, cos, sin, dim, pools)
         shape = (*input_shape, -1, dim)
-        written = self._write_pool(kwargs.get(BATCH_KWARG), attn.layer_idx, k, v, dim)
+        written = pools is not None
         name = attn.config._attn_implementation
         interface = self._interfaces.get(name)
         if interface is None:
@@ -192,24 +195,23 @@ class FusedDecoderForward:
             gate, up = mlp.gate_proj(normed), mlp.up_proj(normed)
         return residual + mlp.down_proj(self.kernels.act_mul(gate, up, self.act_table))
 
-    def _write_pool(
+    def _pools(
         self, batch, layer: int, keys: torch.Tensor, values: torch.Tensor, dim: int
-    ) -> bool:
-        """Writes the step's keys and values into the C attention kernel's pool, as
-        `paged_attention` would (a memcpy a row instead of two index_copy_ calls); False where
-        the step runs another attention path or pool layout (it writes them itself then)."""
+    ) -> PoolWrite | None:
+        """Where the rotary kernel writes the step's keys and values, as `paged_attention`
+        would (a memcpy a row in the rotation's pass instead of two index_copy_ calls): the C
+        attention kernel's pools; None where the step runs another attention path or pool
+        layout (it writes them itself then). `keys` [T, Hk * dim], before rotation."""
         if not isinstance(batch, InvariantKernelBatch):
-            return False
+            return None
         slots = batch.write_slots
         k_pool, v_pool = batch.key_cache[layer], batch.value_cache[layer]
-        values = values.reshape(keys.shape[0], -1, dim)  # [T, Hk, D], as keys
-        if k_pool.shape[1:] != keys.shape[1:] or v_pool.shape[1:] != values.shape[1:]:
-            return False
+        values = values.reshape(keys.shape[0], -1, dim)  # [T, Hk, D], as the keys will be
+        if k_pool.shape[1:] != (keys.shape[1] // dim, dim) or v_pool.shape[1:] != values.shape[1:]:
+            return None
         if not (takes_rows(k_pool, keys, slots) and takes_rows(v_pool, values, slots)):
-            return False
-        self.kernels.write_rows(keys, k_pool, slots)
-        self.kernels.write_rows(values, v_pool, slots)
-        return True
+            return None
+        return PoolWrite(k_pool, v_pool, slots, values)
 
 
 def _attention_interface(name: str, eager: Callable | None):

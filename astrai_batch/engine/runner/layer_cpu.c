@@ -9,8 +9,9 @@
  *   sum rounded to bfloat16 as torch's three bfloat16 operators do.
  * - act_mul: `act(gate) * up`, the activation read from a table of its 65,536 bfloat16 values
  *   that torch's own activation computed (held widened to float32, exactly).
- * - write_rows: a step's new keys or values into their pool slots (torch's index_copy_ costs
- *   ~30 us a call at a decode step's 64 rows; this is a memcpy a row).
+ *   Where asked, the rotated keys and the values go into their KV pool slots in the same
+ *   pass (torch's index_copy_ costs ~30 us a call at a decode step's 64 rows; this is a
+ *   memcpy a row, on the threads the rotation runs on).
  *
  * Built with -ffp-contract=off and without -ffast-math: every operation rounds as IEEE single
  * precision says, in the order written. */
@@ -22,6 +23,9 @@
 #define MAX_LANES 16
 #define ILP 4    /* torch's row_sum: interleaved accumulators */
 #define LEVELS 4 /* torch's multi_row_sum: cascade levels */
+/* Steps of at least this many elements run on the caller's threads: at a decode step's 64
+ * rows (SmolLM2: 36,864 elements a norm) two threads take a norm from 21 to 16 us. */
+#define PARALLEL_ELEMENTS 8192
 
 typedef uint16_t bf16;
 
@@ -109,10 +113,12 @@ static float mean_of_squares(const float *restrict s, float *restrict sq, int64_
     for (int64_t e = 0; e < width; e++)
         sq[e] = s[e] * s[e];
     float sum;
-    switch (lanes) { /* constant lanes: the compiler unrolls the lane loops into vectors */
+    /* rows narrower than a vector: torch's scalar_inner_sum, the same row_sum on scalars */
+    const int vector_lanes = width < lanes ? 1 : lanes;
+    switch (vector_lanes) { /* constant lanes: the compiler unrolls the lane loops */
     case 16: sum = torch_row_sum(sq, width, 16); break;
     case 8: sum = torch_row_sum(sq, width, 8); break;
-    default: sum = torch_row_sum(sq, width, lanes); break;
+    default: sum = torch_row_sum(sq, width, vector_lanes); break;
     }
     return sum / (float)width;
 }
@@ -162,7 +168,7 @@ int rms_norm_bf16(const bf16 *x, int64_t x_row, const bf16 *add, int64_t add_row
                   int threads) {
     if (lanes < 1 || lanes > MAX_LANES)
         return -1;
-    const int parallel = threads > 1 && rows * width >= 65536;
+    const int parallel = threads > 1 && rows * width >= PARALLEL_ELEMENTS;
     int failed = 0;
 #pragma omp parallel num_threads(threads > 0 ? threads : 1) if (parallel) reduction(| : failed)
     {
@@ -193,15 +199,33 @@ static inline void rotate(const bf16 *restrict src, bf16 *restrict dst,
     }
 }
 
+/* Where a step's rotated keys and its values go in the attention kernel's pools: token t's
+ * row to slot slots[t] of each (a slot: one contiguous row of a token's heads). */
+typedef struct {
+    bf16 *k_pool, *v_pool;
+    int64_t k_slot, v_slot, pool_slots; /* slot strides (elements), slots in both pools */
+    const bf16 *v;                     /* the step's values, a token's heads side by side */
+    int64_t v_row, v_width;            /* its row stride and a token's elements */
+    const int64_t *slots;              /* [T] */
+} PoolWrite;
+
 /* q_out [T, q_heads, dim] and k_out [T, k_heads, dim] (contiguous) from rows of q and k
- * (heads side by side in a row) and cos/sin rows [T, dim]. Returns -1 for an odd head size. */
+ * (heads side by side in a row) and cos/sin rows [T, dim]; where `pools` is given, each
+ * token's rotated keys and its values are also copied into their pool slots (what
+ * index_copy_ into the pools would do, in the same pass over the tokens). Returns -1 for an
+ * odd head size, -3 for a slot outside the pools (nothing written then). */
 int rotary_bf16(const bf16 *q, int64_t q_row, bf16 *q_out, const bf16 *k, int64_t k_row,
                 bf16 *k_out, const bf16 *cos, const bf16 *sin, int64_t cs_row, int64_t tokens,
-                int64_t q_heads, int64_t k_heads, int64_t dim, int threads) {
+                int64_t q_heads, int64_t k_heads, int64_t dim, const PoolWrite *pools,
+                int threads) {
     if (dim % 2)
         return -1;
+    if (pools)
+        for (int64_t t = 0; t < tokens; t++)
+            if (pools->slots[t] < 0 || pools->slots[t] >= pools->pool_slots)
+                return -3;
     const int64_t heads = q_heads + k_heads, half = dim / 2;
-    const int parallel = threads > 1 && tokens * heads * dim >= 65536;
+    const int parallel = threads > 1 && tokens * heads * dim >= PARALLEL_ELEMENTS;
 #pragma omp parallel for num_threads(threads > 0 ? threads : 1) if (parallel) schedule(static)
     for (int64_t t = 0; t < tokens; t++) {
         const bf16 *c = cos + t * cs_row, *s = sin + t * cs_row;
@@ -209,6 +233,13 @@ int rotary_bf16(const bf16 *q, int64_t q_row, bf16 *q_out, const bf16 *k, int64_
             rotate(q + t * q_row + h * dim, q_out + (t * q_heads + h) * dim, c, s, half);
         for (int64_t h = 0; h < k_heads; h++)
             rotate(k + t * k_row + h * dim, k_out + (t * k_heads + h) * dim, c, s, half);
+        if (pools) {
+            const int64_t slot = pools->slots[t];
+            memcpy(pools->k_pool + slot * pools->k_slot, k_out + t * k_heads * dim,
+                   sizeof(bf16) * (size_t)(k_heads * dim));
+            memcpy(pools->v_pool + slot * pools->v_slot, pools->v + t * pools->v_row,
+                   sizeof(bf16) * (size_t)pools->v_width);
+        }
     }
     return 0;
 }
@@ -218,7 +249,7 @@ int rotary_bf16(const bf16 *q, int64_t q_row, bf16 *q_out, const bf16 *k, int64_
 int act_mul_bf16(const bf16 *gate, int64_t g_row, const bf16 *up, int64_t u_row,
                  const float *restrict table, bf16 *out, int64_t rows, int64_t width,
                  int threads) {
-    const int parallel = threads > 1 && rows * width >= 65536;
+    const int parallel = threads > 1 && rows * width >= PARALLEL_ELEMENTS;
 #pragma omp parallel for num_threads(threads > 0 ? threads : 1) if (parallel) schedule(static)
     for (int64_t r = 0; r < rows; r++) {
         const bf16 *restrict g = gate + r * g_row, *restrict u = up + r * u_row;
@@ -229,14 +260,4 @@ int act_mul_bf16(const bf16 *gate, int64_t g_row, const bf16 *up, int64_t u_row,
     return 0;
 }
 
-/* pool[slots[t]] = rows[t], `width` elements a row. Returns -3 for a slot outside the pool
- * (nothing written then). */
-int write_rows_bf16(const bf16 *rows, int64_t row_stride, bf16 *pool, int64_t slot_stride,
-                    const int64_t *slots, int64_t tokens, int64_t width, int64_t pool_slots) {
-    for (int64_t t = 0; t < tokens; t++)
-        if (slots[t] < 0 || slots[t] >= pool_slots)
-            return -3;
-    for (int64_t t = 0; t < tokens; t++)
-        memcpy(pool + slots[t] * slot_stride, rows + t * row_stride, sizeof(bf16) * width);
-    return 0;
-}
+int pool_write_size(void) { return (int)sizeof(PoolWrite); }

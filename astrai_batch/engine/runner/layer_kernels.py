@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import ctypes
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
-from astrai_batch.engine.attention.kernels.invariant_cpu import build
+from astrai_batch.engine.attention.kernels.invariant_cpu import KernelUnavailable, build
 
 SOURCE = Path(__file__).with_name("layer_cpu.c")
 # float lanes of torch's CPU vectors, the likeliest first: AVX2 (measured: torch 2.13 sums with
@@ -29,6 +30,30 @@ LANES = (8, 16, 4)
 
 _ptr = ctypes.c_void_p
 _i64 = ctypes.c_int64
+
+
+class PoolWrite(NamedTuple):
+    """A step's keys (once rotated) and values bound for the attention kernel's pools: token
+    t's row to slot `slots[t]` of each (`takes_rows` holds for both)."""
+
+    key_pool: torch.Tensor
+    value_pool: torch.Tensor
+    slots: torch.Tensor  # [T] int64
+    values: torch.Tensor  # the step's values, T rows of a token's heads side by side
+
+
+class _PoolWrite(ctypes.Structure):
+    _fields_ = [
+        ("k_pool", _ptr),
+        ("v_pool", _ptr),
+        ("k_slot", _i64),
+        ("v_slot", _i64),
+        ("pool_slots", _i64),
+        ("v", _ptr),
+        ("v_row", _i64),
+        ("v_width", _i64),
+        ("slots", _ptr),
+    ]
 
 
 class LayerKernels:
@@ -41,14 +66,13 @@ class LayerKernels:
         self._norm.restype = ctypes.c_int
         self._rotary = library.rotary_bf16
         self._rotary.argtypes = [_ptr, _i64, _ptr, _ptr, _i64, _ptr, _ptr, _ptr, _i64]
-        self._rotary.argtypes += [_i64, _i64, _i64, _i64, ctypes.c_int]
+        self._rotary.argtypes += [_i64, _i64, _i64, _i64, ctypes.POINTER(_PoolWrite), ctypes.c_int]
         self._rotary.restype = ctypes.c_int
+        if library.pool_write_size() != ctypes.sizeof(_PoolWrite):
+            raise KernelUnavailable("the layer kernels' pool write layout does not match")
         self._act_mul = library.act_mul_bf16
         self._act_mul.argtypes = [_ptr, _i64, _ptr, _i64, _ptr, _ptr, _i64, _i64, ctypes.c_int]
         self._act_mul.restype = ctypes.c_int
-        self._write_rows = library.write_rows_bf16
-        self._write_rows.argtypes = [_ptr, _i64, _ptr, _i64, _ptr, _i64, _i64, _i64]
-        self._write_rows.restype = ctypes.c_int
         self._means = library.mean_squares_bf16
         self._means.argtypes = [_ptr, _i64, _ptr, _i64, _i64, ctypes.c_int]
         self._means.restype = ctypes.c_int
@@ -91,10 +115,17 @@ class LayerKernels:
         return out.view(x.shape), total.view(x.shape)
 
     def rotary(
-        self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dim: int
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        dim: int,
+        pools: PoolWrite | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Queries [T, Hq * dim] and keys [T, Hk * dim] rotated by cos/sin [T, dim]:
-        [T, Hq, dim] and [T, Hk, dim], contiguous, bfloat16."""
+        [T, Hq, dim] and [T, Hk, dim], contiguous, bfloat16. With `pools`, the rotated keys
+        and the values are written into their slots as well (`index_copy_`'s result)."""
         _bfloat16("rotary", q, k, cos, sin)
         tokens = q.shape[0]
         q_heads, k_heads = q.shape[1] // dim, k.shape[1] // dim
@@ -108,12 +139,16 @@ class LayerKernels:
         if sin.stride(0) != cos.stride(0):
             sin = sin.contiguous()
             cos = cos.contiguous()
+        write = None if pools is None else _pool_write(pools, tokens, k_heads * dim)
         status = self._rotary(
             q.data_ptr(), q.stride(0), q_out.data_ptr(),
             k.data_ptr(), k.stride(0), k_out.data_ptr(),
             cos.data_ptr(), sin.data_ptr(), cos.stride(0),
-            tokens, q_heads, k_heads, dim, torch.get_num_threads(),
+            tokens, q_heads, k_heads, dim,
+            None if write is None else ctypes.byref(write[0]), torch.get_num_threads(),
         )  # fmt: skip
+        if status == -3:
+            raise IndexError("a step's write slot lies outside the KV pool")
         if status != 0:
             raise ValueError(f"the CPU rotary kernel takes even head sizes, got {dim}")
         return q_out, k_out
@@ -133,22 +168,9 @@ class LayerKernels:
         )  # fmt: skip
         return out.view(gate.shape)
 
-    def write_rows(self, rows: torch.Tensor, pool: torch.Tensor, slots: torch.Tensor) -> None:
-        """`pool.index_copy_(0, slots, rows)` for a pool that `takes_rows`."""
-        width = pool[0].numel()
-        flat = _rows(rows, width)
-        if flat.shape[0] != slots.shape[0]:
-            raise ValueError(f"{flat.shape[0]} rows for {slots.shape[0]} slots")
-        status = self._write_rows(
-            flat.data_ptr(), flat.stride(0), pool.data_ptr(), pool.stride(0),
-            slots.data_ptr(), flat.shape[0], width, pool.shape[0],
-        )  # fmt: skip
-        if status != 0:
-            raise IndexError("a step's write slot lies outside the KV pool")
-
 
 def takes_rows(pool: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor) -> bool:
-    """Whether `write_rows` can write `rows` (a token's values side by side) into `pool`:
+    """Whether `rotary` can write `rows` (a token's values side by side) into `pool`:
     bfloat16 both, each slot one contiguous row of a token's elements, int64 slots."""
     return (
         pool.dtype == rows.dtype == torch.bfloat16
@@ -182,6 +204,29 @@ def activation_table(act) -> torch.Tensor | None:
     same = vector.view(torch.int16) == scalar.view(torch.int16)
     agree = bool((same | (vector.isnan() & scalar.isnan())).all())
     return vector.float().contiguous() if agree else None
+
+
+def _pool_write(pools: PoolWrite, tokens: int, key_width: int):
+    """The C side's view of `pools` (with the tensors it points into, kept alive), or a
+    ValueError where a pool cannot take the step's rows."""
+    k_pool, v_pool, slots, values = pools
+    keys_fit = (
+        k_pool.dtype == torch.bfloat16
+        and k_pool.dim() >= 2
+        and k_pool[0].is_contiguous()
+        and k_pool[0].numel() == key_width
+        and slots.numel() == tokens
+    )
+    if not (keys_fit and takes_rows(v_pool, values, slots)):
+        raise ValueError("the KV pools cannot take this step's rows")
+    v_width = v_pool[0].numel()
+    rows = _rows(values, v_width)
+    write = _PoolWrite(
+        k_pool.data_ptr(), v_pool.data_ptr(), k_pool.stride(0), v_pool.stride(0),
+        min(k_pool.shape[0], v_pool.shape[0]), rows.data_ptr(), rows.stride(0), v_width,
+        slots.data_ptr(),
+    )  # fmt: skip
+    return write, rows
 
 
 def _norm_status(status: int, lanes: int) -> None:

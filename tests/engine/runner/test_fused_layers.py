@@ -35,6 +35,7 @@ from astrai_batch.engine.runner.fused_layers import (
 from astrai_batch.engine.runner.invariant_linear import RowTiledLinear
 from astrai_batch.engine.runner.layer_kernels import (
     LANES,
+    PoolWrite,
     activation_table,
     adversarial_hidden,
     every_bfloat16,
@@ -102,6 +103,13 @@ def test_the_norm_follows_torchs_sum_at_any_width(kernels, width, rows, eps, see
         assert torch.equal(out, norm(x))
 
 
+@pytest.mark.parametrize("width", range(1, 18))
+def test_rows_narrower_than_a_vector_sum_as_torchs_scalar_loop(kernels, width):
+    """Below a vector's width torch sums a row in its scalar loop (four interleaved partial
+    sums from width 4 on): the check finds the kernel's bits there too, at 1 to 257 rows."""
+    assert norm_matches(kernels, _norm(width, seed=width)) in LANES
+
+
 def test_the_check_tells_summation_orders_apart(kernels):
     """Only one vector width reproduces torch's means: the others differ on most rows, so a
     kernel summing in another order is declined, not used."""
@@ -163,22 +171,40 @@ def test_an_activation_that_depends_on_layout_gets_no_table():
     assert activation_table(by_layout) is None
 
 
-def test_rows_written_into_the_pool_are_index_copys(kernels):
+def test_the_rotary_pass_writes_keys_and_values_as_index_copy(kernels):
+    """The rotated keys and the values land in their pool slots as `index_copy_` puts them,
+    on one thread and on two (64 tokens: the rotation's parallel size); a slot outside
+    the pools raises with nothing written."""
     gen = torch.Generator().manual_seed(9)
-    pool = torch.randn(40, 3, 16, generator=gen).bfloat16()
-    keys = torch.randn(5, 3, 16, generator=gen).bfloat16()
-    values = torch.randn(1, 5, 48, generator=gen).bfloat16()  # v_proj's rows, heads side by side
-    slots = torch.tensor([7, 0, 39, 12, 13])
-    for rows in (keys, values):
-        assert takes_rows(pool, rows, slots)
-        expected = pool.clone().index_copy_(0, slots, rows.reshape(5, 3, 16))
-        kernels.write_rows(rows, pool, slots)
-        assert torch.equal(pool, expected)
-    with pytest.raises(IndexError, match="a step's write slot lies outside the KV pool"):
-        kernels.write_rows(keys, pool, torch.tensor([1, 2, 40, 3, 4]))
-    assert not takes_rows(pool.float(), keys, slots)
-    assert not takes_rows(pool, keys, slots.int())
-    assert not takes_rows(pool, keys[:4], slots)
+    threads_before = torch.get_num_threads()
+    for tokens, threads in ((5, 1), (64, 2)):
+        torch.set_num_threads(threads)
+        k_pool = torch.randn(200, 3, 16, generator=gen).bfloat16()
+        v_pool = torch.randn(200, 3, 16, generator=gen).bfloat16()
+        q = torch.randn(tokens, 9 * 16, generator=gen).bfloat16()
+        keys = torch.randn(tokens, 3 * 16, generator=gen).bfloat16()
+        values = torch.randn(1, tokens, 48, generator=gen).bfloat16()  # v_proj's rows
+        cos, sin = (torch.randn(tokens, 16, generator=gen).bfloat16() for _ in range(2))
+        slots = torch.randperm(200, generator=gen)[:tokens]
+        q_alone, k_alone = kernels.rotary(q, keys, cos, sin, 16)
+        want_k = k_pool.clone().index_copy_(0, slots, k_alone)
+        want_v = v_pool.clone().index_copy_(0, slots, values.reshape(tokens, 3, 16))
+        pools = PoolWrite(k_pool, v_pool, slots, values)
+        q_out, k_out = kernels.rotary(q, keys, cos, sin, 16, pools)
+        assert torch.equal(q_out, q_alone) and torch.equal(k_out, k_alone)
+        assert torch.equal(k_pool, want_k) and torch.equal(v_pool, want_v)
+        outside = slots.clone()
+        outside[-1] = 200
+        before = k_pool.clone(), v_pool.clone()
+        with pytest.raises(IndexError, match="a step's write slot lies outside the KV pool"):
+            kernels.rotary(q, keys, cos, sin, 16, PoolWrite(k_pool, v_pool, outside, values))
+        assert torch.equal(k_pool, before[0]) and torch.equal(v_pool, before[1])
+    torch.set_num_threads(threads_before)
+    with pytest.raises(ValueError, match="the KV pools cannot take this step's rows"):
+        kernels.rotary(q, keys, cos, sin, 16, PoolWrite(k_pool.float(), v_pool, slots, values))
+    assert not takes_rows(v_pool.float(), values, slots)
+    assert not takes_rows(v_pool, values, slots.int())
+    assert not takes_rows(v_pool, values[:, :4], slots)
 
 
 def _tiny_layer() -> LlamaDecoderLayer:
