@@ -8,9 +8,11 @@ SmolLM2-135M from its packaged GGUF (Q4_1): our engine dequantizes it; llama.cpp
 (llama-cpp-python, the `llama-cpp` extra, `bench/llama_cpp_peer`) runs it as it is, in a process
 of its own (`bench/llama_cpp_process`: in ours, it slowed our later runs). The
 shared-prefix workload, greedy, end of sequence ignored; after one warm-up of each, every
-round runs, in this order: ours with the default options (`--dtype auto`: bfloat16 where the
-CPU has native bf16 dot products; invariant numerics), ours `--dtype float32`, ours
-`--fast-numerics` (the default dtype), llama.cpp. Printed per run: wall, generated tokens/s,
+round runs ours with the default options (`--dtype auto`: bfloat16 where the CPU has native
+bf16 dot products; invariant numerics), ours `--dtype float32`, ours `--fast-numerics` (the
+default dtype) and llama.cpp, round 1 in that order, each later round's order rotated by one
+(`bench/numerics_pairs.round_order`: --repeat 4 puts each system once in each place). Printed
+per run: wall, generated tokens/s,
 our runs' roofline (`bench/roofline`: weight-GEMM FLOPs against the GEMM peak measured at the
 start for that dtype) and each system's greedy agreement with the float32 run of the same
 round; then medians and per-round ratios.
@@ -36,6 +38,7 @@ from astrai_batch.bench.config import BenchConfig
 from astrai_batch.bench.greedy_agreement import agreement
 from astrai_batch.bench.llama_cpp_peer import gguf_path
 from astrai_batch.bench.llama_cpp_process import LlamaCppProcess
+from astrai_batch.bench.numerics_pairs import round_order
 from astrai_batch.bench.ours import run_ours
 from astrai_batch.bench.prompts import BenchPrompts, load_prompts
 from astrai_batch.bench.roofline import gemm_peak, roofline
@@ -139,15 +142,19 @@ def _throughput(models, default_dtype, prompts: BenchPrompts, peer, repeat: int)
     walls: dict[str, list[float]] = {name: [] for name in (*systems, "llama-cpp")}
     for round_ in range(repeat):
         runs = {}
-        for name, (dtype, engine) in systems.items():
+        for name in round_order(tuple(walls), round_):
+            if name == "llama-cpp":
+                runs[name] = peer.run(prompts, round_)
+                print(f"round {round_ + 1} llama-cpp: {_rate(runs[name])}", flush=True)
+                continue
+            dtype, engine = systems[name]
             run = run_ours(models[dtype], prompts, engine, round_)
             line = roofline(models[dtype].model, run, peaks[dtype], prompts.num_prompts).line()
             runs[name] = run
             print(f"round {round_ + 1} {name}: {_rate(run)}; {line}", flush=True)
-        runs["llama-cpp"] = peer.run(prompts, round_)
-        print(f"round {round_ + 1} llama-cpp: {_rate(runs['llama-cpp'])}", flush=True)
         reference = runs["ours --dtype float32"].token_ids
-        for name, run in runs.items():
+        for name in walls:
+            run = runs[name]
             walls[name].append(run.wall_seconds)
             if run.token_ids != reference:
                 figures = _agree(prompts.prompt_token_ids, run.token_ids, reference)

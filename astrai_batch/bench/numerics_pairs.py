@@ -1,13 +1,15 @@
 """Invariant and fast numerics run alternately on one loaded model: what invariance costs.
 
 Used by scripts/bench_numerics.py (the default model, with a roofline per run) and
-scripts/bench_moe_numerics.py (a mixture-of-experts model at real shapes)."""
+scripts/bench_moe_numerics.py (a mixture-of-experts model at real shapes); `round_order` by
+scripts/bench_llama_cpp.py as well."""
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
+from typing import TypeVar
 
 from astrai_batch.bench.ours import run_ours
 from astrai_batch.bench.prompts import BenchPrompts
@@ -15,6 +17,19 @@ from astrai_batch.bench.runs import SystemRun
 from astrai_batch.engine import EngineConfig, LoadedModel
 
 MODES = ("invariant", "fast")
+T = TypeVar("T")
+
+
+def round_order(names: Sequence[T], round_: int) -> tuple[T, ...]:
+    """The order in which round `round_` runs `names`: rotated by one a round, so over as many
+    rounds as names each one runs once in each position. A fixed order biases the ratios: a run
+    right after a large one finds that run's freed memory still mapped by the host (measured on a
+    Firecracker guest: ~8 us a page for a first write otherwise), and its caches and clock
+    differ."""
+    if not names:
+        return ()
+    shift = round_ % len(names)
+    return (*names[shift:], *names[:shift])
 
 
 def alternate_numerics(
@@ -26,15 +41,16 @@ def alternate_numerics(
     warmup: BenchPrompts,
     note: Callable[[SystemRun], str] | None = None,
 ) -> dict[str, list[float]]:
-    """Wall seconds per mode over `repeat` rounds (invariant, fast, invariant, ...), after one
-    warm-up run of each on `warmup`; each run printed with `note(run)` after it."""
+    """Wall seconds per mode over `repeat` rounds (invariant then fast, fast then invariant, ...:
+    `round_order`), after one warm-up run of each on `warmup`; each run printed with
+    `note(run)` after it."""
     modes = {name: replace(EngineConfig(), numerics=name) for name in MODES}
     for engine in modes.values():
         run_ours(loaded, warmup, engine, None)
     walls: dict[str, list[float]] = {name: [] for name in modes}
     for round_ in range(repeat):
-        for name, engine in modes.items():
-            run = run_ours(loaded, prompts, engine, round_)
+        for name in round_order(tuple(modes), round_):
+            run = run_ours(loaded, prompts, modes[name], round_)
             walls[name].append(run.wall_seconds)
             extra = f"; {note(run)}" if note is not None else ""
             print(
