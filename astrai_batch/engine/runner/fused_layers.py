@@ -48,7 +48,6 @@ from astrai_batch.engine.runner.layer_kernels import (
     load_layer_kernels,
     norm_matches,
     rotary_matches,
-    takes_rows,
 )
 from astrai_batch.engine.runner.merged_gemms import merged_gemm
 
@@ -201,17 +200,15 @@ class FusedDecoderForward:
         """Where the rotary kernel writes the step's keys and values, as `paged_attention`
         would (a memcpy a row in the rotation's pass instead of two index_copy_ calls): the C
         attention kernel's pools; None where the step runs another attention path or pool
-        layout (it writes them itself then). `keys` [T, Hk * dim], before rotation."""
+        layout (it writes them itself then). `keys` [T, Hk * dim], before rotation. The rest
+        of what the write needs (dtypes, contiguous slots) the rotary kernel checks, once."""
         if not isinstance(batch, InvariantKernelBatch):
             return None
-        slots = batch.write_slots
         k_pool, v_pool = batch.key_cache[layer], batch.value_cache[layer]
         values = values.reshape(keys.shape[0], -1, dim)  # [T, Hk, D], as the keys will be
         if k_pool.shape[1:] != (keys.shape[1] // dim, dim) or v_pool.shape[1:] != values.shape[1:]:
             return None
-        if not (takes_rows(k_pool, keys, slots) and takes_rows(v_pool, values, slots)):
-            return None
-        return PoolWrite(k_pool, v_pool, slots, values)
+        return PoolWrite(k_pool, v_pool, batch.write_slots, values)
 
 
 def _attention_interface(name: str, eager: Callable | None):
