@@ -10,7 +10,10 @@ torch's own kernels, and a token alone against random crowds.
 
 from __future__ import annotations
 
+import platform
 import random
+import shutil
+import subprocess
 
 import pytest
 import torch
@@ -21,6 +24,7 @@ from astrai_batch.engine.attention.kernels import invariant_cpu
 from astrai_batch.engine.attention.kernels.invariant_cpu import (
     FLAGS,
     KernelUnavailable,
+    build,
     load_kernel,
 )
 from astrai_batch.engine.model.converted import cache_root
@@ -197,6 +201,23 @@ def test_the_portable_code_gives_the_vectorized_codes_bits(kernel):
         args = (q, keys, values, tables, token_table, token_keys, page_size, 0.3)
         for extra in ({}, {"window": 200, "sinks": sinks}):
             assert torch.equal(kernel.attend(*args, **extra), portable.attend(*args, **extra))
+
+
+@pytest.mark.parametrize(("march", "least"), [("-march=native", 8), ("-march=x86-64-v3", 2)])
+def test_the_built_kernel_keeps_its_prefetches(march, least):
+    """GCC deletes `__builtin_prefetch` loops as code without effects (the kernel's prefetches
+    were missing from its binary from a791e7f to 9238951): the walk's (unrolled, AVX-512)
+    and the split's (the portable build's key and value loops) must be in the machine code."""
+    objdump = shutil.which("objdump")
+    if objdump is None or platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("needs objdump and an x86-64 build")
+    with open("/proc/cpuinfo") as info:
+        if march == "-march=native" and "avx512f" not in info.read():
+            pytest.skip("this CPU builds the portable code")
+    library = build(cache_root(), tuple(march if f == "-march=native" else f for f in FLAGS))
+    code = subprocess.run([objdump, "-d", str(library)], capture_output=True, text=True).stdout
+    sites = sum("prefetcht" in line for line in code.splitlines())
+    assert sites >= least, f"{sites} prefetch instructions in the {march} build"
 
 
 def test_refuses_what_it_cannot_compute(kernel):
