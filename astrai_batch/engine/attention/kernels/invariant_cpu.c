@@ -128,14 +128,6 @@ static inline int64_t padded(int64_t n) { return (n + LANES - 1) / LANES * LANES
  * (16 and 64 were slower in the engine) */
 #define AHEAD 32
 
-/* Key i + AHEAD's row into L1 (the scores read it next) and its value row into L2 (the
- * values read it after the split's scores). */
-static inline void prefetch_ahead(const uint16_t *k, const uint16_t *v, int64_t key_bytes,
-                                  int64_t value_bytes) {
-    for (int64_t b = 0; b < key_bytes; b += 64) PREFETCH_L1((const char *)k + b);
-    for (int64_t b = 0; b < value_bytes; b += 64) PREFETCH_L2((const char *)v + b);
-}
-
 #ifdef __AVX512F__
 #include <immintrin.h>
 
@@ -193,10 +185,6 @@ static void scores_any(const Job *j, const int64_t *slots, int64_t h, const floa
     const int64_t D = j->head_dim, C = padded(D) / LANES;
     for (int64_t i = 0; i < n; i++) {
         const uint16_t *k = j->k + slots[i] * j->k_slot + h * j->k_head;
-        if (i + AHEAD < n)
-            prefetch_ahead(j->k + slots[i + AHEAD] * j->k_slot + h * j->k_head,
-                           j->v + slots[i + AHEAD] * j->v_slot + h * j->v_head, D * 2,
-                           j->value_dim * 2);
         __m512 kv[CHUNKS];
         for (int64_t c = 0; c < C; c++) kv[c] = load_bf16(k + LANES * c, D - LANES * c);
         for (int64_t r = 0; r < rows->count; r++) {
@@ -315,10 +303,12 @@ static inline __attribute__((always_inline)) void load_key(const Job *j, const i
                                                            __m512 *kv, const int C) {
     const int64_t D = j->head_dim;
     const uint16_t *k = j->k + slots[i] * j->k_slot + h * j->k_head;
-    if (i + AHEAD < to)
-        prefetch_ahead(j->k + slots[i + AHEAD] * j->k_slot + h * j->k_head,
-                       j->v + slots[i + AHEAD] * j->v_slot + h * j->v_head, D * 2,
-                       j->value_dim * 2);
+    if (i + AHEAD < to) { /* key i + AHEAD's row into L1, its value row into L2 */
+        const char *pk = (const char *)(j->k + slots[i + AHEAD] * j->k_slot + h * j->k_head);
+        const char *pv = (const char *)(j->v + slots[i + AHEAD] * j->v_slot + h * j->v_head);
+        for (int64_t b = 0; b < D * 2; b += 64) PREFETCH_L1(pk + b);
+        for (int64_t b = 0; b < j->value_dim * 2; b += 64) PREFETCH_L2(pv + b);
+    }
 #pragma GCC unroll 8
     for (int c = 0; c < C; c++)
         kv[c] = D == LANES * C ? load_bf16_whole(k + LANES * c) : load_bf16(k + LANES * c, D - LANES * c);
@@ -530,13 +520,15 @@ static void add_values(const Job *j, const int64_t *slots, int64_t h, const floa
 #endif
 
 /* Asks for the split's first key and value rows of head h (into L2) before the walk reads
- * them. The AVX-512 walk asks for the rest AHEAD keys ahead as it goes (a burst for the whole
- * split waited on memory before any arithmetic: kernel 0.92x against none, 0.84-0.87x for the
- * walk's); the portable walk does not, so it asks for the whole split here. No arithmetic. */
+ * them. The AVX-512 walk of head sizes 64 and 128 (`load_key`) asks for the rest AHEAD keys
+ * ahead as it goes (a burst for the whole split waited on memory before any arithmetic:
+ * kernel 0.92x against none, 0.84-0.87x for the walk's); the other walks do not, so they get
+ * the whole split here. No arithmetic. */
 static void prefetch_split(const Job *j, const int64_t *slots, int64_t n, int64_t h) {
     const int64_t key_bytes = j->head_dim * 2, value_bytes = j->value_dim * 2;
 #ifdef __AVX512F__
-    n = n < AHEAD ? n : AHEAD;
+    const int64_t C = padded(j->head_dim) / LANES;
+    if (C == 4 || C == 8) n = n < AHEAD ? n : AHEAD;
 #endif
     for (int64_t i = 0; i < n; i++) {
         const char *k = (const char *)(j->k + slots[i] * j->k_slot + h * j->k_head);
