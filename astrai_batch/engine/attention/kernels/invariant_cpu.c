@@ -95,18 +95,16 @@ typedef struct {
     int64_t count, lo[TILE * MAX_GROUP], n[TILE * MAX_GROUP];
 } Rows;
 
-/* The pool slots of keys [lo, lo + n): one division, then page by page (a division per key
- * cost more than the key's arithmetic). */
+/* The pool slots of keys [lo, lo + n): one division, then a page's run at a time (a division
+ * per key cost more than the key's arithmetic; a branch per key ~4% of a decode call). */
 static inline void slots_of(const Job *j, const int32_t *table, int64_t lo, int64_t n,
                             int64_t *slots) {
     int64_t page = lo / j->page_size, offset = lo % j->page_size;
-    int64_t base = (int64_t)table[page] * j->page_size;
-    for (int64_t i = 0; i < n; i++) {
-        slots[i] = base + offset;
-        if (++offset == j->page_size && i + 1 < n) {
-            offset = 0;
-            base = (int64_t)table[++page] * j->page_size;
-        }
+    for (int64_t i = 0; i < n; page++, offset = 0) {
+        const int64_t base = (int64_t)table[page] * j->page_size + offset;
+        const int64_t run = j->page_size - offset < n - i ? j->page_size - offset : n - i;
+        for (int64_t o = 0; o < run; o++) slots[i + o] = base + o;
+        i += run;
     }
 }
 
