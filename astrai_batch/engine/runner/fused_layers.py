@@ -21,7 +21,9 @@ Only layers whose code is Llama's (the classes in `FAMILIES`: Llama, Mistral and
 attention only adds the sliding window it passes; exact type names, as a subclass may change
 anything) are fused, and only where the C norm equals each norm module and the C
 rotary equals the module file's own `apply_rotary_pos_emb`, bit for bit on adversarial data
-(`norm_matches`, `rotary_matches`), so tokens and logits stay what transformers computes.
+(`layer_checks`), so tokens and logits stay what transformers computes. Where a step is the
+common one (the C attention kernel's, rows that fit the merged GEMMs) the same steps run
+straight into their kernels (`direct_layer`); `_fused` runs every other.
 `ASTRAI_BATCH_FUSED_LAYERS=0` keeps transformers' forwards.
 """
 
@@ -41,13 +43,19 @@ from astrai_batch.engine.attention.kernels.invariant_batch import InvariantKerne
 from astrai_batch.engine.attention.kernels.invariant_cpu import KernelUnavailable
 from astrai_batch.engine.attention.paged_attention import BATCH_KWARG, KV_WRITTEN_KWARG
 from astrai_batch.engine.model.converted import cache_root
+from astrai_batch.engine.runner.direct_layer import DirectLayer, StepJobs
+from astrai_batch.engine.runner.layer_checks import (
+    checked,
+    mlp_activation_table,
+    norm_lanes,
+    rotary_matches,
+    transformers_own,
+)
 from astrai_batch.engine.runner.layer_kernels import (
+    DirectCalls,
     LayerKernels,
     PoolWrite,
-    activation_table,
     load_layer_kernels,
-    norm_matches,
-    rotary_matches,
 )
 from astrai_batch.engine.runner.merged_gemms import merged_gemm
 
@@ -89,6 +97,7 @@ class FusedDecoderForward:
         lanes: int,
         act_table: torch.Tensor | None,
         memo: dict,
+        jobs: StepJobs | None = None,
     ):
         self.layer = layer
         attn = layer.self_attn
@@ -107,12 +116,30 @@ class FusedDecoderForward:
         # does (a peer may switch the model to sdpa), without its registry's cost each time
         self._interfaces: dict[str, Callable] = {}
         self._eager = getattr(sys.modules[type(attn).__module__], "eager_attention_forward", None)
+        # the common step straight into the kernels (`direct_layer`); the jobs are the model's
+        self.direct_calls = DirectCalls(kernels)
+        self.direct = DirectLayer(self, StepJobs() if jobs is None else jobs)
 
     def __call__(self, *args, **kwargs) -> torch.Tensor:
         layer = self.layer
         if not self._fused_call(args, kwargs):  # transformers' forward, as it was called
             return type(layer).forward(layer, *args, **kwargs)
+        hidden = args[0] if args else kwargs["hidden_states"]
+        batch = kwargs.get(BATCH_KWARG)
+        if batch is not None:
+            cos, sin = kwargs["position_embeddings"]
+            out = self.direct.forward(hidden, cos, sin, batch, self._interface())
+            if out is not None:
+                return out
         return self._fused(*args, **kwargs)
+
+    def _interface(self) -> Callable:
+        """The attention function transformers' forward would call now."""
+        name = self.layer.self_attn.config._attn_implementation
+        interface = self._interfaces.get(name)
+        if interface is None:
+            interface = self._interfaces[name] = _attention_interface(name, self._eager)
+        return interface
 
     def _fused_call(self, args: tuple, kwargs: dict) -> bool:
         """Whether a call runs fused: hidden states (alone positional) CPU bfloat16, no
@@ -161,12 +188,7 @@ class FusedDecoderForward:
         q, k = self.kernels.rotary(q.reshape(tokens, -1), k, cos, sin, dim, pools)
         shape = (*input_shape, -1, dim)
         written = pools is not None
-        name = attn.config._attn_implementation
-        interface = self._interfaces.get(name)
-        if interface is None:
-            interface = _attention_interface(name, self._eager)
-            self._interfaces[name] = interface
-        attn_output, _ = interface(
+        attn_output, _ = self._interface()(
             attn,
             q.view(shape).transpose(1, 2),
             k.view(shape).transpose(1, 2),
@@ -233,12 +255,13 @@ def set_fused_layers(model: nn.Module, fused: bool, memo: dict) -> int:
     kernels = _kernels(memo)
     if kernels is None:
         return changed
+    jobs = StepJobs()  # one step's attention job, shared by the model's layers
     for module in model.modules():
         lanes = _fusable(module, kernels, memo)
         if lanes:
-            table = _activation_table(module.mlp, memo)
+            table = mlp_activation_table(module.mlp, FUSABLE_MLPS, memo)
             family = FAMILIES[type(module).__name__]
-            module.forward = FusedDecoderForward(module, family, kernels, lanes, table, memo)
+            module.forward = FusedDecoderForward(module, family, kernels, lanes, table, memo, jobs)
             changed += 1
     return changed
 
@@ -268,12 +291,12 @@ def _fusable(layer: nn.Module, kernels: LayerKernels, memo: dict) -> int:
     attn = getattr(layer, "self_attn", None)
     if family is None or type(attn).__name__ != family.attention:
         return 0
-    if not (_transformers_own(type(layer)) and _transformers_own(type(attn))):
+    if not (transformers_own(type(layer)) and transformers_own(type(attn))):
         return 0  # a remote modeling file's class of the same name may do anything
     norms = (layer.input_layernorm, layer.post_attention_layernorm)
     if any(n.weight.dtype != torch.bfloat16 or n.weight.device.type != "cpu" for n in norms):
         return 0
-    lanes = {_norm_lanes(n, kernels, memo) for n in norms}
+    lanes = {norm_lanes(n, kernels, memo) for n in norms}
     if len(lanes) != 1 or 0 in lanes:
         return 0
     rotate = getattr(sys.modules[type(attn).__module__], "apply_rotary_pos_emb", None)
@@ -282,44 +305,5 @@ def _fusable(layer: nn.Module, kernels: LayerKernels, memo: dict) -> int:
     key = ("fused rotary", type(attn).__module__, heads, dim)
     if key not in memo:
         runs = rotate is not None and dim % 2 == 0
-        memo[key] = runs and _checked(lambda: rotary_matches(kernels, rotate, heads, dim))
+        memo[key] = runs and checked(lambda: rotary_matches(kernels, rotate, heads, dim))
     return lanes.pop() if memo[key] else 0
-
-
-def _transformers_own(cls: type) -> bool:
-    """Whether `cls` is defined in one of transformers' own modeling files."""
-    return cls.__module__.startswith("transformers.models.")
-
-
-def _checked(check, failed=False):
-    """A check's verdict; a check that raises (a module that takes other arguments) fails."""
-    try:
-        return check()
-    except Exception:
-        return failed
-
-
-def _activation_table(mlp: nn.Module, memo: dict) -> torch.Tensor | None:
-    """The table of `mlp`'s activation where its forward is Llama's
-    (`down_proj(act_fn(gate_proj(x)) * up_proj(x))`), else None (the MLP runs as it is)."""
-    if type(mlp).__name__ not in FUSABLE_MLPS or not hasattr(mlp, "act_fn"):
-        return None
-    if not _transformers_own(type(mlp)):
-        return None
-    tables = memo.setdefault(("activation tables",), {})
-    known = tables.get(id(mlp.act_fn))  # per instance: equal reprs may compute differently
-    if known is None or known[0] is not mlp.act_fn:
-        known = tables[id(mlp.act_fn)] = (mlp.act_fn, activation_table(mlp.act_fn))
-    return known[1]
-
-
-def _norm_lanes(norm: nn.Module, kernels: LayerKernels, memo: dict) -> int:
-    if not hasattr(norm, "variance_epsilon") or norm.weight.dim() != 1:
-        return 0
-    if not _transformers_own(type(norm)):
-        return 0
-    key = ("fused norm", type(norm).__module__, type(norm).__name__, norm.weight.shape[0])
-    key += (norm.variance_epsilon,)
-    if key not in memo:
-        memo[key] = _checked(lambda: norm_matches(kernels, norm), failed=0)
-    return memo[key]

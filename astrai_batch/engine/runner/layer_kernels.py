@@ -4,9 +4,10 @@ bfloat16, each one C call (`layer_cpu.c`) in place of the torch operators transf
 Why: at a decode step's 64 rows these operators are tiny, and their dispatch is the cost
 (SmolLM2: a norm 8 operators, the rotary embedding 12, ~10 us each, 30 layers a step).
 
-They must change no bit: `norm_matches` and `rotary_matches` compare them with transformers'
-own module and function on adversarial rows before a model uses them (`fused_layers`), and
-`activation_table` takes torch's own activation at every bfloat16 value. The
+They must change no bit: `layer_checks.norm_matches` and `rotary_matches` compare them with
+transformers' own module and function on adversarial rows before a model uses them
+(`fused_layers`), and `activation_table` takes torch's own activation at every bfloat16
+value. `DirectCalls` are the same calls on rows checked once (`direct_layer`). The
 elementwise steps round where torch's operators round; the norm's one reduction, a row's sum
 of squares, follows torch's CPU sum kernel (its vectors' width is the one thing that varies
 with the CPU torch dispatches for, so the check tries the widths torch's kernels use and keeps
@@ -147,10 +148,7 @@ class LayerKernels:
             tokens, q_heads, k_heads, dim,
             None if write is None else ctypes.byref(write[0]), torch.get_num_threads(),
         )  # fmt: skip
-        if status == -3:
-            raise IndexError("a step's write slot lies outside the KV pool")
-        if status != 0:
-            raise ValueError(f"the CPU rotary kernel takes even head sizes, got {dim}")
+        _rotary_status(status, dim)
         return q_out, k_out
 
     def act_mul(self, gate: torch.Tensor, up: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
@@ -169,6 +167,69 @@ class LayerKernels:
         return out.view(gate.shape)
 
 
+class DirectCalls:
+    """The layer kernels on rows the caller has checked once (`runner.direct_layer`): outputs
+    allocated, pointers passed, statuses raised; none of the per-call checks and views the
+    methods above make. `rows` are contiguous [T, width] CPU bfloat16 tensors."""
+
+    def __init__(self, kernels: LayerKernels):
+        self._norm, self._rotary = kernels._norm, kernels._rotary
+        self._act_mul = kernels._act_mul
+        self._write = _PoolWrite()
+
+    def norm(self, rows, weight, eps: float, lanes: int, threads: int, add=None):
+        """`LayerKernels.rms_norm` of rows: the norm, and with `add` (norm, rows + add)."""
+        tokens, width = rows.shape
+        if weight.shape != (width,) or weight.dtype != torch.bfloat16:
+            raise ValueError("the CPU norm kernel needs a bfloat16 weight of the rows' width")
+        out = torch.empty(tokens, width, dtype=torch.bfloat16)
+        total = out if add is None else torch.empty(tokens, width, dtype=torch.bfloat16)
+        status = self._norm(
+            rows.data_ptr(), width, None if add is None else add.data_ptr(), width,
+            None if add is None else total.data_ptr(), width,
+            weight.data_ptr(), out.data_ptr(), width, tokens, width, eps, lanes, threads,
+        )  # fmt: skip
+        _norm_status(status, lanes)
+        return out if add is None else (out, total)
+
+    def rotary_into_pools(self, projected, widths, cos, sin, dim, pools, slots, threads):
+        """`LayerKernels.rotary` of the queries and keys in `projected`'s rows
+        ([T, q | k | v], `widths` = (q, k) columns), writing the rotated keys and the values
+        into `pools` (key pool, value pool: a slot one contiguous row of the width of a
+        token's keys and of its values) at `slots` ([T] int64, contiguous); returns the
+        rotated queries [T, Hq, dim]. cos/sin: [T, dim] contiguous rows."""
+        tokens, columns = projected.shape
+        q_width, k_width = widths
+        k_pool, v_pool = pools
+        if k_pool[0].numel() != k_width or v_pool[0].numel() != columns - q_width - k_width:
+            raise ValueError("the KV pools cannot take this step's rows")
+        q_out = torch.empty(tokens, q_width // dim, dim, dtype=torch.bfloat16)
+        k_out = torch.empty(tokens, k_width // dim, dim, dtype=torch.bfloat16)
+        start, size = projected.data_ptr(), projected.element_size()
+        write = self._write
+        write.k_pool, write.v_pool = k_pool.data_ptr(), v_pool.data_ptr()
+        write.k_slot, write.v_slot = k_pool.stride(0), v_pool.stride(0)
+        write.pool_slots = min(k_pool.shape[0], v_pool.shape[0])
+        write.v, write.v_row = start + (q_width + k_width) * size, columns
+        write.v_width, write.slots = v_pool[0].numel(), slots.data_ptr()
+        status = self._rotary(
+            start, columns, q_out.data_ptr(), start + q_width * size, columns, k_out.data_ptr(),
+            cos.data_ptr(), sin.data_ptr(), dim, tokens, q_width // dim, k_width // dim, dim,
+            ctypes.byref(write), threads,
+        )  # fmt: skip
+        _rotary_status(status, dim)
+        return q_out
+
+    def act_mul_halves(self, gated, half: int, table, threads: int):
+        """`LayerKernels.act_mul` of `gated`'s rows [T, gate | up], each `half` wide."""
+        tokens = gated.shape[0]
+        out = torch.empty(tokens, half, dtype=torch.bfloat16)
+        start, row = gated.data_ptr(), gated.shape[1]
+        up = start + half * gated.element_size()
+        self._act_mul(start, row, up, row, table.data_ptr(), out.data_ptr(), tokens, half, threads)
+        return out
+
+
 def takes_rows(pool: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor) -> bool:
     """Whether `rotary` can write `rows` (a token's values side by side) into `pool`:
     bfloat16 both, each slot one contiguous row of a token's elements, int64 slots."""
@@ -181,29 +242,6 @@ def takes_rows(pool: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor) -> b
         and slots.dim() == 1
         and slots.is_contiguous()
     )
-
-
-def every_bfloat16() -> torch.Tensor:
-    """All 65,536 bfloat16 values, in the order of their bits."""
-    return torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
-
-
-def activation_table(act) -> torch.Tensor | None:
-    """`act` at every bfloat16 value (widened to float32, exactly), or None where its result
-    depends on where a value sits:
-    torch runs an elementwise operator's vectorized loop on contiguous data and its scalar loop
-    on a tensor's tail and on strided data, and the two must agree for a table to stand in."""
-    values = every_bfloat16()
-    with torch.inference_mode():
-        vector = act(values)
-        spaced = torch.zeros(2 * values.numel(), dtype=torch.bfloat16)
-        spaced[::2] = values
-        scalar = act(spaced[::2])
-    if vector.dtype != torch.bfloat16 or vector.shape != values.shape:
-        return None
-    same = vector.view(torch.int16) == scalar.view(torch.int16)
-    agree = bool((same | (vector.isnan() & scalar.isnan())).all())
-    return vector.float().contiguous() if agree else None
 
 
 def _pool_write(pools: PoolWrite, tokens: int, key_width: int):
@@ -236,6 +274,13 @@ def _norm_status(status: int, lanes: int) -> None:
         raise ValueError(f"the CPU norm kernel sums vectors of 1-16 floats, not {lanes}")
 
 
+def _rotary_status(status: int, dim: int) -> None:
+    if status == -3:
+        raise IndexError("a step's write slot lies outside the KV pool")
+    if status != 0:
+        raise ValueError(f"the CPU rotary kernel takes even head sizes, got {dim}")
+
+
 def _bfloat16(kernel: str, *tensors: torch.Tensor) -> None:
     """The C kernels read CPU bfloat16 memory: anything else is refused, never misread."""
     for t in tensors:
@@ -252,65 +297,3 @@ def _rows(t: torch.Tensor, width: int) -> torch.Tensor:
 def load_layer_kernels(cache: Path) -> LayerKernels:
     """The kernels, built into `cache` if not there yet (raises `KernelUnavailable`)."""
     return LayerKernels(ctypes.CDLL(str(build(cache, source=SOURCE))))
-
-
-def adversarial_hidden(rows: int, width: int, seed: int) -> torch.Tensor:
-    """bfloat16 rows whose sums of squares are sensitive to order: magnitudes over many
-    binades, so a different summation order changes the last bit of most rows' mean."""
-    gen = torch.Generator().manual_seed(seed)
-    mant = torch.rand(rows, width, generator=gen) * 2 - 1
-    exps = torch.randint(-12, 8, (rows, width), generator=gen).float()
-    return (mant * torch.pow(2.0, exps)).to(torch.bfloat16)
-
-
-def norm_matches(kernels: LayerKernels, norm: torch.nn.Module, rows=(1, 3, 64, 257)) -> int:
-    """The vector width at which the C norm equals `norm` (transformers' RMSNorm module)
-    bit for bit, with and without the residual add, at each row count, and its float32 mean
-    of squares equals the one `norm` takes; 0 where none does."""
-    width = norm.weight.shape[0]
-    eps = float(norm.variance_epsilon)
-    with torch.inference_mode():
-        cases = []
-        for seed, n in enumerate(rows):
-            x = adversarial_hidden(n, width, seed)
-            r = adversarial_hidden(n, width, seed + 100)
-            means = x.float().pow(2).mean(-1)  # transformers' own expression
-            cases.append((x, r, means, norm(x), norm(r + x), r + x))
-        for lanes in LANES:
-            if all(_norm_case(kernels, norm.weight, eps, lanes, *case) for case in cases):
-                return lanes
-    return 0
-
-
-def _norm_case(kernels, weight, eps, lanes, x, r, means, expect, expect_added, total) -> bool:
-    if not torch.equal(kernels.mean_squares(x, lanes), means):
-        return False
-    out, _ = kernels.rms_norm(x, weight, eps, lanes)
-    added, s = kernels.rms_norm(x, weight, eps, lanes, add=r)
-    return torch.equal(out, expect) and torch.equal(added, expect_added) and torch.equal(s, total)
-
-
-def rotary_matches(kernels: LayerKernels, rotate, heads: tuple[int, int], dim: int) -> bool:
-    """Whether the C rotary equals `rotate` (transformers' apply_rotary_pos_emb) bit for bit
-    on random queries, keys and angles at a few token counts."""
-    q_heads, k_heads = heads
-    gen = torch.Generator().manual_seed(7)
-    with torch.inference_mode():
-        for tokens in (1, 5, 64):
-            q = adversarial_hidden(tokens, q_heads * dim, tokens)
-            k = adversarial_hidden(tokens, k_heads * dim, tokens + 1)
-            angles = torch.rand(tokens, dim // 2, generator=gen) * 300
-            angles = torch.cat((angles, angles), dim=-1)
-            cos, sin = angles.cos().bfloat16(), angles.sin().bfloat16()
-            ref_q, ref_k = rotate(
-                q.view(1, tokens, q_heads, dim).transpose(1, 2),
-                k.view(1, tokens, k_heads, dim).transpose(1, 2),
-                cos[None],
-                sin[None],
-            )
-            got_q, got_k = kernels.rotary(q, k, cos, sin, dim)
-            if not torch.equal(got_q, ref_q[0].transpose(0, 1)):
-                return False
-            if not torch.equal(got_k, ref_k[0].transpose(0, 1)):
-                return False
-    return True

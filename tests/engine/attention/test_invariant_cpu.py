@@ -116,6 +116,39 @@ def test_an_images_tokens_see_the_whole_image(kernel):
     within_bf16(got, q, keys, values, args[0], args[1], token_keys, *args[2:], key_ends=ends)
 
 
+@pytest.mark.parametrize(("kv_heads", "group", "head_dim", "value_dim", "page_size"), CASES)
+@pytest.mark.parametrize("window", [None, 40])
+def test_a_step_bound_once_gives_attends_bits(
+    kernel, kv_heads, group, head_dim, value_dim, page_size, window
+):
+    """`CpuKernel.step` (the direct layer path: index arrays bound once a step, each layer
+    giving its queries, pools and output) computes `attend`'s bits, with and without windows
+    and image ends, and refuses what it would misread."""
+    g, keys, values = bf16_pool(4, kv_heads, head_dim, value_dim, page_size)
+    tables = tables_for(g, keys.shape[0] // page_size, 3, (SPLIT + 100) // page_size + 1)
+    token_keys = torch.tensor([1, 17, 40, SPLIT, SPLIT + 60, 9, 10]).int()
+    token_table = torch.tensor([0, 1, 2, 0, 1, 2, 2]).int()
+    ends = torch.tensor([1, 17, 40, SPLIT, SPLIT + 60, 12, 12]).int()
+    q = torch.randn(len(token_keys), kv_heads * group, head_dim, generator=g).bfloat16()
+    scale = head_dim**-0.5
+    for key_ends in (None, ends):
+        step = kernel.step(tables, token_table, token_keys, page_size, key_ends)
+        extra = {} if key_ends is None else {"key_ends": key_ends}
+        args = (tables, token_table, token_keys, page_size, scale)
+        expected = kernel.attend(q, keys, values, *args, window=window, **extra)
+        out = torch.empty_like(expected)
+        step.attend(q, keys, values, out, scale, window, 2)
+        assert torch.equal(out, expected)
+    with pytest.raises(ValueError, match="other tokens or outputs"):
+        step.attend(q[:2], keys, values, out[:2], scale, window, 2)
+    with pytest.raises(ValueError, match="needs CPU bfloat16 rows"):
+        step.attend(q.float(), keys, values, out, scale, window, 2)
+    with pytest.raises(ValueError, match="contiguous queries and output"):
+        step.attend(
+            q.transpose(0, 1).contiguous().transpose(0, 1), keys, values, out, scale, None, 2
+        )
+
+
 def torch_attention(q, keys, values, tables, token_table, token_keys, page_size, scale, backend):
     """Each token as transformers' bfloat16 SDPA computes it: one call over its keys."""
     kv_heads, rows = keys.shape[1], []

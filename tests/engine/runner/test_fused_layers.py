@@ -26,22 +26,24 @@ from astrai_batch.engine.model.converted import cache_root
 from astrai_batch.engine.model.loader import load_model
 from astrai_batch.engine.numerics.blas_rows import RowScheme
 from astrai_batch.engine.numerics.packed_gemm import pack, packing_supported
-from astrai_batch.engine.runner import fused_layers, merged_gemms
+from astrai_batch.engine.runner import fused_layers, layer_checks, merged_gemms
 from astrai_batch.engine.runner.fused_layers import (
     SWITCH_ENV_VAR,
     FusedDecoderForward,
     set_fused_layers,
 )
 from astrai_batch.engine.runner.invariant_linear import RowTiledLinear
-from astrai_batch.engine.runner.layer_kernels import (
-    LANES,
-    PoolWrite,
+from astrai_batch.engine.runner.layer_checks import (
     activation_table,
     adversarial_hidden,
     every_bfloat16,
-    load_layer_kernels,
     norm_matches,
     rotary_matches,
+)
+from astrai_batch.engine.runner.layer_kernels import (
+    LANES,
+    PoolWrite,
+    load_layer_kernels,
     takes_rows,
 )
 
@@ -289,7 +291,7 @@ def test_a_remote_class_of_the_same_name_is_not_fused(kernels):
 
 
 def test_a_layer_whose_norm_does_not_match_is_left_alone(kernels, monkeypatch):
-    monkeypatch.setattr(fused_layers, "norm_matches", lambda kernels, norm: 0)
+    monkeypatch.setattr(layer_checks, "norm_matches", lambda kernels, norm: 0)
     model = torch.nn.ModuleList([_tiny_layer()])
     assert set_fused_layers(model, True, {("layer kernels",): kernels}) == 0
 

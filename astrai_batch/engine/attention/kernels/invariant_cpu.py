@@ -160,16 +160,83 @@ class CpuKernel:
             0 if window is None else int(window), float(scale),
         )  # fmt: skip
         status = self._run(ctypes.byref(job), torch.get_num_threads())
-        if status == -1:
-            raise ValueError(
-                f"the CPU invariant attention kernel takes head sizes up to {MAX_DIM} and up to "
-                f"{MAX_GROUP} query heads per KV head, got {head_dim}/{value_dim} and {group}"
-            )
-        if status == -3:
-            raise IndexError("a query token's page table row or pages lie outside the pool")
-        if status != 0:
-            raise MemoryError("the CPU invariant attention kernel found no memory for its scratch")
+        _check_status(status, head_dim, value_dim, group)
         return out
+
+    def step(
+        self,
+        tables: torch.Tensor,
+        token_table: torch.Tensor,
+        token_keys: torch.Tensor,
+        page_size: int,
+        key_ends: torch.Tensor | None = None,
+    ) -> KernelStep:
+        """The kernel's call for one step, its index arrays (as `attend` takes them) bound
+        once: each layer then gives only its queries, pools and output (`KernelStep`)."""
+        return KernelStep(self._run, tables, token_table, token_keys, page_size, key_ends)
+
+
+class KernelStep:
+    """`CpuKernel.attend` for one step's tokens with the per-step fields of its job filled
+    once (`runner.direct_layer` calls it for each of a model's layers)."""
+
+    def __init__(self, run, tables, token_table, token_keys, page_size, key_ends):
+        arrays = [_int32(tables), _int32(token_table), _int32(token_keys)]
+        if key_ends is not None:
+            arrays.append(_int32(key_ends))
+        self._run = run
+        self._arrays = arrays  # the job points into these: they live as long as it
+        self.tokens = arrays[1].shape[0]
+        job = self._job = _Job()
+        job.tables, job.table_stride = arrays[0].data_ptr(), arrays[0].stride(0)
+        job.table_rows, job.table_width = arrays[0].shape
+        job.token_table, job.token_keys = arrays[1].data_ptr(), arrays[2].data_ptr()
+        job.key_ends = arrays[3].data_ptr() if key_ends is not None else None
+        job.sinks, job.tokens, job.page_size = None, self.tokens, page_size
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        out: torch.Tensor,
+        scale: float,
+        window: int | None,
+        threads: int,
+    ) -> None:
+        """`CpuKernel.attend` into `out` [T, Hq, Dv] for q [T, Hq, D] (both contiguous CPU
+        bfloat16, T this step's tokens) over pools whose head dimension is contiguous."""
+        tokens, q_heads, head_dim = q.shape
+        kv_heads, value_dim = k_cache.shape[1], v_cache.shape[-1]
+        if tokens != self.tokens or out.shape != (tokens, q_heads, value_dim):
+            raise ValueError("the CPU attention kernel's step has other tokens or outputs")
+        for t in (q, k_cache, v_cache, out):  # what the C side reads and writes, never misread
+            if t.dtype != torch.bfloat16 or t.device.type != "cpu" or t.stride(-1) != 1:
+                raise ValueError("the CPU attention kernel's step needs CPU bfloat16 rows")
+        if not (q.is_contiguous() and out.is_contiguous()):
+            raise ValueError("the CPU attention kernel's step needs contiguous queries and output")
+        job = self._job
+        job.q, job.q_token, job.q_head = q.data_ptr(), q_heads * head_dim, head_dim
+        job.k, job.k_slot, job.k_head = k_cache.data_ptr(), k_cache.stride(0), k_cache.stride(1)
+        job.v, job.v_slot, job.v_head = v_cache.data_ptr(), v_cache.stride(0), v_cache.stride(1)
+        job.out, job.o_token, job.o_head = out.data_ptr(), q_heads * value_dim, value_dim
+        job.slots = min(k_cache.shape[0], v_cache.shape[0])
+        job.kv_heads, job.group = kv_heads, q_heads // kv_heads
+        job.head_dim, job.value_dim = head_dim, value_dim
+        job.window, job.scale = 0 if window is None else int(window), float(scale)
+        _check_status(self._run(ctypes.byref(job), threads), head_dim, value_dim, job.group)
+
+
+def _check_status(status: int, head_dim: int, value_dim: int, group: int) -> None:
+    if status == -1:
+        raise ValueError(
+            f"the CPU invariant attention kernel takes head sizes up to {MAX_DIM} and up to "
+            f"{MAX_GROUP} query heads per KV head, got {head_dim}/{value_dim} and {group}"
+        )
+    if status == -3:
+        raise IndexError("a query token's page table row or pages lie outside the pool")
+    if status != 0:
+        raise MemoryError("the CPU invariant attention kernel found no memory for its scratch")
 
 
 def _int32(t: torch.Tensor) -> torch.Tensor:
