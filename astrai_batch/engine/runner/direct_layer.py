@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.nn.modules import module as torch_module
 
 from astrai_batch.engine.attention.kernels.invariant_batch import InvariantKernelBatch
 from astrai_batch.engine.attention.kernels.invariant_cpu import CpuKernel, KernelStep
@@ -30,6 +31,9 @@ from astrai_batch.engine.attention.paged_attention import paged_attention
 from astrai_batch.engine.numerics.packed_gemm import packed_gemm
 from astrai_batch.engine.runner.invariant_linear import RowTiledLinear
 from astrai_batch.engine.runner.layer_kernels import DirectCalls
+
+# torch's registries of hooks on every module's call (`register_module_forward_hook`)
+_GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks")
 
 
 @dataclass(frozen=True)
@@ -111,10 +115,7 @@ def plain_module(module: nn.Module) -> bool:
         return False
     if module._forward_hooks or module._forward_pre_hooks:
         return False
-    from torch.nn.modules import module as torch_module
-
-    names = ("_global_forward_hooks", "_global_forward_pre_hooks")
-    return not any(getattr(torch_module, name, None) for name in names)
+    return not any(getattr(torch_module, name, None) for name in _GLOBAL_HOOKS)
 
 
 def _one_gemm(linear: nn.Module, rows: int) -> torch.Tensor | None:
