@@ -10,10 +10,10 @@ transformers' attention dispatch and `paged_attention`'s. Measured on one decode
 layer replayed (`docs/performance.md`): 1.38-1.58 ms through `_fused`, 1.21-1.25 ms here.
 
 It runs only where every step is the common one: the step's attention is the CPU invariant
-kernel (`InvariantKernelBatch`) through this engine's attention function, the step's rows
-fit the merged q/k/v and gate/up GEMMs and the o and down projections' one-GEMM range, those
-two are plain packed `RowTiledLinear`s no hook watches, the KV pools take the step's rows
-and the inputs are contiguous rows. Anything else returns None and the layer runs `_fused`.
+kernel (`InvariantKernelBatch`) through this engine's attention function, q/k/v and gate/up
+run merged (`merged_gemms`, on their row scheme at any row count), the o and down
+projections are `RowTiledLinear`s no hook watches, the KV pools take the step's rows and the
+inputs are contiguous rows. Anything else returns None and the layer runs `_fused`.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from torch.nn.modules import module as torch_module
 from astrai_batch.engine.attention.kernels.invariant_batch import InvariantKernelBatch
 from astrai_batch.engine.attention.kernels.invariant_cpu import CpuKernel, KernelStep
 from astrai_batch.engine.attention.paged_attention import paged_attention
-from astrai_batch.engine.numerics.packed_gemm import packed_gemm
 from astrai_batch.engine.runner.invariant_linear import RowTiledLinear
 from astrai_batch.engine.runner.layer_kernels import DirectCalls
 
@@ -118,13 +117,9 @@ def plain_module(module: nn.Module) -> bool:
     return not any(getattr(torch_module, name, None) for name in _GLOBAL_HOOKS)
 
 
-def _one_gemm(linear: nn.Module, rows: int) -> torch.Tensor | None:
-    """`linear`'s packed weight where it computes `rows` rows as one packed GEMM, else None."""
-    if type(linear) is not RowTiledLinear or linear._packed is None or linear._wide is not None:
-        return None
-    if not linear.scheme.min_rows <= rows <= linear.scheme.max_rows or not plain_module(linear):
-        return None
-    return linear._packed
+def _plain_tiled(linear: nn.Module) -> bool:
+    """Whether `linear` is a `RowTiledLinear` whose call runs its forward alone."""
+    return type(linear) is RowTiledLinear and plain_module(linear)
 
 
 class DirectLayer:
@@ -158,12 +153,12 @@ class DirectLayer:
         if not (_angles(cos, tokens, dim) and _angles(sin, tokens, dim)):
             return None
         qkv, gate_up = fused.qkv, fused.gate_up
-        if not qkv.applies((attn.q_proj, attn.k_proj, attn.v_proj), tokens):
+        if not qkv.applies((attn.q_proj, attn.k_proj, attn.v_proj)):
             return None
-        if not gate_up.applies((mlp.gate_proj, mlp.up_proj), tokens):
+        if not gate_up.applies((mlp.gate_proj, mlp.up_proj)):
             return None
-        o_weight, down_weight = _one_gemm(attn.o_proj, tokens), _one_gemm(mlp.down_proj, tokens)
-        if o_weight is None or down_weight is None:
+        o_proj, down_proj = attn.o_proj, mlp.down_proj
+        if not (_plain_tiled(o_proj) and _plain_tiled(down_proj)):
             return None
         state = self.jobs.for_step(batch, tokens)
         if state is None:
@@ -184,7 +179,7 @@ class DirectLayer:
         rows = hidden.view(tokens, width)
 
         normed = calls.norm(rows, norm.weight, norm.variance_epsilon, fused.lanes, threads)
-        projected = packed_gemm(normed, qkv.packed, qkv.bias)  # [T, q | k | v]
+        projected = qkv.rows(normed)  # [T, q | k | v]
         angles = (cos.view(tokens, dim), sin.view(tokens, dim))
         queries = calls.rotary_into_pools(
             projected, (q_width, k_width), *angles, dim, (pool.key, pool.value),
@@ -193,15 +188,13 @@ class DirectLayer:
         attended = torch.empty(tokens, q_heads, pool.value_dim, dtype=torch.bfloat16)
         window = fused.window.get("sliding_window")
         step.attend(queries, pool.key, pool.value, attended, attn.scaling, window, threads)
-        o_bias = None if attn.o_proj.bias is None else attn.o_proj.bias.detach()
-        attention = packed_gemm(attended.view(tokens, -1), o_weight, o_bias)
+        attention = RowTiledLinear.forward(o_proj, attended.view(tokens, -1))
         normed, total = calls.norm(
             attention, post.weight, post.variance_epsilon, fused.lanes, threads, add=rows
         )
-        gated = packed_gemm(normed, gate_up.packed, gate_up.bias)  # [T, gate | up]
+        gated = gate_up.rows(normed)  # [T, gate | up]
         product = calls.act_mul_halves(gated, gate_up.sizes[0], fused.act_table, threads)
-        down_bias = None if mlp.down_proj.bias is None else mlp.down_proj.bias.detach()
-        return (total + packed_gemm(product, down_weight, down_bias)).view(1, tokens, width)
+        return (total + RowTiledLinear.forward(down_proj, product)).view(1, tokens, width)
 
 
 def _angles(angles: torch.Tensor, tokens: int, dim: int) -> bool:

@@ -22,7 +22,7 @@ attention only adds the sliding window it passes; exact type names, as a subclas
 anything) are fused, and only where the C norm equals each norm module and the C
 rotary equals the module file's own `apply_rotary_pos_emb`, bit for bit on adversarial data
 (`layer_checks`), so tokens and logits stay what transformers computes. Where a step is the
-common one (the C attention kernel's, rows that fit the merged GEMMs) the same steps run
+common one (the C attention kernel's, q/k/v and gate/up merged) the same steps run
 straight into their kernels (`direct_layer`); `_fused` runs every other.
 `ASTRAI_BATCH_FUSED_LAYERS=0` keeps transformers' forwards.
 """
@@ -177,7 +177,7 @@ class FusedDecoderForward:
         dim = attn.head_dim
         tokens = input_shape.numel()
         projections = (attn.q_proj, attn.k_proj, attn.v_proj)
-        if self.qkv is not None and self.qkv.applies(projections, tokens):
+        if self.qkv is not None and self.qkv.applies(projections):
             q, k, v = self.qkv.run(normed)
         else:
             q, k, v = (projection(normed) for projection in projections)
@@ -210,7 +210,7 @@ class FusedDecoderForward:
         mlp = layer.mlp
         if self.act_table is None:
             return residual + mlp(normed)
-        if self.gate_up is not None and self.gate_up.applies((mlp.gate_proj, mlp.up_proj), tokens):
+        if self.gate_up is not None and self.gate_up.applies((mlp.gate_proj, mlp.up_proj)):
             gate, up = self.gate_up.run(normed)
         else:
             gate, up = mlp.gate_proj(normed), mlp.up_proj(normed)

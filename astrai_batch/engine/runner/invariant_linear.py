@@ -84,22 +84,8 @@ class RowTiledLinear(nn.Module):
         rows = x.reshape(-1, self.in_features)
         if not rows.is_contiguous():
             rows = rows.contiguous()
-        n = rows.shape[0]
-        scheme = self.scheme
-        if scheme.min_rows <= n <= scheme.max_rows:  # the common case: one GEMM, no copy
-            return self._gemm(rows)[:, : self.out_features].view(*lead, self.out_features)
         columns = NARROW_COLUMNS if self._wide is not None else self.out_features
-        out = rows.new_empty(n, columns)
-        step = scheme.max_rows
-        start = 0
-        while n - start >= scheme.min_rows:
-            stop = min(n, start + step)
-            out[start:stop] = self._gemm(rows[start:stop])
-            start = stop
-        if start < n:  # the last rows go through a zero-padded GEMM of an invariant size
-            staged = rows.new_zeros(scheme.pad_to[n - start], self.in_features)
-            staged[: n - start] = rows[start:]
-            out[start:] = self._gemm(staged)[: n - start]
+        out = by_scheme(rows, self.scheme, self._gemm, columns)
         return out[:, : self.out_features].view(*lead, self.out_features)
 
     def _gemm(self, rows: torch.Tensor) -> torch.Tensor:
@@ -113,6 +99,27 @@ class RowTiledLinear(nn.Module):
     def extra_repr(self) -> str:
         packed = ", packed" if self._packed is not None else ""
         return f"in={self.in_features}, out={self.out_features}, {self.scheme.describe()}{packed}"
+
+
+def by_scheme(rows: torch.Tensor, scheme: RowScheme, gemm, columns: int) -> torch.Tensor:
+    """`gemm` ([m, K] -> [m, columns]) over contiguous `rows` [n, K] as `scheme` says: one
+    GEMM where n is in its range (the common case: no copy), else GEMMs of its largest row
+    count and a remainder below its smallest zero-padded to an invariant size."""
+    n = rows.shape[0]
+    if scheme.min_rows <= n <= scheme.max_rows:
+        return gemm(rows)
+    out = rows.new_empty(n, columns)
+    step = scheme.max_rows
+    start = 0
+    while n - start >= scheme.min_rows:
+        stop = min(n, start + step)
+        out[start:stop] = gemm(rows[start:stop])
+        start = stop
+    if start < n:  # the last rows go through a zero-padded GEMM of an invariant size
+        staged = rows.new_zeros(scheme.pad_to[n - start], rows.shape[1])
+        staged[: n - start] = rows[start:]
+        out[start:] = gemm(staged)[: n - start]
+    return out
 
 
 def row_scheme_for(

@@ -7,8 +7,8 @@ take 165 us as three packed GEMMs and 118 us as one of 960 columns, gate and up 
 is, but that is its choice, not a promise: so a merge is used only where `merged_matches`
 finds the merged GEMM's columns equal to each layer's `F.linear`, bit for bit, at every row
 count the packing check samples, on its adversarial rows (the evidence `packed_gemm` asks for
-packing itself), and only for rows the layers' own row scheme would run as one GEMM; any
-other step runs the layers as they are.
+packing itself), and on the layers' own row scheme: a step of more rows than one GEMM takes
+runs as the same GEMMs of its rows the layers would run (`invariant_linear.by_scheme`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from astrai_batch.engine.numerics.blas_rows import adversarial_rows
+from astrai_batch.engine.numerics.blas_rows import RowScheme, adversarial_rows
 from astrai_batch.engine.numerics.packed_gemm import (
     adversarial_weight,
     checked_row_counts,
@@ -27,7 +27,7 @@ from astrai_batch.engine.numerics.packed_gemm import (
     pack,
     packed_gemm,
 )
-from astrai_batch.engine.runner.invariant_linear import RowTiledLinear
+from astrai_batch.engine.runner.invariant_linear import RowTiledLinear, by_scheme
 
 
 @dataclass(frozen=True, eq=False)
@@ -38,21 +38,25 @@ class MergedGemm:
     packed: torch.Tensor
     bias: torch.Tensor | None
     sizes: tuple[int, ...]  # each layer's output columns, in order
-    min_rows: int  # the layers' scheme: steps of these many rows run as one GEMM
-    max_rows: int
+    scheme: RowScheme  # the layers' row scheme, which the merged GEMMs follow
 
-    def applies(self, layers: tuple[nn.Module, ...], rows: int) -> bool:
-        """Whether a step of `rows` rows through `layers` may run merged."""
-        if not self.min_rows <= rows <= self.max_rows:
-            return False
+    def applies(self, layers: tuple[nn.Module, ...]) -> bool:
+        """Whether a step through `layers` may run merged: they are the layers merged."""
         return all(a is b for a, b in zip(layers, self.layers, strict=True))
+
+    def rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """The layers' outputs side by side, [n, sum(sizes)], for contiguous `rows` [n, K]."""
+        return by_scheme(rows, self.scheme, self._gemm, sum(self.sizes))
+
+    def _gemm(self, rows: torch.Tensor) -> torch.Tensor:
+        return packed_gemm(rows, self.packed, self.bias)
 
     def run(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Each layer's output for `x` [..., K]: column slices of one [rows, N] result."""
         rows = x.reshape(-1, x.shape[-1])
         if not rows.is_contiguous():
             rows = rows.contiguous()
-        out = packed_gemm(rows, self.packed, self.bias)
+        out = self.rows(rows)
         lead = x.shape[:-1]
         return tuple(part.view(*lead, part.shape[-1]) for part in out.split(self.sizes, dim=1))
 
@@ -86,7 +90,7 @@ def merged_gemm(layers: tuple[nn.Module, ...], memo: dict) -> MergedGemm | None:
             merged = torch.cat([w.detach() for w in weights])
             bias = torch.cat([m.bias.detach() for m in layers]) if has_bias else None
         entry = copies[key] = (weights, pack(merged), bias)
-    return MergedGemm(layers, entry[1], entry[2], sizes, scheme.min_rows, scheme.max_rows)
+    return MergedGemm(layers, entry[1], entry[2], sizes, scheme)
 
 
 def merged_matches(k: int, sizes: tuple[int, ...], bias: bool) -> bool:

@@ -68,6 +68,8 @@ def _counting(monkeypatch) -> Counter:
         out = real(self, *args)
         counts["calls"] += 1
         counts["ran"] += out is not None
+        # steps past one GEMM's rows: the merged GEMMs and projections run in tiles
+        counts["ran tiled"] += out is not None and args[0].shape[1] > self.fused.qkv.scheme.max_rows
         return out
 
     monkeypatch.setattr(direct_layer.DirectLayer, "forward", counted)
@@ -98,19 +100,21 @@ CONFIG = EngineConfig(page_size=8, num_pages=128)  # invariant numerics: the CPU
 def test_every_layer_of_every_step_runs_direct_with_the_fused_steps_bits(
     wide_model, numerics, monkeypatch
 ):
-    """Greedy and sampled rows, prefill chunks beside decodes, under both numerics (both
-    attend with the C kernel in bfloat16): tokens and logits the same bits on the direct path
-    as on `_fused` (the steps it calls straight), the direct path taken at every layer call
-    of the job."""
-    prompts = invariance_prompts(wide_model.model.config.vocab_size, 6, seed=5)
-    config = replace(CONFIG, numerics=numerics)
+    """Greedy and sampled rows, prefill chunks beside decodes, a first step past one GEMM's
+    rows, under both numerics (both attend with the C kernel in bfloat16): tokens and logits
+    the same bits on the direct path as on `_fused` (the steps it calls straight), the direct
+    path taken at every layer call of the job."""
+    prompts = invariance_prompts(wide_model.model.config.vocab_size, 14, seed=5)
+    config = replace(CONFIG, numerics=numerics, num_pages=512)
     layers, counts = _layer_calls(monkeypatch), _counting(monkeypatch)
-    direct, _ = run_capturing(wide_model, mixed_requests(prompts, range(6)), config)
+    direct, _ = run_capturing(wide_model, mixed_requests(prompts, range(14)), config)
     assert len(_fused(wide_model)) == wide_model.model.config.num_hidden_layers
     assert counts["ran"] == counts["calls"] == layers["layers"] > 0
+    # fast numerics runs a step's rows as one GEMM whatever their count (`RowScheme.whole`)
+    assert (counts["ran tiled"] > 0) == (numerics == "invariant")
     monkeypatch.setattr(direct_layer.DirectLayer, "forward", lambda self, *args: None)
-    general, _ = run_capturing(wide_model, mixed_requests(prompts, range(6)), config)
-    assert_same_rows(general, direct, range(6))
+    general, _ = run_capturing(wide_model, mixed_requests(prompts, range(14)), config)
+    assert_same_rows(general, direct, range(14))
 
 
 def test_a_watched_projection_runs_the_general_path(wide_model, monkeypatch):

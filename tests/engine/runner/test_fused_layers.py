@@ -428,17 +428,31 @@ def test_a_merge_needs_packed_layers_on_one_scheme_and_follows_them():
     with torch.inference_mode():
         for part, layer in zip(merged.run(x), tiled, strict=True):
             assert torch.equal(part, layer(x))
-    assert merged.applies(tiled, 5)
-    assert not merged.applies(
-        (tiled[0], tiled[1], RowTiledLinear(linears[2], RowScheme.whole())), 5
-    )
+    assert merged.applies(tiled)
+    assert not merged.applies((tiled[0], tiled[1], RowTiledLinear(linears[2], RowScheme.whole())))
     assert merged_gemms.merged_gemm(tiled, memo).packed is merged.packed  # the copy is kept
     other = RowTiledLinear(linears[1], RowScheme.tiles(16))
     other._packed = tiled[1]._packed
     assert merged_gemms.merged_gemm((tiled[0], other), memo) is None  # two schemes
-    assert not merged_gemms.MergedGemm(tiled, merged.packed, None, merged.sizes, 1, 4).applies(
-        tiled, 5
-    )
+
+
+@needs_packing
+def test_a_merge_runs_any_row_count_as_its_layers_scheme_does():
+    """Past one GEMM's rows (a prefill chunk) the merge runs the layers' tiles and their
+    zero-padded remainder: each layer's bits at every row count."""
+    scheme = RowScheme(min_rows=3, max_rows=4, pad_to=(0, 3, 3))
+    linears = [torch.nn.Linear(128, n, bias=True).bfloat16() for n in (128, 64)]
+    tiled = tuple(RowTiledLinear(m, scheme) for m in linears)
+    for layer in tiled:
+        layer._packed = pack(layer.weight.detach())
+    merged = merged_gemms.merged_gemm(tiled, {})
+    assert merged is not None and merged.scheme == scheme
+    generator = torch.Generator().manual_seed(3)
+    with torch.inference_mode():
+        for n in range(1, 14):
+            x = torch.randn(n, 128, generator=generator).bfloat16()
+            for part, layer in zip(merged.run(x), tiled, strict=True):
+                assert torch.equal(part, layer(x)), n
 
 
 def test_float32_models_are_not_fused(tiny_llama_dir):
