@@ -173,7 +173,7 @@ class DirectLayer:
         q_heads = q_width // dim
         if q_heads % pool.kv_heads:
             return None
-        calls: DirectCalls = fused.direct_calls
+        calls: DirectCalls = fused.kernels.direct
         threads = torch.get_num_threads()
         norm, post = layer.input_layernorm, layer.post_attention_layernorm
         rows = hidden.view(tokens, width)
@@ -193,7 +193,8 @@ class DirectLayer:
             attention, post.weight, post.variance_epsilon, fused.lanes, threads, add=rows
         )
         gated = gate_up.rows(normed)  # [T, gate | up]
-        product = calls.act_mul_halves(gated, gate_up.sizes[0], fused.act_table, threads)
+        half = gate_up.sizes[0]
+        product = calls.act_mul(gated[:, :half], gated[:, half:], fused.act_table, threads)
         return (total + RowTiledLinear.forward(down_proj, product)).view(1, tokens, width)
 
 

@@ -52,7 +52,6 @@ from astrai_batch.engine.runner.layer_checks import (
     transformers_own,
 )
 from astrai_batch.engine.runner.layer_kernels import (
-    DirectCalls,
     LayerKernels,
     PoolWrite,
     load_layer_kernels,
@@ -117,7 +116,6 @@ class FusedDecoderForward:
         self._interfaces: dict[str, Callable] = {}
         self._eager = getattr(sys.modules[type(attn).__module__], "eager_attention_forward", None)
         # the common step straight into the kernels (`direct_layer`); the jobs are the model's
-        self.direct_calls = DirectCalls(kernels)
         self.direct = DirectLayer(self, StepJobs() if jobs is None else jobs)
 
     def __call__(self, *args, **kwargs) -> torch.Tensor:

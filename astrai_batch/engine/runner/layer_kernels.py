@@ -77,6 +77,7 @@ class LayerKernels:
         self._means = library.mean_squares_bf16
         self._means.argtypes = [_ptr, _i64, _ptr, _i64, _i64, ctypes.c_int]
         self._means.restype = ctypes.c_int
+        self.direct = DirectCalls(self)  # the calls themselves, which the methods below check
 
     def mean_squares(self, x: torch.Tensor, lanes: int) -> torch.Tensor:
         """float32 mean of each row's squares (the norm's reduction alone), [rows]."""
@@ -100,19 +101,10 @@ class LayerKernels:
         if weight.shape != (width,) or (add is not None and add.shape != x.shape):
             raise ValueError("the CPU norm kernel needs a weight and an addend of the rows' shape")
         rows = _rows(x, width)
-        out = torch.empty(rows.shape, dtype=torch.bfloat16)
-        total, extra = rows, None
-        if add is not None:
-            extra = _rows(add, width)
-            total = torch.empty(rows.shape, dtype=torch.bfloat16)
-        status = self._norm(
-            rows.data_ptr(), rows.stride(0),
-            None if extra is None else extra.data_ptr(), 0 if extra is None else extra.stride(0),
-            None if extra is None else total.data_ptr(), total.stride(0),
-            weight.data_ptr(), out.data_ptr(), out.stride(0),
-            rows.shape[0], width, eps, lanes, torch.get_num_threads(),
-        )  # fmt: skip
-        _norm_status(status, lanes)
+        threads = torch.get_num_threads()
+        if add is None:
+            return self.direct.norm(rows, weight, eps, lanes, threads).view(x.shape), x
+        out, total = self.direct.norm(rows, weight, eps, lanes, threads, add=_rows(add, width))
         return out.view(x.shape), total.view(x.shape)
 
     def rotary(
@@ -159,18 +151,13 @@ class LayerKernels:
             raise ValueError("the CPU activation kernel needs gate and up of one shape")
         width = gate.shape[-1]
         g, u = _rows(gate, width), _rows(up, width)
-        out = torch.empty(g.shape, dtype=torch.bfloat16)
-        self._act_mul(
-            g.data_ptr(), g.stride(0), u.data_ptr(), u.stride(0), table.data_ptr(),
-            out.data_ptr(), g.shape[0], width, torch.get_num_threads(),
-        )  # fmt: skip
-        return out.view(gate.shape)
+        return self.direct.act_mul(g, u, table, torch.get_num_threads()).view(gate.shape)
 
 
 class DirectCalls:
-    """The layer kernels on rows the caller has checked once (`runner.direct_layer`): outputs
-    allocated, pointers passed, statuses raised; none of the per-call checks and views the
-    methods above make. `rows` are contiguous [T, width] CPU bfloat16 tensors."""
+    """The layer kernels' calls on rows already checked (`LayerKernels`' methods check them
+    each call; `runner.direct_layer` once a step or a layer): outputs allocated, pointers
+    passed, statuses raised. `rows` are [T, width] CPU bfloat16 tensors, each row contiguous."""
 
     def __init__(self, kernels: LayerKernels):
         self._norm, self._rotary = kernels._norm, kernels._rotary
@@ -185,7 +172,8 @@ class DirectCalls:
         out = torch.empty(tokens, width, dtype=torch.bfloat16)
         total = out if add is None else torch.empty(tokens, width, dtype=torch.bfloat16)
         status = self._norm(
-            rows.data_ptr(), width, None if add is None else add.data_ptr(), width,
+            rows.data_ptr(), rows.stride(0),
+            None if add is None else add.data_ptr(), 0 if add is None else add.stride(0),
             None if add is None else total.data_ptr(), width,
             weight.data_ptr(), out.data_ptr(), width, tokens, width, eps, lanes, threads,
         )  # fmt: skip
@@ -220,13 +208,14 @@ class DirectCalls:
         _rotary_status(status, dim)
         return q_out
 
-    def act_mul_halves(self, gated, half: int, table, threads: int):
-        """`LayerKernels.act_mul` of `gated`'s rows [T, gate | up], each `half` wide."""
-        tokens = gated.shape[0]
-        out = torch.empty(tokens, half, dtype=torch.bfloat16)
-        start, row = gated.data_ptr(), gated.shape[1]
-        up = start + half * gated.element_size()
-        self._act_mul(start, row, up, row, table.data_ptr(), out.data_ptr(), tokens, half, threads)
+    def act_mul(self, gate, up, table, threads: int):
+        """`LayerKernels.act_mul` of rows of gate and up [T, width]."""
+        tokens, width = gate.shape
+        out = torch.empty(tokens, width, dtype=torch.bfloat16)
+        self._act_mul(
+            gate.data_ptr(), gate.stride(0), up.data_ptr(), up.stride(0), table.data_ptr(),
+            out.data_ptr(), tokens, width, threads,
+        )  # fmt: skip
         return out
 
 

@@ -132,35 +132,16 @@ class CpuKernel:
         for name, t in (("queries", q), ("keys", k_cache), ("values", v_cache)):
             if t.dtype != torch.bfloat16 or t.device.type != "cpu":
                 raise ValueError(f"the CPU invariant attention kernel needs CPU bfloat16 {name}")
-        num_tokens, q_heads, head_dim = q.shape
-        kv_heads, value_dim = k_cache.shape[1], v_cache.shape[-1]
-        group = q_heads // kv_heads
+        num_tokens, q_heads, value_dim = q.shape[0], q.shape[1], v_cache.shape[-1]
         q = q if q.stride(-1) == 1 else q.contiguous()
         for t in (k_cache, v_cache):
             if t.stride(-1) != 1:
                 raise ValueError("the KV pool's head dimension must be contiguous")
-        tables = _int32(tables)
-        token_table, token_keys = _int32(token_table), _int32(token_keys)
-        ends = None if key_ends is None else _int32(key_ends)
-        sink_logits = None if sinks is None else sinks.detach().float().contiguous()
         out = torch.empty(num_tokens, q_heads, value_dim, dtype=torch.bfloat16)
         if num_tokens == 0:
             return out
-        job = _Job(
-            q.data_ptr(), q.stride(0), q.stride(1),
-            k_cache.data_ptr(), k_cache.stride(0), k_cache.stride(1),
-            v_cache.data_ptr(), v_cache.stride(0), v_cache.stride(1),
-            out.data_ptr(), out.stride(0), out.stride(1),
-            tables.data_ptr(), tables.stride(0), tables.shape[0], tables.shape[1],
-            min(k_cache.shape[0], v_cache.shape[0]),
-            token_table.data_ptr(), token_keys.data_ptr(),
-            None if ends is None else ends.data_ptr(),
-            None if sink_logits is None else sink_logits.data_ptr(),
-            num_tokens, kv_heads, group, head_dim, value_dim, page_size,
-            0 if window is None else int(window), float(scale),
-        )  # fmt: skip
-        status = self._run(ctypes.byref(job), torch.get_num_threads())
-        _check_status(status, head_dim, value_dim, group)
+        step = KernelStep(self._run, tables, token_table, token_keys, page_size, key_ends, sinks)
+        step.run(q, k_cache, v_cache, out, scale, window, torch.get_num_threads())
         return out
 
     def step(
@@ -178,21 +159,23 @@ class CpuKernel:
 
 class KernelStep:
     """`CpuKernel.attend` for one step's tokens with the per-step fields of its job filled
-    once (`runner.direct_layer` calls it for each of a model's layers)."""
+    once (`runner.direct_layer` calls it for each of a model's layers; `attend` for one)."""
 
-    def __init__(self, run, tables, token_table, token_keys, page_size, key_ends):
+    def __init__(self, run, tables, token_table, token_keys, page_size, key_ends, sinks=None):
         arrays = [_int32(tables), _int32(token_table), _int32(token_keys)]
-        if key_ends is not None:
-            arrays.append(_int32(key_ends))
+        ends = None if key_ends is None else _int32(key_ends)
+        sink_logits = None if sinks is None else sinks.detach().float().contiguous()
         self._run = run
-        self._arrays = arrays  # the job points into these: they live as long as it
+        # the job points into these: they live as long as it
+        self._arrays = (*arrays, ends, sink_logits)
         self.tokens = arrays[1].shape[0]
         job = self._job = _Job()
         job.tables, job.table_stride = arrays[0].data_ptr(), arrays[0].stride(0)
         job.table_rows, job.table_width = arrays[0].shape
         job.token_table, job.token_keys = arrays[1].data_ptr(), arrays[2].data_ptr()
-        job.key_ends = arrays[3].data_ptr() if key_ends is not None else None
-        job.sinks, job.tokens, job.page_size = None, self.tokens, page_size
+        job.key_ends = None if ends is None else ends.data_ptr()
+        job.sinks = None if sink_logits is None else sink_logits.data_ptr()
+        job.page_size = page_size
 
     def attend(
         self,
@@ -206,22 +189,28 @@ class KernelStep:
     ) -> None:
         """`CpuKernel.attend` into `out` [T, Hq, Dv] for q [T, Hq, D] (both contiguous CPU
         bfloat16, T this step's tokens) over pools whose head dimension is contiguous."""
-        tokens, q_heads, head_dim = q.shape
-        kv_heads, value_dim = k_cache.shape[1], v_cache.shape[-1]
-        if tokens != self.tokens or out.shape != (tokens, q_heads, value_dim):
+        tokens, q_heads = q.shape[0], q.shape[1]
+        if tokens != self.tokens or out.shape != (tokens, q_heads, v_cache.shape[-1]):
             raise ValueError("the CPU attention kernel's step has other tokens or outputs")
         for t in (q, k_cache, v_cache, out):  # what the C side reads and writes, never misread
             if t.dtype != torch.bfloat16 or t.device.type != "cpu" or t.stride(-1) != 1:
                 raise ValueError("the CPU attention kernel's step needs CPU bfloat16 rows")
         if not (q.is_contiguous() and out.is_contiguous()):
             raise ValueError("the CPU attention kernel's step needs contiguous queries and output")
+        self.run(q, k_cache, v_cache, out, scale, window, threads)
+
+    def run(self, q, k_cache, v_cache, out, scale: float, window: int | None, threads: int):
+        """The call itself, on tensors checked by the caller (CPU bfloat16, each with its
+        last dimension contiguous): q's rows are the job's tokens."""
+        tokens, q_heads, head_dim = q.shape
+        kv_heads, value_dim = k_cache.shape[1], v_cache.shape[-1]
         job = self._job
-        job.q, job.q_token, job.q_head = q.data_ptr(), q_heads * head_dim, head_dim
+        job.q, job.q_token, job.q_head = q.data_ptr(), q.stride(0), q.stride(1)
         job.k, job.k_slot, job.k_head = k_cache.data_ptr(), k_cache.stride(0), k_cache.stride(1)
         job.v, job.v_slot, job.v_head = v_cache.data_ptr(), v_cache.stride(0), v_cache.stride(1)
-        job.out, job.o_token, job.o_head = out.data_ptr(), q_heads * value_dim, value_dim
+        job.out, job.o_token, job.o_head = out.data_ptr(), out.stride(0), out.stride(1)
         job.slots = min(k_cache.shape[0], v_cache.shape[0])
-        job.kv_heads, job.group = kv_heads, q_heads // kv_heads
+        job.tokens, job.kv_heads, job.group = tokens, kv_heads, q_heads // kv_heads
         job.head_dim, job.value_dim = head_dim, value_dim
         job.window, job.scale = 0 if window is None else int(window), float(scale)
         _check_status(self._run(ctypes.byref(job), threads), head_dim, value_dim, job.group)
