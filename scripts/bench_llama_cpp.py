@@ -13,9 +13,10 @@ bf16 dot products; invariant numerics), ours `--dtype float32`, ours `--fast-num
 default dtype) and llama.cpp, round 1 in that order, each later round's order rotated by one
 (`bench/numerics_pairs.round_order`: --repeat 4 puts each system once in each place). Printed
 per run: wall, generated tokens/s,
-our runs' roofline (`bench/roofline`: weight-GEMM FLOPs against the GEMM peak measured at the
-start for that dtype) and each system's greedy agreement with the float32 run of the same
-round; then medians and per-round ratios.
+our runs' roofline (`bench/roofline`: weight-GEMM FLOPs against the GEMM peak of that dtype,
+measured at the start and after every round, the highest so far) and each system's greedy
+agreement with the float32 run of the same round; then medians, per-round ratios and each of
+our systems' wall over its GEMM floor at the highest peak measured in the whole bench.
 
 Then (unless --no-chats) greedy agreement on real chats: `CHATS` (everyday questions through
 SmolLM2's chat template), float32 as the reference (transformers-exact) and compared up to
@@ -41,7 +42,7 @@ from astrai_batch.bench.llama_cpp_process import LlamaCppProcess
 from astrai_batch.bench.numerics_pairs import round_order
 from astrai_batch.bench.ours import run_ours
 from astrai_batch.bench.prompts import BenchPrompts, load_prompts
-from astrai_batch.bench.roofline import gemm_peak, roofline
+from astrai_batch.bench.roofline import GemmPeak, roofline
 from astrai_batch.engine import EngineConfig, keep_freed_memory
 from astrai_batch.engine.device_choice import resolve_dtype_name
 from astrai_batch.engine.model.loader import load_model
@@ -118,9 +119,18 @@ def main() -> None:
 
 
 def _throughput(models, default_dtype, prompts: BenchPrompts, peer, repeat: int) -> None:
-    peaks = {dtype: gemm_peak(loaded.model) for dtype, loaded in models.items()}
+    peaks = {dtype: GemmPeak(loaded.model) for dtype, loaded in models.items()}
+    try:
+        _rounds(models, default_dtype, prompts, peer, repeat, peaks)
+    finally:
+        for peak in peaks.values():
+            peak.close()
+
+
+def _rounds(models, default_dtype, prompts: BenchPrompts, peer, repeat: int, peaks) -> None:
     for dtype, peak in peaks.items():
-        print(f"GEMM peak {dtype}: {peak / 1e9:,.0f} GFLOP/s", flush=True)
+        peak.measure()
+        print(f"GEMM peak {dtype}: {peak.describe()}", flush=True)
     print(
         f"workload: {prompts.num_prompts} prompts, {prompts.prompt_tokens:,} prompt tokens "
         f"(prefix tree {prompts.ideal.unique_tokens:,}), {prompts.max_tokens} new tokens each",
@@ -140,6 +150,7 @@ def _throughput(models, default_dtype, prompts: BenchPrompts, peer, repeat: int)
         run_ours(models[dtype], warmup, engine, None)
     peer.run(warmup, None)
     walls: dict[str, list[float]] = {name: [] for name in (*systems, "llama-cpp")}
+    floors: dict[str, list[float]] = {name: [] for name in systems}  # GEMM FLOPs of each run
     for round_ in range(repeat):
         runs = {}
         for name in round_order(tuple(walls), round_):
@@ -149,9 +160,10 @@ def _throughput(models, default_dtype, prompts: BenchPrompts, peer, repeat: int)
                 continue
             dtype, engine = systems[name]
             run = run_ours(models[dtype], prompts, engine, round_)
-            line = roofline(models[dtype].model, run, peaks[dtype], prompts.num_prompts).line()
+            line = roofline(models[dtype].model, run, peaks[dtype].best, prompts.num_prompts)
+            floors[name].append(line.gemm_flops)
             runs[name] = run
-            print(f"round {round_ + 1} {name}: {_rate(run)}; {line}", flush=True)
+            print(f"round {round_ + 1} {name}: {_rate(run)}; {line.line()}", flush=True)
         reference = runs["ours --dtype float32"].token_ids
         for name in walls:
             run = runs[name]
@@ -159,6 +171,8 @@ def _throughput(models, default_dtype, prompts: BenchPrompts, peer, repeat: int)
             if run.token_ids != reference:
                 figures = _agree(prompts.prompt_token_ids, run.token_ids, reference)
                 print(f"  {name} vs float32: {figures}", flush=True)
+        for peak in peaks.values():
+            peak.measure()
     llama = walls["llama-cpp"]
     for name, seconds in walls.items():
         ratios = [theirs / ours for ours, theirs in zip(seconds, llama, strict=True)]
@@ -175,6 +189,14 @@ def _throughput(models, default_dtype, prompts: BenchPrompts, peer, repeat: int)
         f"(rounds {', '.join(f'{r:.3f}' for r in ratios)})",
         flush=True,
     )
+    for name, (dtype, _) in systems.items():
+        peak = peaks[dtype]
+        over = [w * peak.best / f for w, f in zip(walls[name], floors[name], strict=True)]
+        print(
+            f"{name}: wall over its GEMM floor {statistics.median(over):.2f}x (rounds "
+            f"{', '.join(f'{r:.2f}' for r in over)}) at the peak {peak.describe()}",
+            flush=True,
+        )
 
 
 def _chat_prompts(loaded, max_tokens: int) -> BenchPrompts:

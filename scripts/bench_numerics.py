@@ -10,8 +10,9 @@ greedy with end of sequence ignored (every prompt generates exactly max_tokens).
 workload the two modes run alternately (invariant, fast, invariant, fast, ...) after one
 warm-up each, and the script prints each run's wall time, the median ratio invariant / fast
 and each run's
-roofline (`bench/roofline`: its weight-GEMM FLOPs against the GEMM peak measured at the
-start, in the dtype, and the share of wall time outside the forward).
+roofline (`bench/roofline`: its weight-GEMM FLOPs against the GEMM peak in the dtype,
+measured at the start and after each workload, the highest so far, and the share of wall time
+outside the forward).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import torch
 from astrai_batch.bench.config import BenchConfig
 from astrai_batch.bench.numerics_pairs import alternate_numerics, print_ratio
 from astrai_batch.bench.prompts import load_prompts
-from astrai_batch.bench.roofline import gemm_peak, roofline
+from astrai_batch.bench.roofline import GemmPeak, roofline
 from astrai_batch.engine.model.loader import load_model
 from astrai_batch.engine.threads import set_cpu_threads
 
@@ -42,30 +43,37 @@ def main() -> None:
     args = parser.parse_args()
     set_cpu_threads(args.threads)
     loaded = load_model(args.model, dtype=args.dtype)
-    peak = gemm_peak(loaded.model)
-    print(
-        f"{args.dtype}, {torch.get_num_threads()} threads: GEMM peak {peak / 1e9:.0f} GFLOP/s",
-        flush=True,
+    with GemmPeak(loaded.model) as peak:
+        peak.measure()
+        print(
+            f"{args.dtype}, {torch.get_num_threads()} threads: GEMM peak {peak.describe()}",
+            flush=True,
+        )
+        for workload in args.workloads.split(","):
+            _workload(args, loaded, workload, peak)
+            peak.measure()
+            print(f"GEMM peak so far: {peak.describe()}", flush=True)
+
+
+def _workload(args, loaded, workload: str, peak: GemmPeak) -> None:
+    config = BenchConfig(
+        model=args.model,
+        workload=workload,
+        max_tokens=args.max_tokens,
+        num_system_prompts=args.num_system_prompts,
+        questions_per_prompt=args.questions_per_prompt,
+        system_prompt_words=args.system_prompt_words,
     )
-    for workload in args.workloads.split(","):
-        config = BenchConfig(
-            model=args.model,
-            workload=workload,
-            max_tokens=args.max_tokens,
-            num_system_prompts=args.num_system_prompts,
-            questions_per_prompt=args.questions_per_prompt,
-            system_prompt_words=args.system_prompt_words,
-        )
-        prompts = load_prompts(config, loaded.tokenizer, loaded.name)
-        walls = alternate_numerics(
-            loaded,
-            prompts,
-            workload,
-            repeat=args.repeat,
-            warmup=prompts.head(4, 4),
-            note=lambda run, n=prompts.num_prompts: roofline(loaded.model, run, peak, n).line(),
-        )
-        print_ratio(workload, prompts, walls)
+    prompts = load_prompts(config, loaded.tokenizer, loaded.name)
+    walls = alternate_numerics(
+        loaded,
+        prompts,
+        workload,
+        repeat=args.repeat,
+        warmup=prompts.head(4, 4),
+        note=lambda run: roofline(loaded.model, run, peak.best, prompts.num_prompts).line(),
+    )
+    print_ratio(workload, prompts, walls)
 
 
 if __name__ == "__main__":

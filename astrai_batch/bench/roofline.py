@@ -1,11 +1,17 @@
 """How far a run is from the limit: its weight-GEMM FLOPs against this machine's GEMM peak.
 
-The peak is measured here, at the start, for the model's dtype and the torch thread count:
-the fastest of a few timed 512-row GEMMs at each of the model's linear shapes (the LM head
-apart: it runs on the sampled rows only), in FLOP/s. The job's weight GEMMs are every token
-the forward computed (prefill and decode) through the body's linears, plus the LM head over
-one row per generated token. Their time at the peak is the GEMM floor; the share of wall
-time outside the forward (scheduling, sampling, host work) comes from the engine's figures.
+The peak is measured here for the model's dtype and the torch thread count: the fastest of a
+few timed 512-row GEMMs at each of the model's linear shapes (the LM head apart: it runs on
+the sampled rows only), in FLOP/s. A measurement can only come out low (something else on
+the cores), never high, so a bench measures it again between rounds and prices every run at
+the highest it saw (`GemmPeak`): on a 2-vCPU Zen 5 one measurement at a bench's start gave
+397 GFLOP/s where the same probe gave 676-787 minutes later, which would have put a run at
+1.4x a floor it was 2.5x.
+
+The job's weight GEMMs are every token the forward computed (prefill and decode) through the
+body's linears, plus the LM head over one row per generated token. Their time at the peak is
+the GEMM floor; the share of wall time outside the forward (scheduling, sampling, host work)
+comes from the engine's figures.
 """
 
 from __future__ import annotations
@@ -58,22 +64,67 @@ def body_and_head(model: torch.nn.Module) -> tuple[list[tuple[int, int]], int]:
     return body, head.weight.numel()
 
 
-def gemm_peak(model: torch.nn.Module) -> float:
-    """FLOP/s of the model's body GEMMs at `PEAK_ROWS` rows, in its dtype: the fastest of
-    `TIMED` runs of all its distinct shapes, summed.
+class GemmPeak:
+    """FLOP/s of a model's body GEMMs at `PEAK_ROWS` rows, in its dtype, measured each time
+    `measure` is called: the fastest of `TIMED` runs of all its distinct shapes, summed.
+    `best` is the highest measurement so far, the one to price runs at.
 
-    On the CPU it is measured in a child process (`spawn`, the same torch thread count): on a
-    2-vCPU Sapphire Rapids (torch 2.13, bfloat16) the engine's next runs in a process that had
-    merely allocated this measurement's tensors took 24-26 s where they had taken 12-14 s, for
-    reasons not yet found; a bench must not change what it measures. (`spawn` re-imports the
-    caller's `__main__`: a script calling this needs an `if __name__ == "__main__"` guard.)"""
-    param = next(model.parameters())
-    shapes = sorted(set(body_and_head(model)[0]))
-    if param.device.type != "cpu":
-        return _timed_peak(shapes, param.dtype, param.device)
-    context = multiprocessing.get_context("spawn")
-    with context.Pool(1) as pool:
-        return pool.apply(_cpu_peak, (shapes, param.dtype, torch.get_num_threads()))
+    On the CPU it is measured in a child process (`spawn`, the same torch thread count), kept
+    until `close` so that measuring again costs no new start: on a 2-vCPU Sapphire Rapids
+    (torch 2.13, bfloat16) the engine's next runs in a process that had merely allocated this
+    measurement's tensors took 24-26 s where they had taken 12-14 s, for reasons not yet found;
+    a bench must not change what it measures. (`spawn` re-imports the caller's `__main__`: a
+    script using this needs an `if __name__ == "__main__"` guard.)"""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        param = next(model.parameters())
+        self._shapes = sorted(set(body_and_head(model)[0]))
+        self._dtype, self._device = param.dtype, param.device
+        self._threads = torch.get_num_threads()
+        self._pool = None
+        self.measurements: list[float] = []
+
+    def measure(self) -> float:
+        """One more measurement, returned and kept."""
+        if self._device.type != "cpu":
+            value = _timed_peak(self._shapes, self._dtype, self._device)
+        else:
+            if self._pool is None:
+                self._pool = multiprocessing.get_context("spawn").Pool(1)
+            value = self._pool.apply(_cpu_peak, (self._shapes, self._dtype, self._threads))
+        self.measurements.append(value)
+        return value
+
+    @property
+    def best(self) -> float:
+        if not self.measurements:
+            raise ValueError("the GEMM peak has not been measured yet")
+        return max(self.measurements)
+
+    def describe(self) -> str:
+        """'B GFLOP/s (the highest of M1, M2, ...)': every measurement, in the order taken."""
+        each = ", ".join(f"{m / 1e9:,.0f}" for m in self.measurements)
+        if len(self.measurements) == 1:
+            return f"{self.best / 1e9:,.0f} GFLOP/s"
+        return f"{self.best / 1e9:,.0f} GFLOP/s (the highest of {each})"
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool.join()
+            self._pool = None
+
+    def __enter__(self) -> GemmPeak:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def gemm_peak(model: torch.nn.Module) -> float:
+    """One measurement of `GemmPeak`, its child process closed after it."""
+    with GemmPeak(model) as peak:
+        return peak.measure()
 
 
 def _cpu_peak(shapes: list[tuple[int, int]], dtype: torch.dtype, threads: int) -> float:

@@ -3,7 +3,9 @@
 Order matters for fairness: in every repeat our engine runs first (once per KV layout, in
 the order given) and then each peer, so a machine that slows down (another job starting on
 the same cores) weighs on both sides of each repeat's ratio. The hf-generate batch size is
-probed once after the warm-up, when not given; the floor is measured last, once.
+probed once after the warm-up, when not given; the floor is measured last, once. The
+roofline's GEMM peak is measured at the start and after every repeat, and every run is
+priced at the highest measurement (`roofline.GemmPeak`).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from astrai_batch.bench.peers import (
 )
 from astrai_batch.bench.prompts import BenchPrompts, load_prompts
 from astrai_batch.bench.results import MeasuredRun, result_row
-from astrai_batch.bench.roofline import Roofline, gemm_peak, roofline
+from astrai_batch.bench.roofline import GemmPeak, Roofline, roofline
 from astrai_batch.bench.runs import SystemRun
 from astrai_batch.bench.score_session import measure_scoring
 from astrai_batch.engine import LoadedModel, keep_freed_memory, load_model, set_cpu_threads
@@ -101,16 +103,17 @@ def _measure(
         f"prompt tokens (ideal prefill {prompts.ideal.unique_tokens:,}), "
         f"{prompts.max_tokens} new tokens each"
     )
-    # The roofline's GEMM peak, at the start and once: the model's own linear shapes in its
-    # dtype at this thread count (one process holds a tensor-parallel rank's shard only).
-    peak = gemm_peak(loaded.model) if config.tensor_parallel_size == 1 else None
-    if peak is not None:
-        progress(
-            f"GEMM peak ({config.dtype}, {torch.get_num_threads()} threads): "
-            f"{peak / 1e9:,.0f} GFLOP/s"
-        )
+    # The roofline's GEMM peak: the model's own linear shapes in its dtype at this thread
+    # count (one process holds a tensor-parallel rank's shard only), measured at the start and
+    # after every repeat; every run is priced at the highest measurement (`GemmPeak`).
+    peak = GemmPeak(loaded.model) if config.tensor_parallel_size == 1 else None
     peers = _Peers(BatchSizeChoice(config.hf_generate_batch_size or WARMUP_PROMPTS))
     try:
+        if peak is not None:
+            peak.measure()
+            progress(
+                f"GEMM peak ({config.dtype}, {torch.get_num_threads()} threads): {peak.describe()}"
+            )
         if LLAMA_CPP in config.peers:
             peers.llama_cpp = LlamaCppProcess(
                 gguf_path(config.model), prompts, torch.get_num_threads()
@@ -124,7 +127,8 @@ def _measure(
         peers.hf_batch = _hf_batch_size(loaded, prompts, config, progress)
         measured: list[MeasuredRun] = []
         for repeat in range(config.repeat):
-            for measured_run in _one_round(loaded, prompts, config, repeat, peers, peak):
+            best = None if peak is None else peak.best
+            for measured_run in _one_round(loaded, prompts, config, repeat, peers, best):
                 run = measured_run.run
                 measured.append(measured_run)
                 progress(
@@ -132,9 +136,16 @@ def _measure(
                     f"s, {run.generated_tokens_per_second:.1f} generated tokens/s"
                     + _run_note(measured_run)
                 )
+            if peak is not None:
+                peak.measure()
+        if peak is not None:
+            progress(f"GEMM peak: {peak.describe()}; every run's roofline is priced at it")
+            measured = [_priced_at(m, peak.best) for m in measured]
     finally:
         if peers.llama_cpp is not None:
             peers.llama_cpp.close()
+        if peak is not None:
+            peak.close()
     if config.floor:
         progress("floor: timing the model forward alone")
         floor = measure_floor(loaded, prompts, config.engine.page_size, config.engine.numerics)
@@ -214,6 +225,13 @@ def _agreement_columns(
         "greedy_agreement": figures["token_agreement"],
         "greedy_leading_agreement": figures["leading_agreement"],
     }
+
+
+def _priced_at(measured: MeasuredRun, peak: float) -> MeasuredRun:
+    """`measured` with its roofline's peak set to `peak` (a peer's run carries none)."""
+    if "gemm_peak_flops_per_second" not in measured.extra:
+        return measured
+    return replace(measured, extra={**measured.extra, "gemm_peak_flops_per_second": peak})
 
 
 def _run_note(measured: MeasuredRun) -> str:

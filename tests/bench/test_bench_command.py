@@ -389,3 +389,22 @@ def test_a_missing_workload_file_fails_with_exit_1(tiny_llama_dir: Path, tmp_pat
         f"workload '{missing}' is neither a built-in workload (shared-prefix, unique, "
         "multi-turn, long-prefill) nor an existing input file"
     ) in result.stderr
+
+
+def test_every_run_is_priced_at_the_highest_gemm_peak_measured(
+    full_run: tuple[Result, Path],
+) -> None:
+    """Measured at the start and after the one repeat: two measurements, the highest used."""
+    result, out = full_run
+    progress = [line.removeprefix("bench: ") for line in result.stderr.splitlines()]
+    line = next(line for line in progress if line.startswith("GEMM peak: "))
+    assert line.endswith("); every run's roofline is priced at it"), line
+    best, rest = line.removeprefix("GEMM peak: ").split(" GFLOP/s (the highest of ")
+    measurements = rest.split(")")[0].split(", ")
+    assert len(measurements) == 2
+    number = lambda text: float(text.replace(",", ""))  # noqa: E731
+    assert number(best) == max(map(number, measurements))
+    priced = [r for r in read_results(out) if r["gemm_peak_flops_per_second"] is not None]
+    assert len(priced) == 2  # our two layouts; the peers and the floor carry no roofline
+    for row in priced:
+        assert f"{row['gemm_peak_flops_per_second'] / 1e9:,.0f}" == best

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
-from astrai_batch.bench.roofline import Roofline, body_and_head, gemm_peak, roofline
+from astrai_batch.bench.roofline import GemmPeak, Roofline, body_and_head, gemm_peak, roofline
 from astrai_batch.bench.runs import EngineFigures, SystemRun
 from astrai_batch.engine.model.loader import load_model
 
@@ -53,3 +54,18 @@ def test_the_peak_is_a_positive_rate_in_the_model_dtype(tiny_llama_dir):
         "2.00 s; wall 4.00 s = 2.00x the floor"
     )
     assert torch.get_num_threads() >= 1
+
+
+def test_the_peak_measured_again_is_priced_at_the_highest_measurement(tiny_llama_dir):
+    model = load_model(tiny_llama_dir, dtype="bfloat16").model
+    with GemmPeak(model) as peak:
+        with pytest.raises(ValueError, match="not been measured yet"):
+            _ = peak.best
+        first = peak.measure()
+        assert peak.describe() == f"{first / 1e9:,.0f} GFLOP/s"
+        second = peak.measure()
+        third = peak.measure()
+    assert peak.measurements == [first, second, third] and min(peak.measurements) > 0
+    assert peak.best == max(first, second, third)
+    each = ", ".join(f"{m / 1e9:,.0f}" for m in (first, second, third))
+    assert peak.describe() == f"{peak.best / 1e9:,.0f} GFLOP/s (the highest of {each})"
