@@ -18,8 +18,7 @@ import argparse
 
 import torch
 
-from astrai_batch.bench.config import BenchConfig
-from astrai_batch.bench.numerics_pairs import alternate_numerics, print_ratio
+from astrai_batch.bench.numerics_pairs import alternate_numerics, print_ratio, workload_config
 from astrai_batch.bench.prompts import load_prompts
 from astrai_batch.engine.model.loader import describe_model, load_tokenizer
 from astrai_batch.engine.threads import set_cpu_threads
@@ -74,14 +73,7 @@ def main() -> None:
     set_cpu_threads(args.threads)
     loaded = build(args.layers)
     for workload in args.workloads.split(","):
-        config = BenchConfig(
-            model="smollm2-135m",
-            workload=workload,
-            max_tokens=args.max_tokens,
-            num_system_prompts=args.num_system_prompts,
-            questions_per_prompt=args.questions_per_prompt,
-            system_prompt_words=args.system_prompt_words,
-        )
+        config = workload_config("smollm2-135m", workload, args)
         prompts = load_prompts(config, loaded.tokenizer, loaded.name)
         walls = alternate_numerics(
             loaded, prompts, workload, repeat=args.repeat, warmup=prompts.head(2, 2)

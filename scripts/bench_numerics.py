@@ -21,8 +21,7 @@ import argparse
 
 import torch
 
-from astrai_batch.bench.config import BenchConfig
-from astrai_batch.bench.numerics_pairs import alternate_numerics, print_ratio
+from astrai_batch.bench.numerics_pairs import alternate_numerics, print_ratio, workload_config
 from astrai_batch.bench.prompts import load_prompts
 from astrai_batch.bench.roofline import GemmPeak, roofline
 from astrai_batch.engine.model.loader import load_model
@@ -56,14 +55,7 @@ def main() -> None:
 
 
 def _workload(args, loaded, workload: str, peak: GemmPeak) -> None:
-    config = BenchConfig(
-        model=args.model,
-        workload=workload,
-        max_tokens=args.max_tokens,
-        num_system_prompts=args.num_system_prompts,
-        questions_per_prompt=args.questions_per_prompt,
-        system_prompt_words=args.system_prompt_words,
-    )
+    config = workload_config(args.model, workload, args)
     prompts = load_prompts(config, loaded.tokenizer, loaded.name)
     walls = alternate_numerics(
         loaded,

@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TypeVar
 
+from astrai_batch.bench.config import BenchConfig
 from astrai_batch.bench.ours import run_ours
 from astrai_batch.bench.prompts import BenchPrompts
 from astrai_batch.bench.runs import SystemRun
@@ -30,6 +31,20 @@ def round_order(names: Sequence[T], round_: int) -> tuple[T, ...]:
         return ()
     shift = round_ % len(names)
     return (*names[shift:], *names[:shift])
+
+
+def workload_config(model: str, workload: str, args) -> BenchConfig:
+    """The bench configuration of `workload` from the numerics scripts' shared options
+    (`args`: --max-tokens, --num-system-prompts, --questions-per-prompt,
+    --system-prompt-words)."""
+    return BenchConfig(
+        model=model,
+        workload=workload,
+        max_tokens=args.max_tokens,
+        num_system_prompts=args.num_system_prompts,
+        questions_per_prompt=args.questions_per_prompt,
+        system_prompt_words=args.system_prompt_words,
+    )
 
 
 def alternate_numerics(
