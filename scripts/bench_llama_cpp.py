@@ -42,7 +42,7 @@ from astrai_batch.bench.llama_cpp_process import LlamaCppProcess
 from astrai_batch.bench.numerics_pairs import round_order
 from astrai_batch.bench.ours import run_ours
 from astrai_batch.bench.prompts import BenchPrompts, load_prompts
-from astrai_batch.bench.roofline import GemmPeak, roofline
+from astrai_batch.bench.roofline import GemmPeak, Roofline, roofline
 from astrai_batch.engine import EngineConfig, keep_freed_memory
 from astrai_batch.engine.device_choice import resolve_dtype_name
 from astrai_batch.engine.model.loader import load_model
@@ -150,7 +150,7 @@ def _rounds(models, default_dtype, prompts: BenchPrompts, peer, repeat: int, pea
         run_ours(models[dtype], warmup, engine, None)
     peer.run(warmup, None)
     walls: dict[str, list[float]] = {name: [] for name in (*systems, "llama-cpp")}
-    floors: dict[str, list[float]] = {name: [] for name in systems}  # GEMM FLOPs of each run
+    rooflines: dict[str, list[Roofline]] = {name: [] for name in systems}
     for round_ in range(repeat):
         runs = {}
         for name in round_order(tuple(walls), round_):
@@ -161,7 +161,7 @@ def _rounds(models, default_dtype, prompts: BenchPrompts, peer, repeat: int, pea
             dtype, engine = systems[name]
             run = run_ours(models[dtype], prompts, engine, round_)
             line = roofline(models[dtype].model, run, peaks[dtype].best, prompts.num_prompts)
-            floors[name].append(line.gemm_flops)
+            rooflines[name].append(line)
             runs[name] = run
             print(f"round {round_ + 1} {name}: {_rate(run)}; {line.line()}", flush=True)
         reference = runs["ours --dtype float32"].token_ids
@@ -191,7 +191,8 @@ def _rounds(models, default_dtype, prompts: BenchPrompts, peer, repeat: int, pea
     )
     for name, (dtype, _) in systems.items():
         peak = peaks[dtype]
-        over = [w * peak.best / f for w, f in zip(walls[name], floors[name], strict=True)]
+        at_best = [replace(line, peak_flops_per_second=peak.best) for line in rooflines[name]]
+        over = [line.wall_seconds / line.floor_seconds for line in at_best]
         print(
             f"{name}: wall over its GEMM floor {statistics.median(over):.2f}x (rounds "
             f"{', '.join(f'{r:.2f}' for r in over)}) at the peak {peak.describe()}",
