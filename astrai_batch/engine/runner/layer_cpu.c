@@ -29,6 +29,19 @@
 
 typedef uint16_t bf16;
 
+/* The pool rows a step writes are cold (30 layers' pools and weights pass through the caches
+ * between two steps), and each write of a slot's row waited for its lines: in a job the
+ * rotary pass took 45-75 us at a decode step's 64 rows against 14.5 us with the pool cached.
+ * Asking for the rows of the token WRITE_AHEAD further on, for writing, took it to 55-60 us
+ * (alternating jobs, docs/performance.md; 16 was no better, 32 worse). An asm volatile, as
+ * in invariant_cpu.c: GCC may delete a __builtin_prefetch whose address nothing else uses. */
+#define WRITE_AHEAD 8
+#if defined(__x86_64__) || defined(__i386__)
+#define PREFETCH_W(p) __asm__ volatile("prefetchw %0" : : "m"(*(const char *)(p)))
+#else
+#define PREFETCH_W(p) __builtin_prefetch((p), 1, 3)
+#endif
+
 static inline float widen(bf16 h) {
     uint32_t u = (uint32_t)h << 16;
     float f;
@@ -234,6 +247,13 @@ int rotary_bf16(const bf16 *q, int64_t q_row, bf16 *q_out, const bf16 *k, int64_
         for (int64_t h = 0; h < k_heads; h++)
             rotate(k + t * k_row + h * dim, k_out + (t * k_heads + h) * dim, c, s, half);
         if (pools) {
+            if (t + WRITE_AHEAD < tokens) { /* a later token's slot rows, fetched for writing */
+                const int64_t ahead = pools->slots[t + WRITE_AHEAD];
+                const char *pk = (const char *)(pools->k_pool + ahead * pools->k_slot);
+                const char *pv = (const char *)(pools->v_pool + ahead * pools->v_slot);
+                for (int64_t b = 0; b < k_heads * dim * 2; b += 64) PREFETCH_W(pk + b);
+                for (int64_t b = 0; b < pools->v_width * 2; b += 64) PREFETCH_W(pv + b);
+            }
             const int64_t slot = pools->slots[t];
             memcpy(pools->k_pool + slot * pools->k_slot, k_out + t * k_heads * dim,
                    sizeof(bf16) * (size_t)(k_heads * dim));
