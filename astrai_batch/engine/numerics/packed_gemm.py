@@ -46,7 +46,16 @@ def packing_supported(dtype: torch.dtype, device: torch.device) -> bool:
     if not torch.backends.mkldnn.is_available():
         return False
     ops = torch.ops.mkldnn
-    return hasattr(ops, "_reorder_linear_weight") and hasattr(ops, "_linear_pointwise")
+    if not (hasattr(ops, "_reorder_linear_weight") and hasattr(ops, "_linear_pointwise")):
+        return False
+    # oneDNN packs bfloat16 only for CPUs with AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT and
+    # raises elsewhere (seen on an AMD Zen 3: AVX2 only), where `--dtype bfloat16` runs
+    # F.linear unpacked
+    try:
+        pack(torch.zeros(16, 16, dtype=torch.bfloat16))
+    except RuntimeError:
+        return False
+    return True
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:

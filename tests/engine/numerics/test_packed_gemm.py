@@ -34,7 +34,7 @@ CPU = torch.device("cpu")
 
 
 needs_packing = pytest.mark.skipif(
-    not packing_supported(torch.bfloat16, CPU), reason="this torch packs no bfloat16 weights"
+    not packing_supported(torch.bfloat16, CPU), reason="this torch or CPU packs no bfloat16 weights"
 )
 
 
