@@ -32,6 +32,7 @@ from astrai_batch.engine.numerics.packed_gemm import (
     packing_matches,
     packing_supported,
 )
+from astrai_batch.engine.numerics.transposed_gemm import TransposedRoute
 from astrai_batch.engine.runner.invariant_experts import expert_gemm_shapes
 
 DEFAULT_TILE_ROWS = 128  # the scheme off the CPU, where no probe runs
@@ -74,6 +75,8 @@ class RowTiledLinear(nn.Module):
             self._wide = (wide, bias)
         # the weight in oneDNN's layout (`packed_gemm`: the same bits as F.linear), or None
         self._packed: torch.Tensor | None = None
+        # float32 decode steps asked transposed where that keeps the bits (`transposed_gemm`)
+        self._transposed: TransposedRoute | None = None
 
     @property
     def tile_rows(self) -> int:
@@ -94,10 +97,14 @@ class RowTiledLinear(nn.Module):
         bias = None if self.bias is None else self.bias.detach()
         if self._packed is not None:
             return packed_gemm(rows, self._packed, bias)
+        if self._transposed is not None:
+            return self._transposed.run(rows, self.weight.detach(), bias)
         return plain_gemm(rows, self.weight.detach(), bias)
 
     def extra_repr(self) -> str:
         packed = ", packed" if self._packed is not None else ""
+        if self._transposed is not None:
+            packed = f", transposed from {self._transposed.start} rows"
         return f"in={self.in_features}, out={self.out_features}, {self.scheme.describe()}{packed}"
 
 

@@ -27,6 +27,10 @@ from astrai_batch.engine.runner.invariant_linear import (
 )
 from astrai_batch.engine.runner.invariant_norms import set_norm_tiling
 from astrai_batch.engine.runner.linear_check import refuse_variant_linears
+from astrai_batch.engine.runner.transposed_linears import (
+    transpose_plain_linears,
+    transpose_weights,
+)
 
 
 class NumericsPlan(NamedTuple):
@@ -55,6 +59,7 @@ def plan_numerics(
         set_expert_tiling(model, False)
         set_norm_tiling(model, False)
         pack_plain_linears(model, memo)  # bfloat16 on the CPU: one GEMM a step, packed
+        transpose_plain_linears(model, memo)  # float32 on the CPU: W xᵀ where faster
         _fuse_layers(model, memo)
         # the C kernel is the CPU's fastest bfloat16 attention under fast numerics too
         kernel = None
@@ -70,6 +75,7 @@ def plan_numerics(
     scheme = _probed(memo, ("linear rows", shapes, where), lambda: row_schemes_for(model))
     set_row_tiling(model, True, scheme)
     pack_weights(model, memo)  # the same bits, without repacking per call (bfloat16, CPU)
+    transpose_weights(model, memo)  # the same bits, faster (float32, CPU, where verified)
     _fuse_layers(model, memo)
     set_expert_tiling(model, True, scheme)  # MoE: each expert's GEMM, the router's
     heads = (*_heads_key(query_heads, attention_pool), where)
