@@ -220,20 +220,42 @@ def pack_weights(model: nn.Module, memo: dict) -> int:
 
 def pack_plain_linears(model: nn.Module, memo: dict) -> int:
     """Fast numerics: each plain `nn.Linear` whose weight packs (as in `pack_weights`) becomes
-    a one-GEMM `RowTiledLinear` (`RowScheme.whole`, a plain layer's arithmetic) on the packed
-    copy; the others stay as they are. Returns how many were swapped."""
+    a one-GEMM layer on the packed copy (`whole_step_layers`). Returns how many."""
+    return whole_step_layers(model, lambda layers: _packed_copies(layers, memo), "_packed")
+
+
+def whole_step_layers(model: nn.Module, chosen, attribute: str) -> int:
+    """Each plain `nn.Linear` of `model` (at least `NARROW_COLUMNS` wide) to which
+    `chosen(named layers)` gives a value becomes a one-GEMM `RowTiledLinear`
+    (`RowScheme.whole`, a plain layer's arithmetic) with that value as `attribute` (its packed
+    weight, its transposed route); the others stay as they are. Returns how many were swapped."""
     layers = [
         (name, module)
         for name, module in model.named_modules()
         if type(module) is nn.Linear and module.out_features >= NARROW_COLUMNS
     ]
-    copies = _packed_copies(layers, memo)
+    values = chosen(layers)
     for name, module in layers:
-        if name in copies:
+        if name in values:
             tiled = RowTiledLinear(module, RowScheme.whole())
-            tiled._packed = copies[name]
+            setattr(tiled, attribute, values[name])
             model.set_submodule(name, tiled)
-    return len(copies)
+    return len(values)
+
+
+def plain_weights(layers: list[tuple[str, nn.Module]], supported) -> list[tuple]:
+    """(name, layer, verdict key) of the named layers whose weight is plain (not quantized or
+    otherwise wrapped) and of a dtype and device `supported(dtype, device)` accepts; the key is
+    (K, N, bias, threads), as the BLAS picks its kernels by thread count too."""
+    kept = []
+    for name, module in layers:
+        weight = module.weight
+        if type(weight.data) is not torch.Tensor:  # a tensor subclass: quantized weights
+            continue
+        if supported(weight.dtype, weight.device):
+            shape = (module.in_features, module.out_features, module.bias is not None)
+            kept.append((name, module, (*shape, torch.get_num_threads())))
+    return kept
 
 
 def _packed_copies(layers: list[tuple[str, nn.Module]], memo: dict) -> dict[str, torch.Tensor]:
@@ -243,16 +265,9 @@ def _packed_copies(layers: list[tuple[str, nn.Module]], memo: dict) -> dict[str,
     verdicts = memo.setdefault(("packed gemm",), {})
     packs = memo.setdefault(("packed weights",), {})
     wanted = []
-    for name, module in layers:
-        weight = module.weight
-        if type(weight.data) is not torch.Tensor:  # a tensor subclass: quantized weights
-            continue
-        if not packing_supported(weight.dtype, weight.device):
-            continue
-        shape = (module.in_features, module.out_features, module.bias is not None)
-        key = (*shape, torch.get_num_threads())  # oneDNN picks kernels by thread count too
+    for name, module, key in plain_weights(layers, packing_supported):
         if key not in verdicts:
-            verdicts[key] = packing_matches(*shape)
+            verdicts[key] = packing_matches(*key[:3])
         if verdicts[key]:
             wanted.append((name, module))
     fresh = [(n, m) for n, m in wanted if n not in packs or packs[n][0] is not m.weight]

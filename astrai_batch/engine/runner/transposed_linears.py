@@ -7,16 +7,18 @@ results, so each shape is checked and raced once per model, its layers sharing o
 
 from __future__ import annotations
 
-import torch
 from torch import nn
 
-from astrai_batch.engine.numerics.blas_rows import RowScheme
 from astrai_batch.engine.numerics.transposed_gemm import (
     TransposedRoute,
     transposed_from,
     transposing_supported,
 )
-from astrai_batch.engine.runner.invariant_linear import NARROW_COLUMNS, RowTiledLinear
+from astrai_batch.engine.runner.invariant_linear import (
+    RowTiledLinear,
+    plain_weights,
+    whole_step_layers,
+)
 
 
 def transpose_weights(model: nn.Module, memo: dict) -> int:
@@ -34,39 +36,20 @@ def transpose_weights(model: nn.Module, memo: dict) -> int:
 
 
 def transpose_plain_linears(model: nn.Module, memo: dict) -> int:
-    """Fast numerics: each plain `nn.Linear` of a verified shape becomes a one-GEMM
-    `RowTiledLinear` (`RowScheme.whole`, a plain layer's arithmetic) on its shape's route; the
-    others stay as they are. Returns how many were swapped."""
-    layers = [
-        (name, module)
-        for name, module in model.named_modules()
-        if type(module) is nn.Linear and module.out_features >= NARROW_COLUMNS
-    ]
-    routes = _routes(layers, memo)
-    for name, module in layers:
-        if name in routes:
-            tiled = RowTiledLinear(module, RowScheme.whole())
-            tiled._transposed = routes[name]
-            model.set_submodule(name, tiled)
-    return len(routes)
+    """Fast numerics: each plain `nn.Linear` of a verified shape becomes a one-GEMM layer on
+    its shape's route (`whole_step_layers`). Returns how many."""
+    return whole_step_layers(model, lambda layers: _routes(layers, memo), "_transposed")
 
 
 def _routes(layers: list[tuple[str, nn.Module]], memo: dict) -> dict[str, TransposedRoute]:
-    """The route of each named layer that may run transposed: a plain (not quantized or
-    otherwise wrapped) weight of a dtype and device that transposes, a shape whose transposed
-    GEMM gives F.linear's bits from some row count on."""
+    """The route of each named layer that may run transposed: a plain weight of a dtype and
+    device that transposes (`plain_weights`), a shape whose transposed GEMM gives F.linear's
+    bits from some row count on."""
     verdicts = memo.setdefault(("transposed gemm",), {})
     routes = {}
-    for name, module in layers:
-        weight = module.weight
-        if type(weight.data) is not torch.Tensor:  # a tensor subclass: quantized weights
-            continue
-        if not transposing_supported(weight.dtype, weight.device):
-            continue
-        shape = (module.in_features, module.out_features, module.bias is not None)
-        key = (*shape, torch.get_num_threads())  # the BLAS picks kernels by thread count too
+    for name, _, key in plain_weights(layers, transposing_supported):
         if key not in verdicts:
-            start = transposed_from(*shape)
+            start = transposed_from(*key[:3])
             verdicts[key] = None if start is None else TransposedRoute(start)
         if verdicts[key] is not None:
             routes[name] = verdicts[key]
